@@ -1,0 +1,16 @@
+"""Pure index math: SIDs in, step tables out. No I/O, no imports from bundle/ or runtime/."""
+
+from .build import build_index, validate_sids
+from .formats import FormatPolicy, choose_format, parse_step_formats
+from .tables import SidIndex, StepTable, expand_leaf_sids
+
+__all__ = [
+    "FormatPolicy",
+    "SidIndex",
+    "StepTable",
+    "build_index",
+    "choose_format",
+    "expand_leaf_sids",
+    "parse_step_formats",
+    "validate_sids",
+]

@@ -1,0 +1,86 @@
+"""build_index: raw (unsorted, possibly duplicated) SIDs -> SidIndex. Pure: arrays in, arrays out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import InputError
+from .formats import FormatPolicy, choose_format, indptr_dtype, parse_step_formats, token_dtype
+from .tables import SidIndex, StepTable
+
+
+def validate_sids(sids: np.ndarray, codebook_sizes: Sequence[int]) -> np.ndarray:
+    """Check shape, dtype and token range; returns sids as a 2-D integer array (no copy if possible)."""
+    sids = np.asarray(sids)
+    if sids.ndim != 2:
+        raise InputError(f"sids must be a 2-D array [items, steps], got shape {sids.shape}")
+    if not np.issubdtype(sids.dtype, np.integer):
+        raise InputError(f"sids must be integers, got dtype {sids.dtype}")
+    n, num_steps = sids.shape
+    if n == 0:
+        raise InputError("empty catalog: no SIDs to index")
+    if len(codebook_sizes) != num_steps:
+        raise InputError(f"{len(codebook_sizes)} codebook sizes given for SIDs of length {num_steps}")
+    for t, size in enumerate(codebook_sizes):
+        if int(size) < 1:
+            raise InputError(f"codebook size of step {t} must be >= 1, got {size}")
+        column = sids[:, t]
+        lo, hi = int(column.min()), int(column.max())
+        if lo < 0 or hi >= int(size):
+            bad = int(np.flatnonzero((column < 0) | (column >= int(size)))[0])
+            raise InputError(
+                f"row {bad}: token {int(column[bad])} at step {t} is outside codebook 0..{int(size) - 1}"
+            )
+    return sids
+
+
+def build_index(
+    sids: np.ndarray,
+    codebook_sizes: Sequence[int],
+    *,
+    step_formats: str | Mapping[int, str] | None = None,
+    policy: FormatPolicy | None = None,
+    workers: int | None = None,
+) -> SidIndex:
+    """Build every step table of a catalog in memory.
+
+    sids: integer [N, L], one row per item, any order, duplicates allowed (several items per leaf).
+    codebook_sizes: V_t for t = 0..L-1. step_formats: "auto", "0=dense,2=sparse" or {step: format}.
+    workers: CPU threads for the parallel build (None: all cores).
+    Returns a SidIndex whose item_order int64 [N] lists catalog rows in leaf order.
+    """
+    sids = validate_sids(sids, codebook_sizes)
+    sizes = tuple(int(v) for v in codebook_sizes)
+    formats = parse_step_formats(step_formats, len(sizes))
+    policy = policy or FormatPolicy()
+    from .sort import sort_and_mark  # numba kernels compile lazily
+
+    layout = sort_and_mark(sids, sizes, workers=workers)
+    steps = []
+    for t, size in enumerate(sizes):
+        rows = 1 if t == 0 else int(layout.prefix_counts[t - 1])
+        nnz = int(layout.prefix_counts[t])
+        fmt = choose_format(rows, nnz, size, formats[t], policy)
+        steps.append(_make_step(layout, t, size, rows, nnz, fmt))
+    return SidIndex(
+        codebook_sizes=sizes,
+        steps=tuple(steps),
+        leaf_offsets=layout.leaf_offsets,
+        item_order=layout.item_order,
+    )
+
+
+def _make_step(layout, t: int, size: int, rows: int, nnz: int, fmt: str) -> StepTable:
+    """Materialise step t from the sorted layout in the chosen format."""
+    indptr = layout.step_indptr(t, indptr_dtype(nnz))
+    if fmt == "sparse":
+        tokens = layout.step_tokens(t, token_dtype(size))
+        max_slots = int(np.diff(indptr).max()) if rows else 0
+        return StepTable(t, size, rows, nnz, max_slots, indptr=indptr, tokens=tokens)
+    tokens = layout.step_tokens(t, np.dtype(np.int32))
+    nxt = np.full((rows, size), -1, dtype=np.int32)
+    parent = np.repeat(np.arange(rows, dtype=np.int64), np.diff(indptr.astype(np.int64)))
+    nxt[parent, tokens] = np.arange(nnz, dtype=np.int32)
+    return StepTable(t, size, rows, nnz, size, next=nxt)

@@ -1,0 +1,79 @@
+"""Per-step format choice (sparse or dense) and the smallest dtypes the format allows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+from .tables import StepFormat
+
+FORMAT_CHOICES = ("auto", "sparse", "dense")
+
+
+@dataclass(frozen=True)
+class FormatPolicy:
+    """How `auto` picks a step's format.
+
+    A step is stored dense when both hold:
+      valid_share >= dense_min_share   (at least this share of the [rows, V] table is real children), and
+      dense bytes <= dense_max_bytes   (rows * V * 4 bytes; keeps wide late steps sparse whatever they are).
+    Dense steps need no slot lookup (slot k is token k), which suits the full, early steps; sparse steps
+    cost 2-4 bytes per child plus 4-8 per row, which suits everything else.
+    """
+
+    dense_min_share: float = 0.25
+    dense_max_bytes: int = 256 * 1024 * 1024
+
+
+def token_dtype(codebook_size: int) -> np.dtype:
+    """uint16 when every token fits (V <= 65536), else int32."""
+    return np.dtype(np.uint16) if codebook_size <= 65536 else np.dtype(np.int32)
+
+
+def indptr_dtype(nnz: int) -> np.dtype:
+    """int32 while the largest offset fits, else int64."""
+    return np.dtype(np.int32) if nnz < 2**31 else np.dtype(np.int64)
+
+
+def choose_format(
+    rows: int, nnz: int, codebook_size: int, forced: str, policy: FormatPolicy
+) -> StepFormat:
+    """Resolve one step's format: `forced` is "auto", "sparse" or "dense"."""
+    if forced in ("sparse", "dense"):
+        return forced  # type: ignore[return-value]
+    dense_bytes = rows * codebook_size * 4
+    share = nnz / (rows * codebook_size) if rows else 0.0
+    if share >= policy.dense_min_share and dense_bytes <= policy.dense_max_bytes:
+        return "dense"
+    return "sparse"
+
+
+def parse_step_formats(spec: str | Mapping[int, str] | None, num_steps: int) -> dict[int, str]:
+    """Parse "auto" or "0=dense,2=sparse" (or a mapping) into {step: format} for every step.
+
+    Steps not named stay "auto". Raises InputError for a step out of range or an unknown format.
+    """
+    formats = {t: "auto" for t in range(num_steps)}
+    if spec is None:
+        return formats
+    if isinstance(spec, str):
+        spec = spec.strip()
+        if spec in ("", "auto"):
+            return formats
+        items: dict[int, str] = {}
+        for part in spec.split(","):
+            step_text, sep, fmt = part.partition("=")
+            if not sep or not step_text.strip().isdigit():
+                raise InputError(f"--step-formats: expected STEP=FORMAT, got {part!r}")
+            items[int(step_text)] = fmt.strip()
+        spec = items
+    for step, fmt in spec.items():
+        if not 0 <= int(step) < num_steps:
+            raise InputError(f"--step-formats: step {step} out of range 0..{num_steps - 1}")
+        if fmt not in FORMAT_CHOICES:
+            raise InputError(f"--step-formats: unknown format {fmt!r} for step {step} (auto|sparse|dense)")
+        formats[int(step)] = fmt
+    return formats
