@@ -1,0 +1,448 @@
+"""Double-buffered streaming of index tables to a device.
+
+A bundle's arrays are memory-mapped `.npy` files. Moving them to a GPU naively (read everything into host
+memory, then one big copy) serialises disk/page-cache reads and the PCIe copy. Here every array is cut into
+chunks of `chunk_bytes`; chunk k is *prepared* (read from the source array into pinned host staging buffer
+k % 2) while chunk k-1 is being *copied* from the other staging buffer on its own CUDA stream. Buffer b is
+only overwritten after the event recorded behind its previous copy has completed, so at most two chunks are
+in flight and the host never writes into memory a DMA engine is still reading.
+
+The orchestration (`DeviceLoader`) talks to a *sink* that owns the staging buffers and destination memory:
+
+- `CudaSink`: torch pinned host tensors, two `torch.cuda.Stream`s, one `torch.cuda.Event` per buffer.
+- `FakeDeviceSink`: host-memory "device" used by CPU tests and `scripts/bench_stream.py` on CPU-only
+  machines. Copies it accepts stay *pending* until the loader waits for their buffer (or synchronises), and
+  only then read the staging buffer -- the latest moment a real asynchronous copy could read it -- so a loader
+  that rewrote a buffer too early would corrupt the result, and the sink also refuses it outright. It records
+  every (array, offset, nbytes, buffer) write and the prepare/copy/complete schedule.
+
+Both sinks go through the same chunk planner and the same loop, so the CPU tests exercise the code the GPU
+path runs. Nothing here imports CUDA-only modules at load time; torch's CUDA calls happen only inside
+`CudaSink`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
+
+DEFAULT_CHUNK_BYTES = 64 << 20
+"""64 MiB: large enough that per-copy launch overhead is negligible, small enough that two pinned
+buffers are a modest, fixed host-memory cost whatever the bundle size."""
+
+NUM_STAGING_BUFFERS = 2
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One unit of work: bytes [offset, offset+nbytes) of array `name`, staged through buffer `buffer`.
+
+    `index` is the chunk's position in the whole load (0, 1, 2, ... across arrays); buffers alternate with
+    it (buffer = index % NUM_STAGING_BUFFERS), so consecutive chunks always use different buffers.
+    """
+
+    index: int
+    name: str
+    offset: int
+    nbytes: int
+    buffer: int
+
+
+def plan_chunks(sizes: Iterable[tuple[str, int]], chunk_bytes: int, *, first_index: int = 0) -> list[Chunk]:
+    """Cut arrays of the given byte sizes into chunks of at most `chunk_bytes`, in order.
+
+    sizes: (name, nbytes) pairs in load order. Returns chunks covering every byte of every array exactly
+    once, array by array, offsets ascending; a zero-byte array yields no chunk. Pure function.
+    """
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    chunks: list[Chunk] = []
+    index = first_index
+    for name, nbytes in sizes:
+        for offset in range(0, int(nbytes), chunk_bytes):
+            size = min(chunk_bytes, int(nbytes) - offset)
+            chunks.append(Chunk(index, name, offset, size, index % NUM_STAGING_BUFFERS))
+            index += 1
+    return chunks
+
+
+class Sink(Protocol):
+    """Where chunks go. The loader calls, per array: `allocate`; per chunk: `wait_free(chunk)` (block until
+    the previous copy from chunk.buffer completed), `staging(chunk)` (the host buffer the loader then writes
+    the chunk's bytes into), `copy(chunk)` (enqueue the asynchronous copy); at the end `synchronize` and
+    `result` per array."""
+
+    chunk_bytes: int
+
+    def allocate(self, name: str, nbytes: int) -> None: ...
+
+    def wait_free(self, chunk: Chunk) -> None: ...
+
+    def staging(self, chunk: Chunk) -> np.ndarray: ...
+
+    def copy(self, chunk: Chunk) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+    def result(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Any: ...
+
+
+@dataclass
+class LoadStats:
+    """What a load did: bytes and chunks moved, seconds spent preparing (host reads into staging),
+    seconds blocked waiting for a staging buffer to come free, and total wall seconds."""
+
+    bytes: int = 0
+    chunks: int = 0
+    arrays: int = 0
+    prepare_s: float = 0.0
+    wait_s: float = 0.0
+    total_s: float = 0.0
+
+
+def _byte_view(array: np.ndarray) -> np.ndarray:
+    """uint8 [nbytes] view of a C-contiguous, little-endian copy-free view where possible (memmaps stay
+    lazy: nothing is read until a chunk is sliced)."""
+    arr = np.asarray(array)
+    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and np.little_endian is False):
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    return arr.reshape(-1).view(np.uint8)
+
+
+class DeviceLoader:
+    """Streams arrays to a sink, one array at a time, as they are added (so a producer can add each
+    table as soon as it exists). `finish()` waits for every copy and returns the device arrays by name."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.stats = LoadStats()
+        self._next_index = 0
+        self._meta: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+        self._started = time.perf_counter()
+        self._finished = False
+
+    def add(self, name: str, array: np.ndarray) -> None:
+        """Queue `array` (any shape; memory-mapped is fine) under `name`; returns once its last chunk is
+        enqueued (earlier chunks may still be copying)."""
+        if self._finished:
+            raise RuntimeError("DeviceLoader.add after finish()")
+        if name in self._meta:
+            raise ValueError(f"array {name!r} added twice")
+        src = _byte_view(array)
+        self._meta[name] = (np.asarray(array).dtype.newbyteorder("="), tuple(np.shape(array)))
+        self.sink.allocate(name, int(src.nbytes))
+        chunks = plan_chunks([(name, int(src.nbytes))], self.sink.chunk_bytes, first_index=self._next_index)
+        for chunk in chunks:
+            t0 = time.perf_counter()
+            self.sink.wait_free(chunk)
+            t1 = time.perf_counter()
+            staging = self.sink.staging(chunk)
+            # prepare: the read from the (memory-mapped) source happens here, on the host, while the
+            # other buffer's copy runs on its stream.
+            staging[: chunk.nbytes] = src[chunk.offset : chunk.offset + chunk.nbytes]
+            t2 = time.perf_counter()
+            self.sink.copy(chunk)
+            self.stats.wait_s += t1 - t0
+            self.stats.prepare_s += t2 - t1
+        self._next_index += len(chunks)
+        self.stats.chunks += len(chunks)
+        self.stats.bytes += int(src.nbytes)
+        self.stats.arrays += 1
+
+    def add_all(self, arrays: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]]) -> None:
+        items = arrays.items() if isinstance(arrays, Mapping) else arrays
+        for name, array in items:
+            self.add(name, array)
+
+    def finish(self) -> dict[str, Any]:
+        """Wait for every copy; return {name: device array with the source's dtype and shape}."""
+        self.sink.synchronize()
+        self._finished = True
+        self.stats.total_s = time.perf_counter() - self._started
+        return {name: self.sink.result(name, dtype, shape) for name, (dtype, shape) in self._meta.items()}
+
+
+# --------------------------------------------------------------------------------------------- sinks
+
+
+class FakeDeviceSink:
+    """A host-memory stand-in for a device that behaves like asynchronous copies at their worst.
+
+    A copy is recorded as pending on its buffer and performed (staging -> destination) only when the loader
+    waits for that buffer or synchronises -- the latest moment a real asynchronous copy could read the
+    staging buffer. Handing out a staging buffer whose copy is still pending raises `StagingReuseError`.
+    `writes` lists (name, offset, nbytes, buffer) in copy order; `schedule` lists (event, chunk index,
+    buffer) in the order things happened, event one of "prepare" (staging handed out for writing),
+    "copy" (copy enqueued), "done" (copy completed).
+    """
+
+    def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        self.chunk_bytes = int(chunk_bytes)
+        self._staging = [np.zeros(self.chunk_bytes, dtype=np.uint8) for _ in range(NUM_STAGING_BUFFERS)]
+        self._pending: list[Chunk | None] = [None] * NUM_STAGING_BUFFERS
+        self.memory: dict[str, np.ndarray] = {}
+        self.writes: list[tuple[str, int, int, int]] = []
+        self.schedule: list[tuple[str, int, int]] = []
+
+    def allocate(self, name: str, nbytes: int) -> None:
+        # Poisoned, so a byte that no copy wrote is visible in the result.
+        self.memory[name] = np.full(nbytes, 0xA5, dtype=np.uint8)
+
+    def _complete(self, buffer: int) -> None:
+        chunk = self._pending[buffer]
+        if chunk is None:
+            return
+        dst = self.memory[chunk.name]
+        dst[chunk.offset : chunk.offset + chunk.nbytes] = self._staging[buffer][: chunk.nbytes]
+        self._pending[buffer] = None
+        self.schedule.append(("done", chunk.index, buffer))
+
+    def wait_free(self, chunk: Chunk) -> None:
+        self._complete(chunk.buffer)
+
+    def staging(self, chunk: Chunk) -> np.ndarray:
+        busy = self._pending[chunk.buffer]
+        if busy is not None:
+            raise StagingReuseError(
+                f"staging buffer {chunk.buffer} handed out for chunk {chunk.index} while chunk {busy.index} "
+                "is still copying from it"
+            )
+        self.schedule.append(("prepare", chunk.index, chunk.buffer))
+        return self._staging[chunk.buffer]
+
+    def copy(self, chunk: Chunk) -> None:
+        if self._pending[chunk.buffer] is not None:
+            raise StagingReuseError(f"copy of chunk {chunk.index} queued on busy buffer {chunk.buffer}")
+        self.schedule.append(("copy", chunk.index, chunk.buffer))
+        self.writes.append((chunk.name, chunk.offset, chunk.nbytes, chunk.buffer))
+        self._pending[chunk.buffer] = chunk
+
+    def synchronize(self) -> None:
+        # Complete the older pending copy first (each stream is in order; across streams any order is legal).
+        for _, buffer in sorted((c.index, b) for b, c in enumerate(self._pending) if c is not None):
+            self._complete(buffer)
+
+    def result(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        import torch
+
+        return torch.from_numpy(self.memory[name].view(dtype).reshape(shape))
+
+
+class StagingReuseError(RuntimeError):
+    """A staging buffer was handed out again before the copy from it had completed."""
+
+
+class CudaSink:
+    """Pinned host staging buffers, one CUDA stream and one event per buffer, destination tensors on
+    `device`.
+
+    Stream priority: CUDA's *lowest* priority is also the default (0), so `low_priority=True` puts the copies
+    at the bottom of the queue, and `low_priority=False` uses the highest priority (a load at startup has
+    nothing to yield to). Copies run on the copy engines, not on SMs; priority matters for the few kernels
+    around them and for ordering when serving work runs on a higher-priority stream.
+    """
+
+    def __init__(
+        self,
+        device: str | torch.device,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        *,
+        low_priority: bool = False,
+    ) -> None:
+        import torch
+
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"CudaSink needs a cuda device, got {self.device}")
+        self.chunk_bytes = int(chunk_bytes)
+        least, greatest = torch.cuda.Stream.priority_range()
+        priority = least if low_priority else greatest
+        self._streams = [
+            torch.cuda.Stream(self.device, priority=priority) for _ in range(NUM_STAGING_BUFFERS)
+        ]
+        self._events: list[torch.cuda.Event | None] = [None] * NUM_STAGING_BUFFERS
+        self._pinned = [
+            torch.empty(self.chunk_bytes, dtype=torch.uint8, pin_memory=True)
+            for _ in range(NUM_STAGING_BUFFERS)
+        ]
+        self._pinned_np = [t.numpy() for t in self._pinned]
+        self._memory: dict[str, torch.Tensor] = {}
+
+    def allocate(self, name: str, nbytes: int) -> None:
+        import torch
+
+        self._memory[name] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        # The allocation belongs to the current stream; the copy streams must not write before any work
+        # that stream still has queued on memory the caching allocator may have just handed back.
+        current = torch.cuda.current_stream(self.device)
+        for stream in self._streams:
+            stream.wait_stream(current)
+
+    def _wait_buffer(self, buffer: int) -> None:
+        event = self._events[buffer]
+        if event is not None:
+            event.synchronize()
+
+    def wait_free(self, chunk: Chunk) -> None:
+        self._wait_buffer(chunk.buffer)
+
+    def staging(self, chunk: Chunk) -> np.ndarray:
+        return self._pinned_np[chunk.buffer]
+
+    def copy(self, chunk: Chunk) -> None:
+        import torch
+
+        stream = self._streams[chunk.buffer]
+        dst = self._memory[chunk.name][chunk.offset : chunk.offset + chunk.nbytes]
+        with torch.cuda.stream(stream):
+            dst.copy_(self._pinned[chunk.buffer][: chunk.nbytes], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        self._events[chunk.buffer] = event
+
+    def synchronize(self) -> None:
+        for buffer in range(NUM_STAGING_BUFFERS):
+            self._wait_buffer(buffer)
+        # Everything is complete, so tensors handed to the current stream are safe to use and to free.
+
+    def result(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        import torch
+
+        torch_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+        return self._memory[name].view(torch_dtype).reshape(shape)
+
+
+# --------------------------------------------------------------------------------------------- API
+
+
+def make_sink(
+    device: str | torch.device, chunk_bytes: int = DEFAULT_CHUNK_BYTES, *, low_priority: bool = False
+) -> Sink:
+    """The sink for `device`: a CudaSink for cuda devices; ValueError for anything else (CPU needs no
+    staging: see `load_arrays_to_device`)."""
+    dev = str(device)
+    if dev.startswith("cuda"):
+        return CudaSink(dev, chunk_bytes, low_priority=low_priority)
+    raise ValueError(f"no streaming sink for device {dev!r}")
+
+
+def load_arrays_to_device(
+    arrays: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
+    device: str | torch.device,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    low_priority: bool = False,
+    sink: Sink | None = None,
+    stats: LoadStats | None = None,
+) -> dict[str, torch.Tensor]:
+    """Make every array resident on `device`; returns {name: tensor} with the source dtype and shape.
+
+    cuda devices: double-buffered streaming (see module docstring). cpu: a plain copy into torch-owned
+    memory (memory-mapped pages are read once; nothing stays mapped). `sink` overrides the device's sink
+    (tests pass a FakeDeviceSink). `stats`, when given, is filled with the load's LoadStats.
+    """
+    import torch
+
+    if sink is None and torch.device(device).type == "cpu":
+        t0 = time.perf_counter()
+        out: dict[str, torch.Tensor] = {}
+        items = arrays.items() if isinstance(arrays, Mapping) else arrays
+        for name, array in items:
+            out[name] = torch.from_numpy(np.array(array, copy=True, order="C"))
+            if stats is not None:
+                stats.bytes += int(out[name].numel() * out[name].element_size())
+                stats.arrays += 1
+        if stats is not None:
+            stats.total_s = time.perf_counter() - t0
+        return out
+    if sink is None:
+        if isinstance(arrays, Mapping) and arrays:
+            # Pinned memory is slow to allocate and scarce: never stage more than the largest array needs.
+            largest = max(int(np.asarray(a).nbytes) for a in arrays.values())
+            chunk_bytes = max(1, min(chunk_bytes, largest))
+        sink = make_sink(device, chunk_bytes, low_priority=low_priority)
+    loader = DeviceLoader(sink)
+    loader.add_all(arrays)
+    result = loader.finish()
+    if stats is not None:
+        for key, value in vars(loader.stats).items():
+            setattr(stats, key, value)
+    return result
+
+
+def bundle_arrays(index: Any) -> Iterator[tuple[str, np.ndarray]]:
+    """The arrays of a SidIndex under their bundle names: "step{t}.{role}" per step table
+    (role indptr/tokens/next) and "leaves.offsets". Small tables first is not attempted: bundle order."""
+    for table in index.steps:
+        for role, array in table.arrays().items():
+            yield f"step{table.step}.{role}", array
+    yield "leaves.offsets", index.leaf_offsets
+
+
+@dataclass
+class DeviceIndex:
+    """A SidIndex's tables resident on a device (torch tensors, same dtypes and shapes as the bundle).
+
+    `tables` maps "step{t}.{role}" and "leaves.offsets" to tensors; `index` is the host SidIndex they came
+    from (metadata: codebook sizes, rows, max_slots)."""
+
+    index: Any
+    device: str
+    tables: dict[str, torch.Tensor]
+    stats: LoadStats = field(default_factory=LoadStats)
+
+    def step(self, t: int) -> dict[str, torch.Tensor]:
+        """{role: tensor} of step t ("indptr"/"tokens" or "next")."""
+        prefix = f"step{t}."
+        return {k[len(prefix) :]: v for k, v in self.tables.items() if k.startswith(prefix)}
+
+    @property
+    def leaf_offsets(self) -> torch.Tensor:
+        return self.tables["leaves.offsets"]
+
+
+def index_to_device(
+    index: Any,
+    device: str | torch.device,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    low_priority: bool = False,
+    sink: Sink | None = None,
+) -> DeviceIndex:
+    """Stream every table of a SidIndex (in memory or memory-mapped from a bundle) to `device`."""
+    stats = LoadStats()
+    tables = load_arrays_to_device(
+        dict(bundle_arrays(index)),
+        device,
+        chunk_bytes=chunk_bytes,
+        low_priority=low_priority,
+        sink=sink,
+        stats=stats,
+    )
+    return DeviceIndex(index=index, device=str(device), tables=tables, stats=stats)
+
+
+def open_bundle_on_device(
+    path: str | Path | Any,
+    device: str | torch.device,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    low_priority: bool = False,
+) -> DeviceIndex:
+    """Open a bundle (path, or an already opened Bundle) and stream its tables to `device`."""
+    bundle = path
+    if isinstance(path, (str, Path)):
+        from ..bundle import open_bundle
+
+        bundle = open_bundle(path)
+    return index_to_device(bundle.index, device, chunk_bytes=chunk_bytes, low_priority=low_priority)
