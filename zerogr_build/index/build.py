@@ -74,12 +74,12 @@ def build_index(
 
 def _make_step(layout, t: int, size: int, rows: int, nnz: int, fmt: str) -> StepTable:
     """Materialise step t from the sorted layout in the chosen format."""
-    indptr = layout.step_indptr(t, indptr_dtype(nnz))
+    indptr = layout.prefix_starts[t].astype(indptr_dtype(nnz), copy=False)
     if fmt == "sparse":
-        tokens = layout.step_tokens(t, token_dtype(size))
+        tokens = layout.prefix_tokens[t].astype(token_dtype(size), copy=False)
         max_slots = int(np.diff(indptr).max()) if rows else 0
         return StepTable(t, size, rows, nnz, max_slots, indptr=indptr, tokens=tokens)
-    tokens = layout.step_tokens(t, np.dtype(np.int32))
+    tokens = layout.prefix_tokens[t].astype(np.int64)
     nxt = np.full((rows, size), -1, dtype=np.int32)
     parent = np.repeat(np.arange(rows, dtype=np.int64), np.diff(indptr.astype(np.int64)))
     nxt[parent, tokens] = np.arange(nnz, dtype=np.int32)

@@ -52,7 +52,7 @@ def choose_format(
 
 
 def parse_step_formats(spec: str | Mapping[int, str] | None, num_steps: int) -> dict[int, str]:
-    """Parse "auto" or "0=dense,2=sparse" (or a mapping) into {step: format} for every step.
+    """Parse "auto", "sparse", "dense" (every step) or "0=dense,2=sparse" (or a mapping) into {step: format}.
 
     Steps not named stay "auto". Raises InputError for a step out of range or an unknown format.
     """
@@ -61,8 +61,8 @@ def parse_step_formats(spec: str | Mapping[int, str] | None, num_steps: int) -> 
         return formats
     if isinstance(spec, str):
         spec = spec.strip()
-        if spec in ("", "auto"):
-            return formats
+        if spec in ("", *FORMAT_CHOICES):
+            return {t: spec or "auto" for t in range(num_steps)}
         items: dict[int, str] = {}
         for part in spec.split(","):
             step_text, sep, fmt = part.partition("=")

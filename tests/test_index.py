@@ -1,0 +1,133 @@
+"""build_index against a brute-force trie, for every format, both sort paths, L 1..6, wide codebooks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.reference import reference_steps
+from zerogr_build import InputError, build_index
+from zerogr_build.index import FormatPolicy, SidIndex, parse_step_formats
+from zerogr_build.index.sort import _lexsort_layout, sort_and_mark
+
+
+@st.composite
+def catalogs(draw, max_steps: int = 6, max_codebook: int = 12):
+    """(sids [N, L] int64, codebook_sizes): small codebooks so prefixes collide and rows get many children."""
+    num_steps = draw(st.integers(1, max_steps))
+    sizes = [draw(st.integers(1, max_codebook)) for _ in range(num_steps)]
+    n = draw(st.integers(1, 80))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    sids = np.stack([rng.integers(0, v, n) for v in sizes], axis=1).astype(np.int64)
+    if draw(st.booleans()):  # duplicates: several items share a SID
+        sids = sids[rng.integers(0, n, n)]
+    return sids, sizes
+
+
+def assert_matches_reference(index: SidIndex, sids: np.ndarray) -> None:
+    steps, leaves, leaf_items = reference_steps(sids)
+    assert index.num_steps == len(steps)
+    for t, (table, expected_rows) in enumerate(zip(index.steps, steps)):
+        assert table.rows == len(expected_rows)
+        assert table.nnz == sum(len(r) for r in expected_rows)
+        for r, expected in enumerate(expected_rows):
+            tokens, next_rows = table.children(r)
+            assert list(zip(tokens.tolist(), next_rows.tolist())) == expected, (t, r)
+        widest = max(len(r) for r in expected_rows)
+        assert table.max_slots == (table.codebook_size if table.format == "dense" else widest)
+    assert index.num_leaves == len(leaves)
+    assert [tuple(x) for x in index.leaf_sids().tolist()] == leaves
+    assert index.item_order is not None
+    for leaf, rows in leaf_items.items():
+        lo, hi = index.leaf_offsets[leaf], index.leaf_offsets[leaf + 1]
+        assert index.item_order[lo:hi].tolist() == rows
+
+
+@settings(max_examples=150, deadline=None)
+@given(catalogs(), st.sampled_from(["auto", "sparse", "dense", "mixed"]))
+def test_tables_equal_brute_force_trie(catalog, fmt):
+    sids, sizes = catalog
+    if fmt == "mixed":
+        fmt = ",".join(f"{t}={'dense' if t % 2 else 'sparse'}" for t in range(len(sizes)))
+    index = build_index(sids, sizes, step_formats=fmt, workers=2)
+    assert_matches_reference(index, sids)
+
+
+@settings(max_examples=60, deadline=None)
+@given(catalogs(max_steps=5, max_codebook=6))
+def test_parallel_layout_equals_lexsort_layout(catalog):
+    sids, sizes = catalog
+    fast, simple = sort_and_mark(sids, sizes, workers=2), _lexsort_layout(sids)
+    for a, b in zip(fast.prefix_tokens + fast.prefix_starts, simple.prefix_tokens + simple.prefix_starts):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(fast.leaf_offsets, simple.leaf_offsets)
+    np.testing.assert_array_equal(fast.item_order, simple.item_order)
+
+
+def test_large_buckets_use_radix_path_and_match_lexsort():
+    rng = np.random.default_rng(7)
+    sids = np.column_stack([rng.integers(0, 3, 50_000), rng.zipf(1.5, 50_000) % 1000, rng.integers(0, 1000, 50_000)])
+    fast, simple = sort_and_mark(sids, [3, 1000, 1000], workers=2), _lexsort_layout(sids)
+    np.testing.assert_array_equal(fast.item_order, simple.item_order)
+    for a, b in zip(fast.prefix_tokens, simple.prefix_tokens):
+        np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40))
+def test_codebooks_past_65536_use_int32_tokens_and_wide_fallback(seed, n):
+    """V = 2^20 at six steps cannot pack into one word: the multi-word (lexsort) path builds the tables."""
+    rng = np.random.default_rng(seed)
+    sizes = [70_000, 2**20, 5, 2**20, 3, 2**20]
+    sids = np.stack([rng.integers(0, min(v, 4), n) for v in sizes], axis=1)
+    sids[:, 1] = rng.integers(0, 2**20, n) % 3 + 2**20 - 3
+    index = build_index(sids, sizes, step_formats="sparse")
+    assert index.steps[0].tokens.dtype == np.int32 and index.steps[2].tokens.dtype == np.uint16
+    assert_matches_reference(index, sids)
+
+
+def test_auto_format_picks_dense_for_full_steps_and_sparse_for_sparse_ones():
+    rng = np.random.default_rng(0)
+    sids = np.column_stack([rng.permutation(np.repeat(np.arange(64), 40)), rng.integers(0, 4096, 2560)])
+    index = build_index(sids, [64, 4096])
+    assert [s.format for s in index.steps] == ["dense", "sparse"]
+    forced = build_index(sids, [64, 4096], policy=FormatPolicy(dense_min_share=0.0))
+    assert [s.format for s in forced.steps] == ["dense", "dense"]
+    capped = build_index(sids, [64, 4096], policy=FormatPolicy(dense_max_bytes=16))
+    assert [s.format for s in capped.steps] == ["sparse", "sparse"]
+
+
+def test_smallest_dtypes():
+    index = build_index(np.array([[1, 2], [3, 4]]), [5, 70_000], step_formats="sparse")
+    assert index.steps[0].tokens.dtype == np.uint16
+    assert index.steps[1].tokens.dtype == np.int32
+    assert index.steps[0].indptr.dtype == np.int32
+    assert index.leaf_offsets.dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("sids", "sizes", "message"),
+    [
+        (np.zeros((0, 3), dtype=np.int64), [4, 4, 4], "empty catalog"),
+        (np.array([[0, 1], [2, 5]]), [4, 4], "row 1: token 5 at step 1"),
+        (np.array([[0, -1]]), [4, 4], "row 0: token -1 at step 1"),
+        (np.array([[0, 1]]), [4, 4, 4], "3 codebook sizes"),
+        (np.array([[0.5, 1.0]]), [4, 4], "integers"),
+        (np.array([0, 1]), [4], "2-D"),
+    ],
+)
+def test_bad_input_is_an_input_error(sids, sizes, message):
+    with pytest.raises(InputError, match=message):
+        build_index(sids, sizes)
+
+
+def test_step_formats_parsing():
+    assert parse_step_formats("0=dense,2=sparse", 3) == {0: "dense", 1: "auto", 2: "sparse"}
+    assert parse_step_formats(None, 2) == {0: "auto", 1: "auto"}
+    assert parse_step_formats("dense", 2) == {0: "dense", 1: "dense"}
+    for bad in ["0=csr", "5=dense", "csr", "x=dense"]:
+        with pytest.raises(InputError):
+            parse_step_formats(bad, 3)
