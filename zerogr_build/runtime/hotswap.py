@@ -1,0 +1,153 @@
+"""Serve one bundle version while the next one loads beside it, then switch with one reference assignment.
+
+    live = HotSwap.for_decoder(weights, device="cuda:0")      # or HotSwap(my_loader)
+    live.load_next("bundles/v000007").result()                 # first version: load and wait
+    live.swap()
+    ...
+    dec = live.current.decoder                                 # request path: one attribute read, no lock
+    ...
+    live.load_next("bundles", weights=new_weights)             # new model version: loads in a background
+                                                               # thread on a low-priority copy stream
+    live.swap()                                                # waits for the load, then switches
+
+Readers take `live.current` once per request and use that object to the end of the request, so a request
+never mixes two versions. After `swap()` the handle drops its reference to the old version; its device
+memory is freed when the last request holding it finishes (CPython frees on the last reference), and
+`swap(release=True)` also hands the CUDA caching allocator's free blocks back to the driver.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LiveVersion:
+    """One loaded version: where it came from, the loader's product and how long the load took.
+
+    `value` is what the loader returned; with `HotSwap.for_decoder` it is a (bundle, decoder) pair, also
+    reachable as `.bundle` and `.decoder`."""
+
+    path: Path
+    value: Any
+    load_seconds: float
+
+    @property
+    def bundle(self) -> Any:
+        return self.value[0]
+
+    @property
+    def decoder(self) -> Any:
+        return self.value[1]
+
+    @property
+    def version(self) -> int | None:
+        return getattr(self.bundle, "version", None) if isinstance(self.value, tuple) else None
+
+
+Loader = Callable[..., Any]
+"""loader(path: Path, *, low_priority: bool, **kwargs) -> value"""
+
+
+class HotSwap:
+    """A handle on the live version plus at most one version loading next to it.
+
+    Thread safety: `current` is a plain attribute read (atomic in CPython); `load_next` and `swap` take an
+    internal lock, so concurrent callers see one consistent order of loads and swaps.
+    """
+
+    def __init__(self, loader: Loader) -> None:
+        self._loader = loader
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerogr-hotswap")
+        self._next: Future[LiveVersion] | None = None
+        self.current: LiveVersion | None = None
+
+    @classmethod
+    def for_decoder(cls, weights: Any, device: str = "cpu", **decoder_kwargs: Any) -> HotSwap:
+        """A handle whose versions are (bundle, Decoder) pairs: the bundle is opened, its tables streamed
+        to `device` (on a low-priority stream for background loads) and a Decoder built over them.
+        `load_next(path, weights=...)` replaces the weights for that version (a new model)."""
+        default_weights = weights
+
+        def load(path: Path, *, low_priority: bool, weights: Any = None) -> tuple[Any, Any]:
+            from ..bundle import open_bundle
+            from .decoder import Decoder
+            from .stream import open_bundle_on_device
+
+            bundle = open_bundle(path)
+            tables = open_bundle_on_device(bundle, device, low_priority=low_priority)
+            decoder = Decoder(
+                bundle,
+                default_weights if weights is None else weights,
+                device=device,
+                tables=tables,
+                **decoder_kwargs,
+            )
+            return bundle, decoder
+
+        return cls(load)
+
+    def load_next(self, path: str | Path, *, low_priority: bool = True, **kwargs: Any) -> Future[LiveVersion]:
+        """Start loading `path` in the background; returns a Future of the LiveVersion (it references the
+        version too: don't keep it around after swapping). Replaces a loaded but not yet swapped version;
+        refuses while another load is still running."""
+        with self._lock:
+            if self._next is not None and not self._next.done():
+                raise RuntimeError("a version is already loading; swap() or wait for it first")
+
+            def task() -> LiveVersion:
+                t0 = time.perf_counter()
+                value = self._loader(Path(path), low_priority=low_priority, **kwargs)
+                return LiveVersion(Path(path), value, time.perf_counter() - t0)
+
+            self._next = self._executor.submit(task)
+            return self._next
+
+    @property
+    def loading(self) -> bool:
+        """True while a load started by load_next is still running."""
+        nxt = self._next
+        return nxt is not None and not nxt.done()
+
+    def swap(self, *, timeout: float | None = None, release: bool = False) -> LiveVersion:
+        """Wait for the pending load (re-raising its error, in which case the live version stays), then
+        make it current with one assignment. Returns the new current version."""
+        with self._lock:
+            if self._next is None:
+                raise RuntimeError("nothing to swap in: call load_next first")
+            pending = self._next
+            try:
+                new = pending.result(timeout=timeout)
+            finally:
+                if pending.done():
+                    self._next = None
+            old = self.current
+            self.current = new
+        del old  # the handle's reference; requests that still hold it keep it alive until they finish
+        if release:
+            _release_cached_device_memory()
+        return new
+
+    def close(self) -> None:
+        """Stop the background loader thread (waits for a running load) and drop both versions."""
+        self._executor.shutdown(wait=True)
+        with self._lock:
+            self._next = None
+            self.current = None
+
+
+def _release_cached_device_memory() -> None:
+    import gc
+    import sys
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
