@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def reference_steps(sids: np.ndarray) -> tuple[list[list[list[tuple[int, int]]]], list[tuple[int, ...]], dict]:
+def reference_steps(
+    sids: np.ndarray,
+) -> tuple[list[list[list[tuple[int, int]]]], list[tuple[int, ...]], dict]:
     """Per step, per row, the list of (token, next_row) children, straight from the definition.
 
     Returns (steps, leaves, leaf_items): steps[t][r] = [(v, next_row), ...] ascending v; leaves = distinct

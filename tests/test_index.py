@@ -30,12 +30,12 @@ def catalogs(draw, max_steps: int = 6, max_codebook: int = 12):
 def assert_matches_reference(index: SidIndex, sids: np.ndarray) -> None:
     steps, leaves, leaf_items = reference_steps(sids)
     assert index.num_steps == len(steps)
-    for t, (table, expected_rows) in enumerate(zip(index.steps, steps)):
+    for t, (table, expected_rows) in enumerate(zip(index.steps, steps, strict=True)):
         assert table.rows == len(expected_rows)
         assert table.nnz == sum(len(r) for r in expected_rows)
         for r, expected in enumerate(expected_rows):
             tokens, next_rows = table.children(r)
-            assert list(zip(tokens.tolist(), next_rows.tolist())) == expected, (t, r)
+            assert list(zip(tokens.tolist(), next_rows.tolist(), strict=True)) == expected, (t, r)
         widest = max(len(r) for r in expected_rows)
         assert table.max_slots == (table.codebook_size if table.format == "dense" else widest)
     assert index.num_leaves == len(leaves)
@@ -61,7 +61,9 @@ def test_tables_equal_brute_force_trie(catalog, fmt):
 def test_parallel_layout_equals_lexsort_layout(catalog):
     sids, sizes = catalog
     fast, simple = sort_and_mark(sids, sizes, workers=2), _lexsort_layout(sids)
-    for a, b in zip(fast.prefix_tokens + fast.prefix_starts, simple.prefix_tokens + simple.prefix_starts):
+    for a, b in zip(
+        fast.prefix_tokens + fast.prefix_starts, simple.prefix_tokens + simple.prefix_starts, strict=True
+    ):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(fast.leaf_offsets, simple.leaf_offsets)
     np.testing.assert_array_equal(fast.item_order, simple.item_order)
@@ -69,10 +71,12 @@ def test_parallel_layout_equals_lexsort_layout(catalog):
 
 def test_large_buckets_use_radix_path_and_match_lexsort():
     rng = np.random.default_rng(7)
-    sids = np.column_stack([rng.integers(0, 3, 50_000), rng.zipf(1.5, 50_000) % 1000, rng.integers(0, 1000, 50_000)])
+    sids = np.column_stack(
+        [rng.integers(0, 3, 50_000), rng.zipf(1.5, 50_000) % 1000, rng.integers(0, 1000, 50_000)]
+    )
     fast, simple = sort_and_mark(sids, [3, 1000, 1000], workers=2), _lexsort_layout(sids)
     np.testing.assert_array_equal(fast.item_order, simple.item_order)
-    for a, b in zip(fast.prefix_tokens, simple.prefix_tokens):
+    for a, b in zip(fast.prefix_tokens, simple.prefix_tokens, strict=True):
         np.testing.assert_array_equal(a, b)
 
 

@@ -38,9 +38,7 @@ def indptr_dtype(nnz: int) -> np.dtype:
     return np.dtype(np.int32) if nnz < 2**31 else np.dtype(np.int64)
 
 
-def choose_format(
-    rows: int, nnz: int, codebook_size: int, forced: str, policy: FormatPolicy
-) -> StepFormat:
+def choose_format(rows: int, nnz: int, codebook_size: int, forced: str, policy: FormatPolicy) -> StepFormat:
     """Resolve one step's format: `forced` is "auto", "sparse" or "dense"."""
     if forced in ("sparse", "dense"):
         return forced  # type: ignore[return-value]

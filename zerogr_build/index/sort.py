@@ -44,7 +44,9 @@ def bits_for(count: int) -> int:
     return max(1, int(count - 1).bit_length())
 
 
-def sort_and_mark(sids: np.ndarray, codebook_sizes: Sequence[int], workers: int | None = None) -> SortedLayout:
+def sort_and_mark(
+    sids: np.ndarray, codebook_sizes: Sequence[int], workers: int | None = None
+) -> SortedLayout:
     """sids int [N, L] (validated: tokens in range) -> SortedLayout. workers: threads (None = all cores)."""
     n, num_steps = sids.shape
     token_bits = [bits_for(int(v)) for v in codebook_sizes]
@@ -146,16 +148,36 @@ def _parallel_layout(
             step_starts = np.empty(int(counts[t - 1]) + 1, dtype=np.int64)
             step_starts[-1] = counts[t]
             chunk_rows = np.ascontiguousarray(chunk_offsets[:, t - 1])
-            _fill_step(words, first_diff, bucket_starts, chunk_buckets, np.ascontiguousarray(chunk_offsets[:, t]),
-                       chunk_rows, t, shifts[t], masks[t], step_tokens, step_starts)
+            _fill_step(
+                words,
+                first_diff,
+                bucket_starts,
+                chunk_buckets,
+                np.ascontiguousarray(chunk_offsets[:, t]),
+                chunk_rows,
+                t,
+                shifts[t],
+                masks[t],
+                step_tokens,
+                step_starts,
+            )
         tokens.append(step_tokens)
         starts.append(step_starts)
 
     leaf_offsets = np.empty(int(counts[-1]) + 1, dtype=np.int64)
     leaf_offsets[-1] = n
     item_order = np.empty(n, dtype=np.int64)
-    _fill_leaves(words, first_diff, bucket_starts, chunk_buckets,
-                 np.ascontiguousarray(chunk_offsets[:, -1]), num_steps - 1, row_bits, leaf_offsets, item_order)
+    _fill_leaves(
+        words,
+        first_diff,
+        bucket_starts,
+        chunk_buckets,
+        np.ascontiguousarray(chunk_offsets[:, -1]),
+        num_steps - 1,
+        row_bits,
+        leaf_offsets,
+        item_order,
+    )
     return SortedLayout(tokens, starts, counts.astype(np.int64), leaf_offsets, item_order)
 
 
@@ -304,8 +326,19 @@ def _fill_first_tokens(bucket_starts, step_tokens):
 
 
 @njit(cache=True, parallel=True)
-def _fill_step(words, first_diff, bucket_starts, chunk_buckets, child_offsets, row_offsets, t, shift, mask,
-               step_tokens, step_starts):
+def _fill_step(
+    words,
+    first_diff,
+    bucket_starts,
+    chunk_buckets,
+    child_offsets,
+    row_offsets,
+    t,
+    shift,
+    mask,
+    step_tokens,
+    step_starts,
+):
     """Write step t (t >= 1): children tokens and each row's first child.
 
     A position with first_diff <= t starts a new child (length-(t+1) prefix); with first_diff <= t-1 it also
@@ -325,8 +358,17 @@ def _fill_step(words, first_diff, bucket_starts, chunk_buckets, child_offsets, r
 
 
 @njit(cache=True, parallel=True)
-def _fill_leaves(words, first_diff, bucket_starts, chunk_buckets, leaf_chunk_offsets, last, row_bits,
-                 leaf_offsets, item_order):
+def _fill_leaves(
+    words,
+    first_diff,
+    bucket_starts,
+    chunk_buckets,
+    leaf_chunk_offsets,
+    last,
+    row_bits,
+    leaf_offsets,
+    item_order,
+):
     """leaf_offsets[j]: sorted position where leaf j starts; item_order[p]: catalog row at position p."""
     row_mask = (np.uint64(1) << np.uint64(row_bits)) - np.uint64(1)
     for c in prange(chunk_buckets.shape[0] - 1):
