@@ -1,0 +1,119 @@
+"""scripts/make_catalog.py: deterministic, well-typed, round-trips through Parquet, has collisions."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+
+def _load_script(name: str):
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_zerogr_scripts_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+make_catalog = _load_script("make_catalog")
+
+
+@pytest.mark.parametrize("mode", ["skewed", "uniform"])
+def test_deterministic_per_seed(mode):
+    a = make_catalog.generate_sids(5000, [64, 32, 128], seed=3, mode=mode)
+    b = make_catalog.generate_sids(5000, [64, 32, 128], seed=3, mode=mode)
+    c = make_catalog.generate_sids(5000, [64, 32, 128], seed=4, mode=mode)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "dtype"),
+    [([256, 256], np.uint8), ([8192] * 3, np.uint16), ([2048, 70000, 5, 9, 300], np.uint32)],
+)
+@pytest.mark.parametrize("mode", ["skewed", "uniform"])
+def test_shape_dtype_and_range(sizes, dtype, mode):
+    sids = make_catalog.generate_sids(3000, sizes, seed=1, mode=mode)
+    assert sids.shape == (3000, len(sizes))
+    assert sids.dtype == dtype
+    assert (sids.max(axis=0) < np.array(sizes)).all()
+
+
+def test_codebook_of_one_token():
+    sids = make_catalog.generate_sids(100, [1, 3], seed=0)
+    assert (sids[:, 0] == 0).all() and sids[:, 1].max() < 3
+
+
+def test_skewed_has_heavy_tails_and_collisions():
+    sids = make_catalog.generate_sids(100_000, [1024, 1024, 1024], seed=0)
+    stats = make_catalog.children_stats(sids)
+    first, last = stats[1], stats[-1]
+    # Heavy tails: the largest row dwarfs the typical one at every step after the first.
+    assert first["max"] > 10 * first["mean"]
+    assert last["max"] > 20 * last["p99"]
+    # Several items per leaf somewhere, but most SIDs are unique.
+    assert last["collided_items"] > 0 and last["max_items_per_leaf"] > 2
+    assert last["leaves"] > 0.8 * sids.shape[0]
+
+
+def test_uniform_is_flat():
+    sids = make_catalog.generate_sids(50_000, [64, 64], seed=0, mode="uniform")
+    counts = np.bincount(sids[:, 0], minlength=64)
+    assert counts.min() > 0.7 * counts.mean() and counts.max() < 1.3 * counts.mean()
+
+
+def test_children_stats_against_brute_force():
+    sids = make_catalog.generate_sids(400, [5, 4, 6], seed=2)
+    stats = make_catalog.children_stats(sids)
+    rows = [tuple(r) for r in sids.tolist()]
+    for t in range(3):
+        children: dict[tuple, set] = {}
+        for row in rows:
+            children.setdefault(row[:t], set()).add(row[t])
+        counts = np.array([len(v) for v in children.values()])
+        assert stats[t]["rows"] == len(children)
+        assert stats[t]["nnz"] == counts.sum()
+        assert stats[t]["max"] == counts.max()
+    assert stats[-1]["leaves"] == len(set(rows))
+
+
+@pytest.mark.parametrize("item_ids", ["int64", "string"])
+@pytest.mark.parametrize("fixed", [False, True])
+def test_parquet_round_trip(tmp_path, item_ids, fixed):
+    path = tmp_path / "cat.parquet"
+    sids = make_catalog.write_catalog(
+        path,
+        2500,
+        [300, 40, 70000],
+        seed=5,
+        item_id_type=item_ids,
+        row_group_size=1000,
+        fixed_size_list=fixed,
+    )
+    meta = pq.ParquetFile(path).metadata
+    assert meta.num_rows == 2500 and meta.num_row_groups == 3
+    table = pq.read_table(path)
+    assert table.column_names == ["item_id", "sid"]
+    sid_type = table.schema.field("sid").type
+    assert pa.types.is_fixed_size_list(sid_type) if fixed else pa.types.is_list(sid_type)
+    assert sid_type.value_type == pa.int32()  # a token past 65535 -> int32
+    back = np.array(table.column("sid").combine_chunks().flatten()).reshape(2500, 3)
+    assert np.array_equal(back, sids)
+    ids = table.column("item_id")
+    assert ids.type == (pa.int64() if item_ids == "int64" else pa.string())
+    assert len(set(ids.to_pylist())) == 2500
+
+
+def test_uint16_tokens_and_cli(tmp_path):
+    path = tmp_path / "cli.parquet"
+    assert make_catalog.main([str(path), "-n", "300", "-L", "3", "-V", "8192", "--seed", "7"]) == 0
+    table = pq.read_table(path)
+    assert table.schema.field("sid").type == pa.list_(pa.uint16())
+    back = np.array(table.column("sid").combine_chunks().flatten()).reshape(300, 3)
+    assert np.array_equal(back, make_catalog.generate_sids(300, [8192] * 3, seed=7))
