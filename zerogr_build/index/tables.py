@@ -103,8 +103,13 @@ class SidIndex:
 
     @property
     def index_bytes(self) -> int:
-        """Bytes of all step tables plus leaf_offsets (the items table is not counted)."""
-        return sum(s.nbytes for s in self.steps) + int(self.leaf_offsets.nbytes)
+        """Bytes of the step tables: what constrained decoding reads (STATIC's layout is compared to this)."""
+        return sum(s.nbytes for s in self.steps)
+
+    @property
+    def leaf_map_bytes(self) -> int:
+        """Bytes of leaf_offsets, the leaf -> items map (STATIC has no counterpart; reported separately)."""
+        return int(self.leaf_offsets.nbytes)
 
     def leaf_sids(self) -> np.ndarray:
         """int64 [n_leaves, L]: the distinct SIDs in leaf (lexicographic) order, rebuilt from the tables."""
