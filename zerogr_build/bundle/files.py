@@ -1,0 +1,194 @@
+"""File-level I/O for bundles: .npy writing with the checksum computed on the way out, hashing,
+fsync, atomic replace, and a careful .npy header reader (header checked before any data is trusted)."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import secrets
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from ..errors import BundleError
+from .format import TEMP_PREFIX
+
+CHUNK_BYTES = 8 * 1024 * 1024
+NPY_MAGIC = b"\x93NUMPY"
+NPY_ALIGN = 64
+
+
+def temp_tag() -> str:
+    """A unique tag for temp names: pid plus randomness (pid alone is reused after a crash)."""
+    return f"{os.getpid()}-{secrets.token_hex(4)}"
+
+
+class HashingFile:
+    """A binary file being written that also feeds every byte to sha256 and counts bytes.
+
+    Used directly for .npy and as the sink pyarrow writes Parquet into, so each file is hashed while it is
+    written instead of being read back."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file: BinaryIO = open(path, "xb")  # noqa: SIM115 - closed in close()
+        self._hash = hashlib.sha256()
+        self.bytes = 0
+        self.closed = False
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self._file.write(view)
+        self._hash.update(view)
+        self.bytes += view.nbytes
+        return view.nbytes
+
+    # pyarrow's PythonFile probes these.
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self.bytes
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        """Flush, fsync and close (idempotent)."""
+        if not self.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self.closed = True
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """A .npy format 1.0 header (magic, version, little-endian u2 length, dict, space padding, newline),
+    padded so the data starts at a multiple of 64 bytes. Never Fortran order."""
+    text = f"{{'descr': '{np.dtype(dtype).str}', 'fortran_order': False, 'shape': {tuple(shape)!r}, }}"
+    total = len(NPY_MAGIC) + 2 + 2 + len(text) + 1
+    padding = -total % NPY_ALIGN
+    header = (text + " " * padding + "\n").encode("latin1")
+    if len(header) >= 2**16:
+        raise ValueError("npy header too long for format 1.0")
+    return NPY_MAGIC + b"\x01\x00" + len(header).to_bytes(2, "little") + header
+
+
+def write_npy(path: Path, array: np.ndarray) -> tuple[int, str]:
+    """Write `array` as a little-endian, C-contiguous .npy file; fsync it. Returns (bytes, sha256 hex).
+
+    The data is streamed in 8 MiB slices straight from the array's memory (no copy unless the array is
+    big-endian or strided) and hashed slice by slice.
+    """
+    array = np.asarray(array)
+    little = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+    array = np.ascontiguousarray(array, dtype=little)
+    out = HashingFile(path)
+    try:
+        out.write(npy_header(array.dtype, array.shape))
+        data = memoryview(array.reshape(-1)).cast("B") if array.size else memoryview(b"")
+        for start in range(0, data.nbytes, CHUNK_BYTES):
+            out.write(data[start : start + CHUNK_BYTES])
+    finally:
+        out.close()
+    return out.bytes, out.hexdigest()
+
+
+def sha256_file(path: Path) -> tuple[int, str]:
+    """(bytes, sha256 hex) of a file, read in 8 MiB blocks (hashlib releases the GIL on each)."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        buffer = bytearray(CHUNK_BYTES)
+        view = memoryview(buffer)
+        while n := f.readinto(buffer):
+            digest.update(view[:n])
+            size += n
+    return size, digest.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so renames and creations inside it survive a power loss."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes_durable(path: Path, data: bytes) -> tuple[int, str]:
+    """Create `path` (must not exist), write, fsync. Returns (bytes, sha256 hex)."""
+    out = HashingFile(path)
+    try:
+        out.write(data)
+    finally:
+        out.close()
+    return out.bytes, out.hexdigest()
+
+
+def atomic_replace_bytes(path: Path, data: bytes) -> tuple[int, str]:
+    """Replace `path` with `data` atomically: write a temp file beside it, fsync, rename, fsync the dir.
+
+    A reader sees the old content or the new one, never a mix; a crash leaves at most a stray temp file
+    (named .tmp-*, removed by the next writer holding the OUT lock)."""
+    temp = path.with_name(f"{TEMP_PREFIX}{temp_tag()}-{path.name}")
+    try:
+        result = write_bytes_durable(temp, data)
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return result
+
+
+def read_npy_header(path: Path, name: str) -> tuple[np.dtype, tuple[int, ...], int]:
+    """Parse a .npy header without trusting it: (dtype, shape, data offset).
+
+    Accepts format versions 1.0, 2.0 and 3.0; refuses Fortran order, object dtypes and malformed headers
+    with a BundleError naming `name`."""
+    try:
+        with open(path, "rb") as f:
+            prefix = f.read(len(NPY_MAGIC) + 2)
+            if len(prefix) < 8 or prefix[:6] != NPY_MAGIC:
+                raise BundleError(f"{name}: not a .npy file (bad magic)")
+            major = prefix[6]
+            if major == 1:
+                length = int.from_bytes(f.read(2), "little")
+                start = 10
+            elif major in (2, 3):
+                length = int.from_bytes(f.read(4), "little")
+                start = 12
+            else:
+                raise BundleError(f"{name}: unsupported .npy version {major}.{prefix[7]}")
+            if length > 1 << 20:
+                raise BundleError(f"{name}: .npy header length {length} is implausible")
+            raw = f.read(length)
+    except OSError as exc:
+        raise BundleError(f"{name}: cannot read ({exc.strerror or exc})") from exc
+    if len(raw) != length:
+        raise BundleError(f"{name}: truncated .npy header")
+    try:
+        header = ast.literal_eval(raw.decode("utf8" if major == 3 else "latin1"))
+        if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+            raise ValueError("keys")
+        dtype = np.dtype(header["descr"])
+        shape = tuple(int(d) for d in header["shape"])
+    except (ValueError, SyntaxError, TypeError) as exc:
+        raise BundleError(f"{name}: malformed .npy header") from exc
+    if header["fortran_order"] is not False:
+        raise BundleError(f"{name}: Fortran-order arrays are not allowed")
+    if dtype.hasobject or any(d < 0 for d in shape):
+        raise BundleError(f"{name}: object dtype or negative shape in .npy header")
+    return dtype, shape, start + length

@@ -1,0 +1,244 @@
+"""Bundle format v1: names, dtypes and the manifest schema (see docs/bundle-format.md).
+
+Everything a reader must check before trusting a manifest lives here, so the writer, the reader and
+`verify` share one definition. No I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+import numpy as np
+
+from ..errors import BundleError
+
+FORMAT_NAME = "zerogr-bundle"
+FORMAT_VERSION = 1
+
+MANIFEST_NAME = "manifest.json"
+LATEST_NAME = "LATEST"
+LOCK_NAME = ".lock"
+COUNTER_NAME = ".last_version"
+JOURNAL_NAME = "manifest.json.journal"
+LEAF_OFFSETS_NAME = "leaves.offsets.npy"
+ITEMS_NAME = "items.parquet"
+ITEM_COLUMN = "item_id"
+TEMP_PREFIX = ".tmp-"
+DEFAULT_OUT = "bundles"
+
+VERSION_DIR_RE = re.compile(r"^v(\d{6,})$")
+
+# Allowed dtypes per array role (little-endian only). tokens may be uint16 only while V <= 65536.
+ROLE_DTYPES: dict[str, tuple[str, ...]] = {
+    "indptr": ("<i4", "<i8"),
+    "tokens": ("<u2", "<i4"),
+    "next": ("<i4",),
+    "offsets": ("<i8",),
+}
+SPARSE_ROLES = ("indptr", "tokens")
+DENSE_ROLES = ("next",)
+
+
+def version_dir_name(version: int) -> str:
+    """Dir name of a version: v000007 for 7 (six digits, more once past 999999)."""
+    return f"v{version:06d}"
+
+
+def parse_version_dir(name: str) -> int | None:
+    """Version number of a version dir name, or None if the name is not one."""
+    match = VERSION_DIR_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def step_file_name(step: int, role: str) -> str:
+    """File name of one step array, e.g. "step0.next.npy" or "step2.tokens.npy"."""
+    return f"step{step}.{role}.npy"
+
+
+def dtype_str(dtype: np.dtype) -> str:
+    """The little-endian dtype string stored in manifests ("<u2", "<i4", ...)."""
+    return np.dtype(dtype).newbyteorder("<").str
+
+
+def check_relpath(name: Any, where: str) -> str:
+    """Refuse a manifest file name that could leave the version dir or is not a plain relative path.
+
+    Allowed: "/"-separated, relative, no empty, "." or ".." component, no backslash or NUL, and not a name
+    this format reserves for itself (manifest, journal, temp files).
+    """
+    if not isinstance(name, str) or not name:
+        raise BundleError(f"{where}: file name must be a non-empty string, got {name!r}")
+    if "\\" in name or "\x00" in name or name.startswith("/"):
+        raise BundleError(f"{where}: file name {name!r} is not a relative POSIX path")
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise BundleError(f"{where}: file name {name!r} would leave the bundle dir or is not normalised")
+    if name in (MANIFEST_NAME, JOURNAL_NAME) or any(p.startswith(TEMP_PREFIX) for p in parts):
+        raise BundleError(f"{where}: file name {name!r} is reserved")
+    return str(PurePosixPath(name))
+
+
+# ---------------------------------------------------------------------------------------------- manifest
+
+
+def _need(obj: Mapping, key: str, types: type | tuple[type, ...], where: str) -> Any:
+    if key not in obj:
+        raise BundleError(f"{where}: missing field {key!r}")
+    value = obj[key]
+    # bool is an int subclass; no integer field of the format accepts true/false.
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise BundleError(f"{where}: field {key!r} must be {_names(types)}, got {value!r}")
+    if not isinstance(value, types):
+        raise BundleError(f"{where}: field {key!r} must be {_names(types)}, got {type(value).__name__}")
+    return value
+
+
+def _names(types: type | tuple[type, ...]) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join(t.__name__ for t in types)
+
+
+def _need_count(obj: Mapping, key: str, where: str, minimum: int = 0) -> int:
+    value = _need(obj, key, int, where)
+    if value < minimum:
+        raise BundleError(f"{where}: field {key!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def validate_manifest(manifest: Any, where: str = MANIFEST_NAME) -> dict:
+    """Check every field v1 defines (presence, type, range, cross-field consistency). Returns it.
+
+    Raises BundleError naming `where` (the manifest file) and the field. Unknown extra fields are allowed
+    (later v1 writers may add fields; see docs/bundle-format.md, "Compatibility").
+    """
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{where}: top level must be a JSON object")
+    fmt = _need(manifest, "format", str, where)
+    if fmt != FORMAT_NAME:
+        raise BundleError(f"{where}: format is {fmt!r}, expected {FORMAT_NAME!r}")
+    format_version = _need(manifest, "format_version", int, where)
+    if format_version != FORMAT_VERSION:
+        newer = " (written by a newer zerogr; upgrade to read it)" if format_version > FORMAT_VERSION else ""
+        raise BundleError(
+            f"{where}: format_version {format_version} is not supported "
+            f"(this reader reads {FORMAT_VERSION}){newer}"
+        )
+    _need_count(manifest, "version", where, minimum=1)
+    _need(manifest, "created_at", str, where)
+    _need(manifest, "model_version", (str, type(None)), where)
+    catalog = _need(manifest, "catalog", dict, where)
+    for key in ("path", "fingerprint"):
+        _need(catalog, key, (str, type(None)), f"{where}: catalog")
+    _need_count(catalog, "rows", f"{where}: catalog", minimum=1)
+    _need_count(catalog, "distinct_sids", f"{where}: catalog", minimum=1)
+    _need(manifest, "settings", dict, where)
+
+    num_steps = _need_count(manifest, "num_steps", where, minimum=1)
+    sizes = _need(manifest, "codebook_sizes", list, where)
+    if len(sizes) != num_steps or not all(type(v) is int and 1 <= v < 2**31 for v in sizes):
+        raise BundleError(f"{where}: codebook_sizes must be {num_steps} integers in 1..2^31-1, got {sizes}")
+
+    files = _need(manifest, "files", dict, where)
+    for name, entry in files.items():
+        check_relpath(name, f"{where}: files")
+        entry_where = f"{where}: files[{name!r}]"
+        if not isinstance(entry, dict):
+            raise BundleError(f"{entry_where} must be an object")
+        _need_count(entry, "bytes", entry_where)
+        digest = _need(entry, "sha256", str, entry_where)
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise BundleError(f"{entry_where}: sha256 must be 64 lowercase hex digits")
+
+    steps = _need(manifest, "steps", list, where)
+    if len(steps) != num_steps:
+        raise BundleError(f"{where}: {len(steps)} steps listed, num_steps is {num_steps}")
+    expected_rows = 1
+    for t, entry in enumerate(steps):
+        _validate_step(entry, t, sizes[t], expected_rows, files, where)
+        expected_rows = entry["nnz"]
+
+    leaves = _need(manifest, "leaves", dict, where)
+    leaves_where = f"{where}: leaves"
+    count = _need_count(leaves, "count", leaves_where, minimum=1)
+    items = _need_count(leaves, "items", leaves_where, minimum=1)
+    if count != expected_rows:
+        raise BundleError(f"{leaves_where}: count {count} != nnz of the last step ({expected_rows})")
+    if items < count:
+        raise BundleError(f"{leaves_where}: items {items} < leaf count {count} (every leaf has an item)")
+    if count != catalog["distinct_sids"] or items != catalog["rows"]:
+        raise BundleError(f"{where}: catalog rows/distinct_sids disagree with leaves items/count")
+    leaf_files = _need(leaves, "files", dict, leaves_where)
+    if set(leaf_files) != {"offsets", "items"}:
+        raise BundleError(f"{leaves_where}: files must name exactly 'offsets' and 'items'")
+    for role, name in leaf_files.items():
+        check_relpath(name, f"{leaves_where}: files.{role}")
+        if name not in files:
+            raise BundleError(f"{leaves_where}: file {name!r} is not listed in files")
+    if "dtype" in leaves and leaves["dtype"] != "<i8":
+        raise BundleError(f"{leaves_where}: offsets dtype must be '<i8', got {leaves['dtype']!r}")
+    return manifest
+
+
+def _validate_step(entry: Any, t: int, size: int, rows_expected: int, files: Mapping, where: str) -> None:
+    step_where = f"{where}: steps[{t}]"
+    if not isinstance(entry, dict):
+        raise BundleError(f"{step_where} must be an object")
+    if _need(entry, "step", int, step_where) != t:
+        raise BundleError(f"{step_where}: step must be {t}, got {entry['step']}")
+    fmt = _need(entry, "format", str, step_where)
+    if fmt not in ("sparse", "dense"):
+        raise BundleError(f"{step_where}: format must be 'sparse' or 'dense', got {fmt!r}")
+    rows = _need_count(entry, "rows", step_where, minimum=1)
+    nnz = _need_count(entry, "nnz", step_where, minimum=1)
+    max_slots = _need_count(entry, "max_slots", step_where, minimum=1)
+    if rows != rows_expected:
+        what = "1 (step 0 is the empty prefix)" if t == 0 else f"nnz of step {t - 1} ({rows_expected})"
+        raise BundleError(f"{step_where}: rows {rows} must equal {what}")
+    if nnz < rows or nnz > rows * size:
+        raise BundleError(f"{step_where}: nnz {nnz} outside rows..rows*V ({rows}..{rows * size})")
+    if "codebook_size" in entry and entry["codebook_size"] != size:
+        raise BundleError(f"{step_where}: codebook_size {entry['codebook_size']} != codebook_sizes[{t}]")
+    if fmt == "dense" and max_slots != size:
+        raise BundleError(f"{step_where}: a dense step has max_slots = V ({size}), got {max_slots}")
+    if fmt == "sparse" and max_slots > min(size, nnz):
+        raise BundleError(f"{step_where}: max_slots {max_slots} exceeds min(V, nnz)")
+    _need(entry, "valid_share", (int, float), step_where)
+    _need_count(entry, "bytes", step_where)
+    roles = SPARSE_ROLES if fmt == "sparse" else DENSE_ROLES
+    step_files = _need(entry, "files", dict, step_where)
+    dtypes = _need(entry, "dtypes", dict, step_where)
+    if set(step_files) != set(roles) or set(dtypes) != set(roles):
+        raise BundleError(f"{step_where}: a {fmt} step has files and dtypes for exactly {list(roles)}")
+    for role in roles:
+        name = check_relpath(step_files[role], f"{step_where}: files.{role}")
+        if name not in files:
+            raise BundleError(f"{step_where}: file {name!r} is not listed in files")
+        if dtypes[role] not in ROLE_DTYPES[role]:
+            raise BundleError(
+                f"{step_where}: dtype {dtypes[role]!r} of {role} not allowed ({', '.join(ROLE_DTYPES[role])})"
+            )
+    if fmt == "sparse":
+        if dtypes["tokens"] == "<u2" and size > 65536:
+            raise BundleError(f"{step_where}: uint16 tokens cannot hold codebook size {size}")
+        if dtypes["indptr"] == "<i4" and nnz >= 2**31:
+            raise BundleError(f"{step_where}: int32 indptr cannot hold nnz {nnz}")
+
+
+def array_specs(manifest: Mapping) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{file name: (dtype str, shape)} of every array of a validated manifest: what the .npy headers
+    must say exactly."""
+    specs: dict[str, tuple[str, tuple[int, ...]]] = {}
+    sizes = manifest["codebook_sizes"]
+    for entry in manifest["steps"]:
+        files, dtypes, rows, nnz = entry["files"], entry["dtypes"], entry["rows"], entry["nnz"]
+        if entry["format"] == "dense":
+            specs[files["next"]] = (dtypes["next"], (rows, sizes[entry["step"]]))
+        else:
+            specs[files["indptr"]] = (dtypes["indptr"], (rows + 1,))
+            specs[files["tokens"]] = (dtypes["tokens"], (nnz,))
+    leaves = manifest["leaves"]
+    specs[leaves["files"]["offsets"]] = ("<i8", (leaves["count"] + 1,))
+    return specs

@@ -1,0 +1,289 @@
+"""Reading bundles: find the version dir, check the manifest and every file against it, memory-map.
+
+Nothing in a bundle is trusted before it is checked: the manifest against the v1 schema, every file name
+against escaping the version dir, every file's size and (by default) sha256, every .npy header against
+the dtype and shape the manifest implies. Errors are BundleError naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import BundleError, InputError
+from ..index import SidIndex, StepTable
+from .files import read_npy_header, sha256_file
+from .format import (
+    DEFAULT_OUT,
+    ITEM_COLUMN,
+    JOURNAL_NAME,
+    LATEST_NAME,
+    MANIFEST_NAME,
+    array_specs,
+    parse_version_dir,
+    validate_manifest,
+)
+
+HASH_THREADS = 4
+# open_bundle re-reads the manifest this many times when add_bundle_files is replacing files under it.
+CONCURRENT_UPDATE_RETRIES = 20
+
+
+def resolve_bundle(path: str | Path | None = None) -> Path:
+    """The version dir a user means: a version dir itself (has manifest.json), or an OUT dir, whose LATEST
+    names the version (the newest complete version dir if LATEST is absent). None means "bundles"."""
+    root = Path(DEFAULT_OUT if path is None else path)
+    if not root.exists():
+        raise InputError(f"{root}: no such bundle or bundle directory")
+    if not root.is_dir():
+        raise InputError(f"{root}: not a directory (expected a bundle version dir or an OUT dir)")
+    if (root / MANIFEST_NAME).exists():
+        return root
+    latest_file = root / LATEST_NAME
+    if latest_file.exists():
+        name = latest_file.read_text().strip()
+        if parse_version_dir(name) is None:
+            raise BundleError(f"{latest_file}: does not name a version dir (got {name!r})")
+        target = root / name
+        if not (target / MANIFEST_NAME).is_file():
+            raise BundleError(f"{latest_file}: names {name}, which is missing or has no {MANIFEST_NAME}")
+        return target
+    versions = sorted(
+        (number, entry)
+        for entry in root.iterdir()
+        if (number := parse_version_dir(entry.name)) is not None and (entry / MANIFEST_NAME).is_file()
+    )
+    if not versions:
+        raise InputError(f"{root}: not a bundle (no {MANIFEST_NAME}, no {LATEST_NAME}, no version dirs)")
+    return versions[-1][1]
+
+
+def load_manifest(version_dir: Path) -> dict:
+    """Read and validate manifest.json of a version dir (schema only; files are not touched)."""
+    path = version_dir / MANIFEST_NAME
+    try:
+        manifest = json.loads(path.read_bytes())
+    except FileNotFoundError as exc:
+        raise BundleError(f"{path}: missing") from exc
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{path}: not readable JSON ({exc})") from exc
+    validate_manifest(manifest, str(path))
+    number = parse_version_dir(version_dir.name)
+    if number is not None and number != manifest["version"]:
+        raise BundleError(f"{path}: version {manifest['version']} does not match dir name {version_dir.name}")
+    return manifest
+
+
+def bundle_file(version_dir: Path, name: str) -> Path:
+    """version_dir/name after checking it is a regular file inside version_dir (symlinks may not lead
+    out). `name` must already have passed format.check_relpath."""
+    path = version_dir / name
+    try:
+        real = path.resolve(strict=True)
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise BundleError(f"{path}: missing (listed in {MANIFEST_NAME})") from exc
+    if not real.is_relative_to(version_dir.resolve()):
+        raise BundleError(f"{path}: resolves outside the bundle dir (to {real})")
+    if not real.is_file():
+        raise BundleError(f"{path}: not a regular file")
+    return path
+
+
+def check_files(version_dir: Path, manifest: dict, verify_checksums: bool = True) -> None:
+    """Every listed file exists inside the dir with the listed size (and sha256). First bad file raises."""
+    entries = manifest["files"]
+    paths = {name: bundle_file(version_dir, name) for name in entries}
+    for name, path in paths.items():
+        size = path.stat().st_size
+        if size != entries[name]["bytes"]:
+            raise BundleError(f"{path}: {size} bytes, manifest says {entries[name]['bytes']}")
+    if not verify_checksums:
+        return
+    with ThreadPoolExecutor(max_workers=min(HASH_THREADS, os.cpu_count() or 1)) as pool:
+        digests = dict(zip(paths, pool.map(sha256_file, paths.values()), strict=True))
+    for name, (_, digest) in digests.items():
+        if digest != entries[name]["sha256"]:
+            raise BundleError(f"{paths[name]}: sha256 mismatch (file changed or corrupt)")
+
+
+def map_array(path: Path, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Memory-map a .npy file read-only after checking its header says exactly `dtype` and `shape` and the
+    file holds exactly that many bytes after the header."""
+    found_dtype, found_shape, offset = read_npy_header(path, str(path))
+    if found_dtype.str != dtype:
+        raise BundleError(f"{path}: dtype {found_dtype.str}, manifest implies {dtype}")
+    if found_shape != tuple(shape):
+        raise BundleError(f"{path}: shape {found_shape}, manifest implies {tuple(shape)}")
+    expected = offset + int(np.prod(shape, dtype=np.int64)) * found_dtype.itemsize
+    size = path.stat().st_size
+    if size != expected:
+        raise BundleError(f"{path}: {size} bytes, header implies {expected}")
+    if expected == offset:  # mmap cannot map zero bytes
+        return np.zeros(shape, dtype=found_dtype)
+    mapped = np.memmap(path, dtype=found_dtype, mode="r", offset=offset, shape=tuple(shape))
+    return mapped.view(np.ndarray)  # plain ndarray (the map stays alive as its base)
+
+
+def _load_checked(version_dir: Path, verify_checksums: bool) -> dict:
+    """Manifest + file checks, retried while a concurrent add_bundle_files swaps files and manifest."""
+    manifest_path = version_dir / MANIFEST_NAME
+    for attempt in range(CONCURRENT_UPDATE_RETRIES + 1):
+        before = _stat_key(manifest_path)
+        manifest = load_manifest(version_dir)
+        try:
+            check_files(version_dir, manifest, verify_checksums)
+            return manifest
+        except BundleError:
+            updating = (version_dir / JOURNAL_NAME).exists() or _stat_key(manifest_path) != before
+            if not updating or attempt == CONCURRENT_UPDATE_RETRIES:
+                raise
+            time.sleep(0.05)
+    raise AssertionError("unreachable")
+
+
+def _stat_key(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+class Bundle:
+    """An opened, checked bundle version. Arrays are read-only memory maps of the files.
+
+    path: the version dir; version: its number; manifest: the parsed manifest.json;
+    index: SidIndex over the mapped step tables (item_order None: items are stored in leaf order).
+    """
+
+    def __init__(self, path: Path, manifest: dict, index: SidIndex):
+        self.path = path
+        self.manifest = manifest
+        self.version: int = manifest["version"]
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"Bundle({str(self.path)!r}, version={self.version}, items={self.index.num_items})"
+
+    @property
+    def model_version(self) -> str | None:
+        return self.manifest["model_version"]
+
+    def file(self, name: str) -> Path:
+        """Path of a file the manifest lists (e.g. "kernels/sm_90/selective.cubin"), checked to be inside."""
+        if name not in self.manifest["files"]:
+            raise BundleError(f"{self.path / name}: not listed in {MANIFEST_NAME}")
+        return bundle_file(self.path, name)
+
+    def files(self, prefix: str = "") -> list[str]:
+        """Names of listed files starting with `prefix` (e.g. "kernels/sm_90/"), sorted."""
+        return sorted(name for name in self.manifest["files"] if name.startswith(prefix))
+
+    def plans(self) -> dict[str, str]:
+        """{device key: file name} of the tuning plans in this bundle (plans/<device-key>.json)."""
+        return {
+            name[len("plans/") : -len(".json")]: name
+            for name in self.files("plans/")
+            if name.count("/") == 1 and name.endswith(".json")
+        }
+
+    def plan(self, device_key: str) -> dict:
+        """The parsed plan of one device key."""
+        plans = self.plans()
+        if device_key not in plans:
+            raise BundleError(f"{self.path}: no plan for device {device_key!r} (have {sorted(plans)})")
+        path = self.file(plans[device_key])
+        try:
+            return json.loads(path.read_bytes())
+        except ValueError as exc:
+            raise BundleError(f"{path}: not valid JSON ({exc})") from exc
+
+    @cached_property
+    def _items(self):
+        import pyarrow.parquet as pq
+
+        leaves = self.manifest["leaves"]
+        path = bundle_file(self.path, leaves["files"]["items"])
+        try:
+            table = pq.read_table(path, columns=[ITEM_COLUMN], memory_map=True)
+        except Exception as exc:  # pyarrow raises several types for bad files
+            raise BundleError(f"{path}: cannot read items ({exc})") from exc
+        column = table.column(ITEM_COLUMN).combine_chunks()
+        if len(column) != leaves["items"]:
+            raise BundleError(f"{path}: {len(column)} items, manifest says {leaves['items']}")
+        if column.null_count:
+            raise BundleError(f"{path}: {column.null_count} null item ids")
+        expected_type = leaves.get("item_id_type")
+        if expected_type is not None and str(column.type) != expected_type:
+            raise BundleError(f"{path}: item_id type {column.type}, manifest says {expected_type}")
+        return column
+
+    def items(self):
+        """pyarrow Array [n_items] of item ids in leaf order (the input's type). Read on first use."""
+        return self._items
+
+    def item_ids_for_leaves(self, leaves: Any):
+        """Item ids of each leaf: pyarrow ListArray, entry k = items of leaves[k] (`.to_pylist()` for
+        Python lists). leaves: int array-like of leaf ids in 0..n_leaves-1 (any shape; flattened)."""
+        import pyarrow as pa
+
+        leaves = np.asarray(leaves, dtype=np.int64).reshape(-1)
+        n_leaves = self.index.num_leaves
+        if leaves.size and (leaves.min() < 0 or leaves.max() >= n_leaves):
+            bad = leaves[(leaves < 0) | (leaves >= n_leaves)][0]
+            raise IndexError(f"leaf {int(bad)} out of range 0..{n_leaves - 1}")
+        offsets = np.asarray(self.index.leaf_offsets)
+        starts, ends = offsets[leaves], offsets[leaves + 1]
+        counts = ends - starts
+        list_offsets = np.zeros(leaves.size + 1, dtype=np.int64)
+        np.cumsum(counts, out=list_offsets[1:])
+        # Position of the j-th gathered item: its leaf's start plus its rank within the leaf, i.e.
+        # j - list_offsets[k] for the leaf k it belongs to; np.repeat spreads the per-leaf shift.
+        positions = np.arange(list_offsets[-1], dtype=np.int64) + np.repeat(
+            starts - list_offsets[:-1], counts
+        )
+        values = self.items().take(pa.array(positions, type=pa.int64()))
+        return pa.LargeListArray.from_arrays(pa.array(list_offsets, type=pa.int64()), values)
+
+
+def open_bundle(path: str | Path | None = None, *, verify_checksums: bool = True) -> Bundle:
+    """Open a bundle version (a version dir, or an OUT dir via LATEST; None -> "bundles").
+
+    Validates the manifest, refuses file names that leave the version dir, checks every listed file's size
+    and, unless verify_checksums=False, its sha256; memory-maps the arrays after checking each header's
+    dtype and shape against the manifest. Raises BundleError naming the file, InputError if `path` is
+    missing or not a bundle.
+    """
+    version_dir = resolve_bundle(path)
+    manifest = _load_checked(version_dir, verify_checksums)
+    specs = array_specs(manifest)
+    arrays = {name: map_array(bundle_file(version_dir, name), *spec) for name, spec in specs.items()}
+    steps = []
+    for entry, size in zip(manifest["steps"], manifest["codebook_sizes"], strict=True):
+        mapped = {role: arrays[name] for role, name in entry["files"].items()}
+        steps.append(
+            StepTable(
+                step=entry["step"],
+                codebook_size=size,
+                rows=entry["rows"],
+                nnz=entry["nnz"],
+                max_slots=entry["max_slots"],
+                indptr=mapped.get("indptr"),
+                tokens=mapped.get("tokens"),
+                next=mapped.get("next"),
+            )
+        )
+    index = SidIndex(
+        codebook_sizes=tuple(manifest["codebook_sizes"]),
+        steps=tuple(steps),
+        leaf_offsets=arrays[manifest["leaves"]["files"]["offsets"]],
+        item_order=None,
+    )
+    return Bundle(version_dir, manifest, index)

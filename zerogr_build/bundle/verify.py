@@ -1,0 +1,253 @@
+"""`verify_bundle`: checksums, every structural invariant of the format, and (given the catalog) exact
+equality of the bundle's SIDs and item mapping with it. The first failure raises BundleError naming the
+file; success returns a report dict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import BundleError
+from .format import JOURNAL_NAME, MANIFEST_NAME
+from .reader import Bundle, open_bundle, resolve_bundle
+
+
+def verify_bundle(path: str | Path | None = None, catalog: Any = None) -> dict:
+    """Verify a bundle version completely (a version dir, or an OUT dir via LATEST).
+
+    catalog: a zerogr_build.catalog.Catalog (.sids [N, L] ints, .item_ids pyarrow Array in catalog row
+    order, .codebook_sizes) to compare against, or None.
+    Returns {"bundle", "version", "ok": True, "files", "bytes", "steps": [...], "leaves", "items",
+    "catalog": None | {...}, "unlisted_files": [...]}.
+    """
+    version_dir = resolve_bundle(path)
+    bundle = open_bundle(version_dir, verify_checksums=True)
+    manifest = bundle.manifest
+    steps_report = []
+    for table, entry in zip(bundle.index.steps, manifest["steps"], strict=True):
+        if table.format == "sparse":
+            check_sparse_step(
+                table, version_dir / entry["files"]["indptr"], version_dir / entry["files"]["tokens"]
+            )
+        else:
+            check_dense_step(table, version_dir / entry["files"]["next"])
+        steps_report.append(
+            {
+                "step": table.step,
+                "format": table.format,
+                "rows": table.rows,
+                "nnz": table.nnz,
+                "max_slots": table.max_slots,
+                "bytes": table.nbytes,
+            }
+        )
+    leaves = manifest["leaves"]
+    check_leaf_offsets(
+        np.asarray(bundle.index.leaf_offsets), leaves["items"], version_dir / leaves["files"]["offsets"]
+    )
+    items = bundle.items()
+    check_unique_items(items, version_dir / leaves["files"]["items"])
+    catalog_report = None
+    if catalog is not None:
+        catalog_report = check_against_catalog(bundle, catalog)
+    listed = set(manifest["files"]) | {MANIFEST_NAME}
+    unlisted = sorted(
+        p.relative_to(version_dir).as_posix()
+        for p in version_dir.rglob("*")
+        if not p.is_dir() and p.relative_to(version_dir).as_posix() not in listed
+    )
+    return {
+        "bundle": str(version_dir),
+        "version": bundle.version,
+        "ok": True,
+        "files": len(manifest["files"]),
+        "bytes": sum(e["bytes"] for e in manifest["files"].values()),
+        "steps": steps_report,
+        "leaves": bundle.index.num_leaves,
+        "items": bundle.index.num_items,
+        "catalog": catalog_report,
+        "unlisted_files": unlisted,
+        "interrupted_update": JOURNAL_NAME in unlisted,
+    }
+
+
+def check_sparse_step(table, indptr_path: Path, tokens_path: Path) -> None:
+    """indptr: starts at 0, ends at nnz, strictly increasing (every row is a real prefix, so it has at
+    least one child), largest gap = max_slots. tokens: in 0..V-1 and strictly ascending within each row."""
+    indptr = np.asarray(table.indptr, dtype=np.int64)
+    if indptr[0] != 0 or indptr[-1] != table.nnz:
+        raise BundleError(
+            f"{indptr_path}: must start at 0 and end at nnz {table.nnz}, got {indptr[0]}..{indptr[-1]}"
+        )
+    counts = np.diff(indptr)
+    if (counts < 1).any():
+        row = int(np.flatnonzero(counts < 1)[0])
+        raise BundleError(
+            f"{indptr_path}: row {row} has {counts[row]} children (indptr must strictly increase)"
+        )
+    if int(counts.max()) != table.max_slots:
+        raise BundleError(
+            f"{indptr_path}: largest row has {counts.max()} children, manifest max_slots {table.max_slots}"
+        )
+    tokens = np.asarray(table.tokens)
+    if (tokens.dtype.kind == "i" and int(tokens.min()) < 0) or int(tokens.max()) >= table.codebook_size:
+        j = int(np.flatnonzero((tokens.astype(np.int64) < 0) | (tokens >= table.codebook_size))[0])
+        raise BundleError(
+            f"{tokens_path}: token {tokens[j]} at position {j} outside 0..{table.codebook_size - 1}"
+        )
+    not_ascending = tokens[1:] <= tokens[:-1]
+    # Comparisons across a row boundary (position j-1 ends a row, j starts the next) don't count.
+    not_ascending[indptr[1:-1] - 1] = False
+    if not_ascending.any():
+        j = int(np.flatnonzero(not_ascending)[0]) + 1
+        row = int(np.searchsorted(indptr, j, side="right") - 1)
+        raise BundleError(f"{tokens_path}: tokens of row {row} not strictly ascending at position {j}")
+
+
+def check_dense_step(table, next_path: Path) -> None:
+    """next: values -1 or a next row; every row has a child; the valid entries read in row-major order
+    are exactly 0, 1, ..., nnz-1 (the row numbering rule: next rows are the flattened children)."""
+    nxt = np.asarray(table.next)
+    valid = nxt >= 0
+    if (nxt < -1).any():
+        r, v = np.argwhere(nxt < -1)[0]
+        raise BundleError(f"{next_path}: next[{r}, {v}] = {nxt[r, v]} (only -1 or a row id allowed)")
+    empty = ~valid.any(axis=1)
+    if empty.any():
+        raise BundleError(f"{next_path}: row {int(np.flatnonzero(empty)[0])} has no valid child")
+    values = nxt[valid]  # boolean indexing reads in row-major order
+    if values.size != table.nnz:
+        raise BundleError(f"{next_path}: {values.size} valid entries, manifest nnz {table.nnz}")
+    wrong = values != np.arange(table.nnz, dtype=values.dtype)
+    if wrong.any():
+        k = int(np.flatnonzero(wrong)[0])
+        r, v = np.argwhere(valid)[k]
+        raise BundleError(f"{next_path}: next[{r}, {v}] = {values[k]}, the row numbering rule requires {k}")
+
+
+def check_leaf_offsets(offsets: np.ndarray, n_items: int, path: Path) -> None:
+    """leaf_offsets: 0 first, n_items last, strictly increasing (every leaf has at least one item)."""
+    if offsets[0] != 0 or offsets[-1] != n_items:
+        raise BundleError(
+            f"{path}: must start at 0 and end at {n_items} items, got {offsets[0]}..{offsets[-1]}"
+        )
+    gaps = np.diff(offsets)
+    if (gaps < 1).any():
+        leaf = int(np.flatnonzero(gaps < 1)[0])
+        raise BundleError(f"{path}: leaf {leaf} has {gaps[leaf]} items (offsets must strictly increase)")
+
+
+def check_unique_items(items, path: Path) -> None:
+    import pyarrow.compute as pc
+
+    distinct = pc.count_distinct(items).as_py()
+    if distinct != len(items):
+        raise BundleError(f"{path}: {len(items) - distinct} duplicate item ids")
+
+
+def leaf_of_sids(bundle: Bundle, sids: np.ndarray) -> np.ndarray:
+    """int64 [N]: the leaf each SID row reaches by walking the step tables; -(t+1) where the walk falls
+    off the index at step t (the SID is not in the bundle).
+
+    Sparse steps are searched on the key row*V + token: rows are stored in order and tokens ascend within
+    a row, so the keys of all children are globally sorted and one searchsorted finds every (row, token).
+    """
+    n = sids.shape[0]
+    rows = np.zeros(n, dtype=np.int64)
+    missing_at = np.full(n, -1, dtype=np.int64)
+    for table in bundle.index.steps:
+        size = table.codebook_size
+        alive = missing_at < 0
+        tok = sids[:, table.step].astype(np.int64)
+        bad = alive & ((tok < 0) | (tok >= size))
+        missing_at[bad] = table.step
+        alive &= ~bad
+        lookup_rows, lookup_tok = rows[alive], tok[alive]
+        if table.format == "dense":
+            found = np.asarray(table.next)[lookup_rows, lookup_tok].astype(np.int64)
+        else:
+            indptr = np.asarray(table.indptr, dtype=np.int64)
+            parents = np.repeat(np.arange(table.rows, dtype=np.int64), np.diff(indptr))
+            keys = parents * size + np.asarray(table.tokens, dtype=np.int64)
+            query = lookup_rows * size + lookup_tok
+            pos = np.minimum(np.searchsorted(keys, query), table.nnz - 1)
+            found = np.where(keys[pos] == query, pos, -1)
+        alive_idx = np.flatnonzero(alive)
+        missing_at[alive_idx[found < 0]] = table.step
+        rows[alive_idx] = found
+    return np.where(missing_at < 0, rows, -(missing_at + 1))
+
+
+def check_against_catalog(bundle: Bundle, catalog: Any) -> dict:
+    """Exact equality with the catalog: the bundle's leaves are exactly the catalog's distinct SIDs, and
+    each leaf's items are exactly the catalog items with that SID (order within a leaf: catalog order,
+    checked as sets when the order differs)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    manifest, vdir = bundle.manifest, bundle.path
+    leaves_files = manifest["leaves"]["files"]
+    offsets_path, items_path = vdir / leaves_files["offsets"], vdir / leaves_files["items"]
+    sids = np.asarray(catalog.sids)
+    item_ids = catalog.item_ids
+    if isinstance(item_ids, pa.ChunkedArray):
+        item_ids = item_ids.combine_chunks()
+    if sids.ndim != 2 or sids.shape[1] != bundle.index.num_steps:
+        raise BundleError(
+            f"{vdir / MANIFEST_NAME}: {bundle.index.num_steps} steps, catalog SIDs have shape {sids.shape}"
+        )
+    sizes = tuple(getattr(catalog, "codebook_sizes", None) or ())
+    if sizes and not getattr(catalog, "codebook_inferred", False) and sizes != bundle.index.codebook_sizes:
+        raise BundleError(
+            f"{vdir / MANIFEST_NAME}: codebook_sizes {list(bundle.index.codebook_sizes)}, "
+            f"catalog {list(sizes)}"
+        )
+    leaf = leaf_of_sids(bundle, sids)
+    if (leaf < 0).any():
+        i = int(np.flatnonzero(leaf < 0)[0])
+        t = int(-leaf[i] - 1)
+        entry = manifest["steps"][t]
+        name = next(iter(entry["files"].values()))
+        raise BundleError(
+            f"{vdir / name}: catalog row {i} (item {item_ids[i].as_py()!r}) SID {sids[i].tolist()} "
+            f"is not in the bundle (no such child at step {t})"
+        )
+    offsets = np.asarray(bundle.index.leaf_offsets)
+    counts = np.bincount(leaf, minlength=bundle.index.num_leaves)
+    differ = counts != np.diff(offsets)
+    if differ.any():
+        j = int(np.flatnonzero(differ)[0])
+        sid = bundle.index.leaf_sids()[j].tolist()
+        raise BundleError(
+            f"{offsets_path}: leaf {j} (SID {sid}) has {np.diff(offsets)[j]} items, the catalog {counts[j]}"
+        )
+    items = bundle.items()
+    if items.type != item_ids.type:
+        raise BundleError(f"{items_path}: item_id type {items.type}, catalog {item_ids.type}")
+    order = np.argsort(leaf, kind="stable")
+    expected = item_ids.take(pa.array(order, type=pa.int64()))
+    in_order = expected.equals(items)
+    if not in_order:
+        leaf_sorted = pa.array(leaf[order])
+        got = pa.table({"leaf": leaf_sorted, "id": items}).sort_by(
+            [("leaf", "ascending"), ("id", "ascending")]
+        )
+        want = pa.table({"leaf": leaf_sorted, "id": expected}).sort_by(
+            [("leaf", "ascending"), ("id", "ascending")]
+        )
+        if not got.column("id").equals(want.column("id")):
+            unequal = pc.not_equal(got.column("id"), want.column("id"))
+            k = int(np.flatnonzero(unequal.to_numpy(zero_copy_only=False))[0])
+            raise BundleError(
+                f"{items_path}: leaf {got.column('leaf')[k].as_py()} "
+                f"holds item {got.column('id')[k].as_py()!r}, "
+                f"the catalog maps {want.column('id')[k].as_py()!r} there"
+            )
+    return {
+        "rows": int(sids.shape[0]),
+        "distinct_sids": bundle.index.num_leaves,
+        "matched": True,
+        "item_order_matches": bool(in_order),
+    }

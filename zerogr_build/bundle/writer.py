@@ -1,0 +1,408 @@
+"""Publishing bundles: write a version under a temp name, rename it into place, replace LATEST, prune.
+And `add_bundle_files`, which adds files (tune's plans and kernels) to a published version.
+
+Protocol (docs/bundle-format.md, "Publishing"):
+  1. under the OUT lock: remove stale temps, claim OUT/.tmp-<tag>/ (a flock'd claim file beside it)
+  2. without the lock: write every array and items.parquet into it, hashing while writing, fsync each
+  3. under the OUT lock: allocate the version (1 + max of counter, version dirs, LATEST), write
+     manifest.json, fsync, rename .tmp-<tag> -> vNNNNNN, fsync OUT, record the counter, replace LATEST
+     (temp + rename), prune beyond `keep`, release the claim.
+Only a rename makes anything visible, so a crash at any point leaves complete versions only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import BundleError, InputError
+from ..progress import NULL_PROGRESS, Progress
+from .files import HashingFile, atomic_replace_bytes, fsync_dir, temp_tag, write_bytes_durable, write_npy
+from .format import (
+    COUNTER_NAME,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    ITEM_COLUMN,
+    ITEMS_NAME,
+    JOURNAL_NAME,
+    LATEST_NAME,
+    LEAF_OFFSETS_NAME,
+    MANIFEST_NAME,
+    TEMP_PREFIX,
+    check_relpath,
+    dtype_str,
+    parse_version_dir,
+    step_file_name,
+    validate_manifest,
+    version_dir_name,
+)
+from .lock import DELETE_PREFIX, BuildClaim, out_lock, remove_stale_temps
+
+# Manifest keys the writer owns; manifest_fields may not set them.
+RESERVED_FIELDS = frozenset(
+    {
+        "format",
+        "format_version",
+        "version",
+        "created_at",
+        "num_steps",
+        "codebook_sizes",
+        "steps",
+        "leaves",
+        "files",
+    }
+)
+WRITE_THREADS = 4
+
+
+@dataclass(frozen=True)
+class PublishedBundle:
+    """A version that is now visible: its dir, version number and manifest."""
+
+    path: Path
+    version: int
+    manifest: dict
+
+
+def _crash_point(name: str) -> None:
+    """Test hook: with ZEROGR_BUNDLE_KILL_AT=name the process kills itself (SIGKILL) right here, so the
+    crash-safety tests can stop a publish at each step of the protocol deterministically."""
+    if os.environ.get("ZEROGR_BUNDLE_KILL_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def publish_bundle(
+    index,
+    item_ids,
+    out_dir: str | Path,
+    *,
+    manifest_fields: Mapping[str, Any] | None = None,
+    keep: int | None = None,
+    progress: Progress = NULL_PROGRESS,
+) -> PublishedBundle:
+    """Write `index` and its items as the next version under `out_dir` and make it LATEST.
+
+    index: SidIndex from build_index (item_order required: catalog row of each leaf-order item).
+    item_ids: pyarrow Array or ChunkedArray [N] in catalog row order; stored in leaf order, type kept.
+    manifest_fields: model_version (str|None), catalog {path, fingerprint, rows, distinct_sids},
+        settings (dict or dataclass, JSON-serialisable; Paths become strings), and any extra
+        non-reserved keys, copied into manifest.json.
+    keep: prune to the newest `keep` versions afterwards (never the one LATEST names); None keeps all.
+    """
+    import pyarrow as pa
+
+    if index.item_order is None:
+        raise ValueError("publish_bundle needs an index with item_order (one built by build_index)")
+    if len(item_ids) != index.num_items:
+        raise InputError(f"{len(item_ids)} item ids given for an index of {index.num_items} items")
+    if keep is not None and (isinstance(keep, bool) or int(keep) < 1):
+        raise InputError(f"--keep must be >= 1, got {keep}")
+    fields = dict(manifest_fields or {})
+    clash = RESERVED_FIELDS & set(fields)
+    if clash:
+        raise ValueError(f"manifest_fields may not set {sorted(clash)}")
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with out_lock(out):
+        remove_stale_temps(out)
+        _recover_journals(out)
+        claim = BuildClaim(out)
+    try:
+        _crash_point("claimed")
+        if isinstance(item_ids, pa.ChunkedArray):
+            item_ids = item_ids.combine_chunks()
+        items_in_leaf_order = item_ids.take(pa.array(np.asarray(index.item_order), type=pa.int64()))
+        body = _write_body(claim.dir, index, items_in_leaf_order, progress)
+        _crash_point("files_written")
+        manifest = _manifest_without_version(index, items_in_leaf_order, fields, body)
+        with out_lock(out):
+            version = _next_version(out)
+            manifest = {
+                "format": FORMAT_NAME,
+                "format_version": FORMAT_VERSION,
+                "version": version,
+                **manifest,
+            }
+            validate_manifest(manifest, "manifest being written")
+            write_bytes_durable(claim.dir / MANIFEST_NAME, _manifest_bytes(manifest))
+            fsync_dir(claim.dir)
+            _crash_point("manifest_written")
+            final = out / version_dir_name(version)
+            os.rename(claim.dir, final)
+            fsync_dir(out)
+            _crash_point("renamed")
+            atomic_replace_bytes(out / COUNTER_NAME, f"{version}\n".encode())
+            atomic_replace_bytes(out / LATEST_NAME, f"{final.name}\n".encode())
+            _crash_point("latest_replaced")
+            if keep is not None:
+                prune_versions(out, int(keep))
+            claim.release()
+    except BaseException:
+        with out_lock(out):
+            claim.release()
+        raise
+    return PublishedBundle(path=final, version=version, manifest=manifest)
+
+
+def _write_body(tmp: Path, index, items, progress: Progress) -> dict:
+    """Write every data file into `tmp` on a few threads (numpy writes and sha256 release the GIL).
+
+    Returns {"files": {name: {bytes, sha256}}, "steps": [per-step entries without shared fields]}."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    jobs: list[tuple[str, Any]] = []
+    for table in index.steps:
+        for role, array in table.arrays().items():
+            jobs.append((step_file_name(table.step, role), array))
+    jobs.append((LEAF_OFFSETS_NAME, np.asarray(index.leaf_offsets, dtype="<i8")))
+
+    def write_items() -> tuple[int, str]:
+        sink = HashingFile(tmp / ITEMS_NAME)
+        try:
+            # Item ids are mostly unique: dictionary pages would only cost time.
+            pq.write_table(pa.table({ITEM_COLUMN: items}), sink, use_dictionary=False, compression="snappy")
+        finally:
+            sink.close()
+        return sink.bytes, sink.hexdigest()
+
+    total = sum(int(np.asarray(a).nbytes) for _, a in jobs) + int(items.nbytes)
+    progress.stage("write", total)
+    files: dict[str, dict] = {}
+    with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, os.cpu_count() or 1)) as pool:
+        futures = {pool.submit(write_items): (ITEMS_NAME, int(items.nbytes))}
+        for name, array in jobs:
+            futures[pool.submit(write_npy, tmp / name, array)] = (name, int(np.asarray(array).nbytes))
+        for future, (name, nbytes) in futures.items():
+            size, digest = future.result()
+            files[name] = {"bytes": size, "sha256": digest}
+            progress.advance(nbytes)
+            _crash_point("file_written")
+    return {"files": dict(sorted(files.items()))}
+
+
+def _manifest_without_version(index, items, fields: dict, body: dict) -> dict:
+    steps = []
+    for table in index.steps:
+        arrays = table.arrays()
+        steps.append(
+            {
+                "step": table.step,
+                "format": table.format,
+                "codebook_size": int(table.codebook_size),
+                "rows": int(table.rows),
+                "nnz": int(table.nnz),
+                "max_slots": int(table.max_slots),
+                "valid_share": float(table.valid_share),
+                "bytes": int(table.nbytes),
+                "dtypes": {role: dtype_str(a.dtype) for role, a in arrays.items()},
+                "files": {role: step_file_name(table.step, role) for role in arrays},
+            }
+        )
+    catalog = {"path": None, "fingerprint": None, "rows": index.num_items, "distinct_sids": index.num_leaves}
+    catalog.update(fields.pop("catalog", None) or {})
+    settings = fields.pop("settings", None) or {}
+    if dataclasses.is_dataclass(settings):
+        settings = dataclasses.asdict(settings)
+    manifest = {
+        "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "model_version": fields.pop("model_version", None),
+        "catalog": catalog,
+        "num_steps": index.num_steps,
+        "codebook_sizes": [int(v) for v in index.codebook_sizes],
+        "steps": steps,
+        "leaves": {
+            "count": index.num_leaves,
+            "items": index.num_items,
+            "dtype": "<i8",
+            "item_id_type": str(items.type),
+            "files": {"offsets": LEAF_OFFSETS_NAME, "items": ITEMS_NAME},
+        },
+        "index_bytes": int(index.index_bytes),
+        "settings": json.loads(json.dumps(settings, default=str)),
+        **fields,
+        "files": body["files"],
+    }
+    return manifest
+
+
+def _manifest_bytes(manifest: dict) -> bytes:
+    return (json.dumps(manifest, indent=1, default=str) + "\n").encode()
+
+
+def list_versions(out: Path) -> list[int]:
+    """Version numbers of the complete version dirs in OUT, ascending."""
+    versions = []
+    for entry in out.iterdir():
+        number = parse_version_dir(entry.name)
+        if number is not None and entry.is_dir():
+            versions.append(number)
+    return sorted(versions)
+
+
+def read_latest(out: Path) -> str | None:
+    """The version dir name LATEST holds, or None if there is no LATEST."""
+    try:
+        return (out / LATEST_NAME).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def _next_version(out: Path) -> int:
+    """1 + the largest number ever used here (counter file, version dirs, LATEST). Call under the lock.
+
+    The counter keeps numbers from being reused after versions are deleted by hand."""
+    used = list_versions(out)
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        used.append(int((out / COUNTER_NAME).read_text().strip()))
+    latest = read_latest(out)
+    if latest and parse_version_dir(latest) is not None:
+        used.append(parse_version_dir(latest))
+    return max(used, default=0) + 1
+
+
+def prune_versions(out: Path, keep: int) -> list[str]:
+    """Delete all but the newest `keep` versions, never the one LATEST names. Call under the OUT lock.
+
+    Each doomed version is first renamed to .tmp-del-* (it vanishes atomically; a crash mid-delete leaves
+    only a temp name that the next writer removes), then removed."""
+    latest = read_latest(out)
+    versions = list_versions(out)
+    doomed = [version_dir_name(v) for v in versions[: max(len(versions) - keep, 0)]]
+    removed = []
+    for name in doomed:
+        if name == latest:
+            continue
+        trash = out / f"{DELETE_PREFIX}{temp_tag()}"
+        os.rename(out / name, trash)
+        fsync_dir(out)
+        _crash_point("pruning")
+        shutil.rmtree(trash, ignore_errors=True)
+        removed.append(name)
+    return removed
+
+
+# ------------------------------------------------------------------------------------ add_bundle_files
+
+
+def add_bundle_files(version_dir: str | Path, files: Mapping[str, bytes]) -> dict:
+    """Add or replace files of a published version (tune's plans/<device-key>.json, kernels/<arch>/*),
+    keeping the manifest's file list and checksums right. Returns the new manifest.
+
+    Under the OUT lock: write each file to a temp name and fsync; record a journal (the new manifest plus
+    the renames) atomically; rename the files into place; replace manifest.json atomically; drop the
+    journal. A crash after the journal is rolled forward by the next writer (publish or add), so even a
+    replaced file and its checksum change together. Index files and the manifest cannot be replaced.
+    """
+    from .reader import load_manifest, resolve_bundle
+
+    vdir = resolve_bundle(version_dir)
+    if not files:
+        return load_manifest(vdir)
+    out = vdir.parent
+    with out_lock(out):
+        _recover_journal(vdir)
+        _remove_version_temps(vdir)
+        manifest = load_manifest(vdir)
+        protected = _index_file_names(manifest)
+        renames: list[list[str]] = []
+        new_entries: dict[str, dict] = {}
+        try:
+            for rel, data in files.items():
+                name = check_relpath(rel, "add_bundle_files")
+                if name in protected:
+                    raise BundleError(f"{name}: index files of a published bundle cannot be replaced")
+                if not isinstance(data, (bytes, bytearray, memoryview)):
+                    raise TypeError(f"{name}: file content must be bytes, got {type(data).__name__}")
+                target = _safe_target(vdir, name)
+                temp = target.with_name(f"{TEMP_PREFIX}{temp_tag()}-{target.name}")
+                size, digest = write_bytes_durable(temp, bytes(data))
+                renames.append([temp.relative_to(vdir).as_posix(), name])
+                new_entries[name] = {"bytes": size, "sha256": digest}
+            manifest["files"] = dict(sorted({**manifest["files"], **new_entries}.items()))
+            validate_manifest(manifest, "manifest being written")
+            journal = {"renames": renames, "manifest": manifest}
+            atomic_replace_bytes(vdir / JOURNAL_NAME, _manifest_bytes(journal))
+        except BaseException:
+            for temp_rel, _ in renames:
+                (vdir / temp_rel).unlink(missing_ok=True)
+            raise
+        _crash_point("journal_written")
+        _apply_journal(vdir, journal)
+    return manifest
+
+
+def _index_file_names(manifest: dict) -> set[str]:
+    names = {MANIFEST_NAME}
+    for entry in manifest["steps"]:
+        names.update(entry["files"].values())
+    names.update(manifest["leaves"]["files"].values())
+    return names
+
+
+def _safe_target(vdir: Path, name: str) -> Path:
+    """vdir/name, with parent dirs created, refusing any path that a symlink would lead out of vdir."""
+    target = vdir / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    root = vdir.resolve()
+    if not target.parent.resolve().is_relative_to(root) or target.is_symlink():
+        raise BundleError(f"{name}: path leads outside the bundle dir {vdir}")
+    return target
+
+
+def _apply_journal(vdir: Path, journal: dict) -> None:
+    for temp_rel, name in journal["renames"]:
+        temp = vdir / temp_rel
+        if temp.exists():
+            os.replace(temp, vdir / name)
+            fsync_dir(temp.parent)
+        _crash_point("add_renamed")
+    atomic_replace_bytes(vdir / MANIFEST_NAME, _manifest_bytes(journal["manifest"]))
+    (vdir / JOURNAL_NAME).unlink(missing_ok=True)
+    fsync_dir(vdir)
+
+
+def _recover_journal(vdir: Path) -> None:
+    """Roll an interrupted add_bundle_files forward (the journal exists only once all temps are durable)."""
+    path = vdir / JOURNAL_NAME
+    if not path.exists():
+        return
+    try:
+        journal = json.loads(path.read_text())
+        validate_manifest(journal["manifest"], str(path))
+        for temp_rel, name in journal["renames"]:
+            check_relpath(name, str(path))
+            if not Path(temp_rel).name.startswith(TEMP_PREFIX) or ".." in Path(temp_rel).parts:
+                raise BundleError(f"{path}: bad temp name {temp_rel!r}")
+    except (ValueError, KeyError, TypeError, BundleError):
+        path.unlink(missing_ok=True)  # unusable journal: the old manifest still describes the old files
+        return
+    _apply_journal(vdir, journal)
+
+
+def _recover_journals(out: Path) -> None:
+    for number in list_versions(out):
+        vdir = out / version_dir_name(number)
+        if (vdir / JOURNAL_NAME).exists():
+            _recover_journal(vdir)
+            _remove_version_temps(vdir)
+
+
+def _remove_version_temps(vdir: Path) -> None:
+    """Stray temp files of an interrupted add (only written under the OUT lock, which we hold)."""
+    for path in vdir.rglob(f"{TEMP_PREFIX}*"):
+        if path.is_file() or path.is_symlink():
+            path.unlink(missing_ok=True)
