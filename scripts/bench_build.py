@@ -1,0 +1,308 @@
+"""Build benchmark: zerogr's index build vs a STATIC-style baseline, plus end-to-end `zerogr build`.
+
+In one run, on catalogs from scripts/make_catalog.py (skewed mode, fixed seed):
+
+1. In memory, per catalog (10M items L=4 V=2048; 3M items L=3 V=8192): both builds start from the same
+   raw, unsorted SIDs [N, L] (uint16, catalog order, duplicates included).
+   * ours: `zerogr_build.build_index(raw, sizes)` (numba cache warmed by a small build first).
+   * baseline: STATIC's own build ported to vectorised numpy (scripts/static_baseline.py), timed
+     including the np.lexsort + dedupe that gives it the sorted distinct SIDs it requires.
+   Bytes: ours `SidIndex.index_bytes` (every step table; leaf_offsets, the leaf -> items map STATIC has
+   no counterpart for, is printed beside it); STATIC: nbytes of its arrays (packed_csr, indptr,
+   start_mask, dense_mask, dense_states; d=2, V = largest codebook). "counts" checks
+   static_layout_bytes (what `zerogr inspect` shows) against those real arrays.
+2. End to end: a Parquet catalog of 20M items is written first (not timed), then `python cli.py build`
+   runs in a subprocess (after a small warm-up build, so the numba cache on disk is warm): wall time,
+   items/s and the child's peak RSS (os.wait4 rusage).
+
+Targets (issue 2, 2-core machine): build >= 5x faster than the baseline and index <= 0.40x its bytes on
+both catalogs; end to end >= 3M items/s and peak RSS <= 80 bytes/item.
+
+    python scripts/bench_build.py                 # full sizes (needs ~6 GB RAM, a few minutes)
+    python scripts/bench_build.py --scale 0.05    # quick run (targets still printed, marked scaled)
+    python scripts/bench_build.py --skip-e2e      # in-memory comparison only
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO))
+
+import make_catalog  # noqa: E402
+import static_baseline  # noqa: E402
+
+from zerogr_build.index import build_index  # noqa: E402
+from zerogr_build.index.static_layout import static_layout_bytes  # noqa: E402
+
+IN_MEMORY_CATALOGS = ((10_000_000, 4, 2048), (3_000_000, 3, 8192))
+E2E_ITEMS = 20_000_000
+TARGET_SPEEDUP = 5.0
+TARGET_BYTES_RATIO = 0.40
+TARGET_ITEMS_PER_S = 3_000_000
+TARGET_RSS_PER_ITEM = 80.0
+SEED = 0
+
+
+@dataclass
+class InMemoryResult:
+    items: int
+    steps: int
+    codebook: int
+    distinct_sids: int
+    ours_s: float
+    static_s: float
+    ours_bytes: int
+    leaf_map_bytes: int
+    static_bytes: int
+    layout_count_matches: bool
+
+    @property
+    def speedup(self) -> float:
+        return self.static_s / self.ours_s
+
+    @property
+    def bytes_ratio(self) -> float:
+        return self.ours_bytes / self.static_bytes
+
+
+@dataclass
+class EndToEndResult:
+    items: int
+    steps: int
+    codebook: int
+    wall_s: float
+    peak_rss_bytes: int
+    returncode: int
+    summary: dict | None
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.wall_s
+
+    @property
+    def rss_per_item(self) -> float:
+        return self.peak_rss_bytes / self.items
+
+
+def _best_of(repeats: int, fn):
+    """(seconds of the fastest run, result of the last run); the machine is shared, so take the best."""
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        result = None
+        gc.collect()
+        started = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - started)
+    return best, result
+
+
+def warm_up(shapes) -> None:
+    """One small build per SID length, so numba's compiled kernels are loaded before timing."""
+    for _, steps, codebook in shapes:
+        build_index(make_catalog.generate_sids(20_000, [codebook] * steps, SEED), [codebook] * steps)
+
+
+def bench_in_memory(items: int, steps: int, codebook: int, repeats: int) -> InMemoryResult:
+    sizes = [codebook] * steps
+    raw = make_catalog.generate_sids(items, sizes, SEED)
+    ours_s, index = _best_of(repeats, lambda: build_index(raw, sizes))
+    ours_bytes, layout = int(index.index_bytes), static_layout_bytes(index)
+    leaf_map_bytes = int(index.leaf_offsets.nbytes)
+    distinct = index.num_leaves
+    del index
+    static_s, static = _best_of(repeats, lambda: static_baseline.build_static_from_raw(raw, codebook, 2))
+    static_bytes = static.nbytes()
+    del static
+    gc.collect()
+    return InMemoryResult(
+        items,
+        steps,
+        codebook,
+        distinct,
+        ours_s,
+        static_s,
+        ours_bytes,
+        leaf_map_bytes,
+        static_bytes["total"],
+        layout == static_bytes,
+    )
+
+
+def _cli_command(catalog: Path, out: Path, codebook: int, steps: int) -> list[str]:
+    sizes = ",".join([str(codebook)] * steps)
+    return [
+        sys.executable,
+        str(REPO / "cli.py"),
+        "build",
+        str(catalog),
+        "--out",
+        str(out),
+        "--codebook-sizes",
+        sizes,
+        "--json",
+        "--quiet",
+    ]
+
+
+def _run_measured(command: list[str]) -> tuple[float, int, int, str, str]:
+    """Run a command; (wall seconds, peak RSS bytes of that child, return code, stdout, stderr)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, stdout=out, stderr=err, cwd=REPO)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return wall, usage.ru_maxrss * 1024, proc.returncode, out.read().decode(), err.read().decode()
+
+
+def bench_end_to_end(items: int, steps: int, codebook: int, workdir: Path) -> EndToEndResult:
+    sizes = [codebook] * steps
+    catalog = workdir / f"catalog_{items}_{steps}x{codebook}.parquet"
+    if not catalog.exists():
+        make_catalog.write_catalog(catalog, items, sizes, seed=SEED)
+        gc.collect()
+    warm_catalog = workdir / "warmup.parquet"
+    make_catalog.write_catalog(warm_catalog, 20_000, sizes, seed=SEED + 1)
+    warm = _run_measured(_cli_command(warm_catalog, workdir / "bundles_warmup", codebook, steps))
+    if warm[2] != 0:
+        raise RuntimeError(f"warm-up `zerogr build` failed (exit {warm[2]}): {warm[4].strip()[-2000:]}")
+    out = workdir / "bundles"
+    shutil.rmtree(out, ignore_errors=True)
+    wall, rss, code, stdout, stderr = _run_measured(_cli_command(catalog, out, codebook, steps))
+    if code != 0:
+        print(f"`zerogr build` failed (exit {code}): {stderr.strip()[-2000:]}", file=sys.stderr)
+    try:
+        summary = json.loads(stdout) if code == 0 else None
+    except json.JSONDecodeError:
+        summary = None
+    shutil.rmtree(out, ignore_errors=True)
+    return EndToEndResult(items, steps, codebook, wall, rss, code, summary)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def print_report(in_memory: list[InMemoryResult], e2e: EndToEndResult | None, scale: float) -> None:
+    print(f"zerogr build benchmark  (cores: {os.cpu_count()}, scale {scale:g}, skewed catalogs, seed {SEED})")
+    print(
+        "Both in-memory builds start from the same raw unsorted SIDs [N, L] uint16 (catalog order, duplicates"
+        " kept).\nBaseline = STATIC's build_index ported to numpy, timed including np.lexsort + dedupe.\n"
+        "Bytes: ours = SidIndex.index_bytes (the step tables); STATIC = nbytes of packed_csr, indptr,"
+        " start_mask, dense_mask, dense_states (d=2).\nleaf map = our leaf_offsets (leaf -> items, for"
+        " SIDs shared by several items), which STATIC has no counterpart for; not in the ratio.\n"
+    )
+    header = (
+        f"{'catalog':<22}{'distinct':>11}{'ours s':>9}{'STATIC s':>10}{'speedup':>9}"
+        f"{'ours bytes':>14}{'STATIC bytes':>15}{'ratio':>7}{'leaf map':>12}  counts"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in in_memory:
+        name = f"{r.items / 1e6:g}M L={r.steps} V={r.codebook}"
+        print(
+            f"{name:<22}{r.distinct_sids:>11,}{r.ours_s:>9.2f}{r.static_s:>10.2f}{r.speedup:>8.1f}x"
+            f"{_mb(r.ours_bytes):>14}{_mb(r.static_bytes):>15}{r.bytes_ratio:>7.3f}"
+            f"{_mb(r.leaf_map_bytes):>12}  "
+            f"{'match' if r.layout_count_matches else 'MISMATCH'}"
+        )
+    if e2e is not None:
+        print(f"\nend to end: python cli.py build, {e2e.items / 1e6:g}M items L={e2e.steps} V={e2e.codebook}")
+        if e2e.returncode == 0:
+            print(
+                f"  wall {e2e.wall_s:.2f} s   {e2e.items_per_s / 1e6:.2f}M items/s   peak RSS "
+                f"{_mb(e2e.peak_rss_bytes)} ({e2e.rss_per_item:.1f} bytes/item)"
+            )
+        else:
+            print(f"  FAILED with exit code {e2e.returncode}")
+    scaled = "" if scale == 1 else "  (scaled run: not the official sizes)"
+    print(f"\ntargets{scaled}")
+    for r in in_memory:
+        name = f"{r.items / 1e6:g}M L={r.steps} V={r.codebook}"
+        print(
+            f"  {_verdict(r.speedup >= TARGET_SPEEDUP)}  {name}: build >= {TARGET_SPEEDUP:g}x faster "
+            f"({r.speedup:.1f}x)"
+        )
+        print(
+            f"  {_verdict(r.bytes_ratio <= TARGET_BYTES_RATIO)}  {name}: index <= {TARGET_BYTES_RATIO:.2f}x "
+            f"STATIC bytes ({r.bytes_ratio:.3f}x)"
+        )
+    if e2e is not None:
+        ok = e2e.returncode == 0
+        print(
+            f"  {_verdict(ok and e2e.items_per_s >= TARGET_ITEMS_PER_S)}  end to end >= "
+            f"{TARGET_ITEMS_PER_S / 1e6:g}M items/s ({e2e.items_per_s / 1e6:.2f}M)"
+        )
+        print(
+            f"  {_verdict(ok and e2e.rss_per_item <= TARGET_RSS_PER_ITEM)}  peak RSS <= "
+            f"{TARGET_RSS_PER_ITEM:g} bytes/item ({e2e.rss_per_item:.1f})"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every catalog size (quick runs)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per in-memory build; best is kept")
+    parser.add_argument("--skip-e2e", action="store_true", help="in-memory comparison only")
+    parser.add_argument("--only-e2e", action="store_true", help="end-to-end build only")
+    parser.add_argument("--e2e-steps", type=int, default=4, help="SID length of the end-to-end catalog")
+    parser.add_argument("--e2e-codebook", type=int, default=2048, help="codebook size, end-to-end catalog")
+    parser.add_argument("--workdir", type=Path, default=None, help="where the e2e catalog goes (default tmp)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+
+    shapes = [(max(1000, int(n * args.scale)), steps, v) for n, steps, v in IN_MEMORY_CATALOGS]
+    in_memory: list[InMemoryResult] = []
+    if not args.only_e2e:
+        warm_up(shapes)
+        for items, steps, codebook in shapes:
+            print(f"in-memory: {items:,} items L={steps} V={codebook} ...", file=sys.stderr, flush=True)
+            in_memory.append(bench_in_memory(items, steps, codebook, args.repeats))
+    e2e = None
+    if not args.skip_e2e:
+        items = max(1000, int(E2E_ITEMS * args.scale))
+        print(f"end to end: {items:,} items ...", file=sys.stderr, flush=True)
+        own_dir = args.workdir is None
+        workdir = Path(tempfile.mkdtemp(prefix="zerogr_bench_")) if own_dir else args.workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            e2e = bench_end_to_end(items, args.e2e_steps, args.e2e_codebook, workdir)
+        finally:
+            if own_dir:
+                shutil.rmtree(workdir, ignore_errors=True)
+    print_report(in_memory, e2e, args.scale)
+    if args.json is not None:
+        payload = {
+            "scale": args.scale,
+            "in_memory": [
+                asdict(r) | {"speedup": r.speedup, "bytes_ratio": r.bytes_ratio} for r in in_memory
+            ],
+            "end_to_end": None
+            if e2e is None
+            else asdict(e2e) | {"items_per_s": e2e.items_per_s, "rss_per_item": e2e.rss_per_item},
+        }
+        args.json.write_text(json.dumps(payload, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
