@@ -1,0 +1,117 @@
+"""Scoring modes: a registry from mode name to implementation (xgrammar's kernels/__init__.py pattern).
+
+    full            full_torch.py       one GEMM over all V_t, then read the slots       every device
+    selective       selective_torch.py  score only the slots' tokens, torch reference    every device
+    selective_cuda  selective_cuda.py   the same contract as a CUDA kernel (CuPy)        CUDA, when loadable
+
+Every mode implements the selective-scoring contract (`selective_scores`, `selective_log_softmax`; see
+selective_torch.py). Optional backends are probed lazily - on the first `available_modes` / `get_mode`
+call for a CUDA device - never at import, so importing this package needs neither CUDA nor CuPy. Adding a
+backend is one file plus one entry in `_OPTIONAL`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ...errors import InputError
+from . import full_torch, selective_torch
+
+
+@dataclass(frozen=True)
+class ScoringMode:
+    """One scoring implementation.
+
+    uses_full_logits: the mode computes [R, V] logits with one GEMM; the decoder then computes that GEMM
+    once per step and reads every slot set (main slots, overflow lanes) out of it.
+    device_types: torch device types ("cpu", "cuda") the implementation runs on.
+    """
+
+    name: str
+    selective_scores: Callable[..., torch.Tensor]
+    selective_log_softmax: Callable[..., torch.Tensor]
+    uses_full_logits: bool
+    device_types: tuple[str, ...]
+
+
+_BUILTIN: dict[str, ScoringMode] = {
+    "full": ScoringMode(
+        "full", full_torch.selective_scores, full_torch.selective_log_softmax, True, ("cpu", "cuda")
+    ),
+    "selective": ScoringMode(
+        "selective",
+        selective_torch.selective_scores,
+        selective_torch.selective_log_softmax,
+        False,
+        ("cpu", "cuda"),
+    ),
+}
+
+
+def _load_selective_cuda() -> ScoringMode | None:
+    """The CUDA kernel backend, or None when CUDA, CuPy or the module is missing / reports unavailable."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        importlib.import_module("cupy")
+        module = importlib.import_module(f"{__name__}.selective_cuda")
+    except Exception:  # noqa: BLE001 - any import failure means "backend not available here"
+        return None
+    check = getattr(module, "is_available", None)
+    if callable(check):
+        try:
+            if not check():
+                return None
+        except Exception:  # noqa: BLE001
+            return None
+    scores = getattr(module, "selective_scores", None)
+    log_softmax = getattr(module, "selective_log_softmax", None)
+    if not (callable(scores) and callable(log_softmax)):
+        return None
+    return ScoringMode("selective_cuda", scores, log_softmax, False, ("cuda",))
+
+
+_OPTIONAL: dict[str, Callable[[], ScoringMode | None]] = {"selective_cuda": _load_selective_cuda}
+_PROBED: dict[str, ScoringMode | None] = {}
+
+MODE_NAMES: tuple[str, ...] = (*_BUILTIN, *_OPTIONAL)
+
+
+def _optional(name: str) -> ScoringMode | None:
+    if name not in _PROBED:
+        _PROBED[name] = _OPTIONAL[name]()
+    return _PROBED[name]
+
+
+def available_modes(device: str | torch.device = "cpu") -> list[str]:
+    """Names of the modes that run on `device`, builtins first (what `tune` iterates)."""
+    device_type = torch.device(device).type
+    names = [name for name, mode in _BUILTIN.items() if device_type in mode.device_types]
+    if device_type == "cuda":
+        for name in _OPTIONAL:
+            mode = _optional(name)
+            if mode is not None:
+                names.append(name)
+    return names
+
+
+def get_mode(name: str, device: str | torch.device = "cpu") -> ScoringMode:
+    """The implementation of mode `name` for `device`; InputError if unknown or not available there."""
+    device_type = torch.device(device).type
+    if name in _BUILTIN:
+        return _BUILTIN[name]
+    if name in _OPTIONAL:
+        mode = _optional(name) if device_type == "cuda" else None
+        if mode is None:
+            raise InputError(
+                f"scoring mode {name!r} is not available on {device} (needs CUDA, CuPy and its kernels)"
+            )
+        return mode
+    raise InputError(f"unknown scoring mode {name!r} (known: {', '.join(MODE_NAMES)})")
+
+
+__all__ = ["MODE_NAMES", "ScoringMode", "available_modes", "get_mode"]

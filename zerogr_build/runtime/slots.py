@@ -1,0 +1,138 @@
+"""Device-resident step tables and the fixed candidate slots every beam gets at a step.
+
+Slots. At a sparse step a beam on row r gets K slots filled from the front with the row's children
+(tokens[indptr[r] : indptr[r+1]], ascending), -1 after them; slot k's next row is the flat position
+indptr[r] + k. At a dense step slot k is token k (K = V_t) and next[r, k] is the next row. A slot depends
+only on its beam and its rank, never on other beams, so there is no packing into ragged lists.
+
+Heavy tails: the slot cap K. Real catalogs have a few rows with far more children than the typical one
+(1M items, V=8192: last step max 343 children, p99 3). Sizing slots by the max makes every beam pay for the
+largest row, so a sparse step gets K = min(max_slots, max(MIN_CAP, p99 of child counts rounded up to a
+multiple of 8)) slots per beam (tunable per step: `Decoder(slot_caps=...)`). A beam on a row with more than K
+children - a *heavy* beam - does not use its main slots; it gets an *overflow lane* instead: one lane of
+max_slots slots holding the whole row, scored by the same mode, log-softmaxed over the whole row (so the
+filter-first normaliser is exact) and cut to its best min(M, max_slots) candidates, since at most M
+candidates of one request survive the step. Main slots and lanes then go through one top-M per request.
+
+Shapes: main slots are [R, K] (static per step). The number of lanes is the number of heavy beams rounded
+up to a power of two (>= MIN_LANES), so only a handful of distinct shapes ever occur; with K near p99 about
+1% of beams are heavy. Counting heavy beams is one device->host sync per sparse step; a captured CUDA
+graph would instead fix the lane count (a tune-chosen bound), which this layout allows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..index import SidIndex, StepTable
+
+MIN_CAP = 8
+MIN_LANES = 4
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceStep:
+    """One step table on the decoder's device.
+
+    sparse: indptr int64 [rows+1], tokens int32 [nnz]; dense: next int32 [rows, V].
+    cap: slots per beam in the main slot block (K; V_t at a dense step).
+    """
+
+    step: int
+    format: str
+    codebook_size: int
+    rows: int
+    nnz: int
+    max_slots: int
+    cap: int
+    indptr: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+    next: torch.Tensor | None = None
+    _flat_keys: list = field(default_factory=list, repr=False)  # cached flat_keys() (unconstrained lookup)
+
+    def flat_keys(self) -> torch.Tensor:
+        """int64 [nnz]: row * V + token for every child, ascending (for looking up arbitrary prefixes)."""
+        if not self._flat_keys:
+            assert self.indptr is not None and self.tokens is not None
+            counts = self.indptr[1:] - self.indptr[:-1]
+            parent = torch.repeat_interleave(torch.arange(self.rows, device=counts.device), counts)
+            self._flat_keys.append(parent * self.codebook_size + self.tokens.long())
+        return self._flat_keys[0]
+
+
+def child_counts(table: StepTable) -> np.ndarray:
+    """int64 [rows]: number of children of every row of a host step table."""
+    if table.next is not None:
+        return (np.asarray(table.next) >= 0).sum(axis=1).astype(np.int64)
+    assert table.indptr is not None
+    return np.diff(np.asarray(table.indptr, dtype=np.int64))
+
+
+def default_slot_cap(table: StepTable) -> int:
+    """K for a sparse step: min(max_slots, max(MIN_CAP, p99 child count rounded up to a multiple of 8))."""
+    if table.format == "dense":
+        return table.codebook_size
+    counts = child_counts(table)
+    p99 = float(np.percentile(counts, 99)) if counts.size else 0.0
+    return int(min(table.max_slots, max(MIN_CAP, 8 * int(np.ceil(p99 / 8)))))
+
+
+def to_device(table: StepTable, device: torch.device, cap: int | None = None) -> DeviceStep:
+    """Copy one step table to `device` (tokens widened to int32, indptr to int64) with slot cap `cap`."""
+    if table.format == "dense":
+        nxt = torch.as_tensor(np.ascontiguousarray(table.next, dtype=np.int32)).to(device)
+        return DeviceStep(
+            table.step, "dense", table.codebook_size, table.rows, table.nnz, table.codebook_size,
+            table.codebook_size, next=nxt
+        )  # fmt: skip
+    cap = default_slot_cap(table) if cap is None else max(1, min(int(cap), table.max_slots))
+    indptr = torch.as_tensor(np.ascontiguousarray(table.indptr, dtype=np.int64)).to(device)
+    tokens = torch.as_tensor(np.ascontiguousarray(table.tokens, dtype=np.int32)).to(device)
+    return DeviceStep(
+        table.step, "sparse", table.codebook_size, table.rows, table.nnz, table.max_slots, cap,
+        indptr=indptr, tokens=tokens
+    )  # fmt: skip
+
+
+def index_to_device(
+    index: SidIndex, device: torch.device, caps: int | list[int | None] | tuple | dict | None = None
+) -> tuple[DeviceStep, ...]:
+    """All step tables of `index` on `device`. caps: None (defaults), one int for every sparse step, a
+    per-step sequence or a {step: cap} mapping (None entries keep the default)."""
+    per_step: list[int | None]
+    if caps is None or isinstance(caps, int):
+        per_step = [caps] * index.num_steps
+    elif isinstance(caps, dict):
+        per_step = [caps.get(t) for t in range(index.num_steps)]
+    else:
+        per_step = list(caps)
+    return tuple(to_device(table, device, per_step[t]) for t, table in enumerate(index.steps))
+
+
+def row_extent(step: DeviceStep, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(start int64 [R], count int64 [R]) of each beam's row at a sparse step; row -1 (padding): count 0."""
+    assert step.indptr is not None
+    alive = rows >= 0
+    safe = rows.clamp(min=0)
+    start = step.indptr[safe]
+    count = torch.where(alive, step.indptr[safe + 1] - start, torch.zeros_like(start))
+    return start, count
+
+
+def fill_slots(step: DeviceStep, start: torch.Tensor, count: torch.Tensor, width: int) -> torch.Tensor:
+    """int32 [R, width]: slot k of beam r holds tokens[start[r] + k] for k < count[r], else -1."""
+    assert step.tokens is not None
+    rank = torch.arange(width, device=start.device)
+    used = rank[None, :] < count[:, None]
+    flat = (start[:, None] + rank[None, :]).clamp(max=step.nnz - 1)
+    return torch.where(used, step.tokens[flat], torch.full_like(step.tokens[flat], -1))
+
+
+def lane_count(num_heavy: int) -> int:
+    """Overflow lanes for `num_heavy` heavy beams: 0, or the next power of two >= num_heavy, MIN_LANES."""
+    if num_heavy == 0:
+        return 0
+    return 1 << (max(num_heavy, MIN_LANES) - 1).bit_length()
