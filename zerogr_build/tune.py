@@ -20,7 +20,8 @@ Plan file (format "zerogr-plan", version 1):
     device_key, device {type, name, compute_capability, arch, driver, cuda_runtime, torch, cupy, threads},
     created_at, bundle_version, settings {batch_sizes, beam_width, dtypes, hidden_dim, weights, warmup,
     iters, order, seed}, modes [...], refused [{mode, dtype, reason}], kernels {arch, files} | null,
-    entries [{step, batch_size, dtype, rows, mode, timings_ms {mode: median ms}}]
+    entries [{step, batch_size, dtype, rows, format, mode, timings_ms {mode: median ms}}]
+    (dense steps are always scored with one GEMM by the Decoder, so their entries time and record "full")
 """
 
 from __future__ import annotations
@@ -533,7 +534,11 @@ def tune_bundle(
                 def run(mode: str, decoder=decoder, state=state, hidden=hidden) -> Any:
                     return decoder.step(state, hidden, mode=mode)
 
-                measured = time_modes(run, allowed[dt], time_ms, warmup=settings.warmup, iters=settings.iters)
+                # The Decoder scores dense steps (and every step of the unconstrained order) with one GEMM
+                # whatever the mode, so there is nothing to choose: time that once and record "full".
+                mode_matters = index.steps[t].format == "sparse" and settings.order != "unconstrained"
+                candidates = allowed[dt] if mode_matters else ["full"]
+                measured = time_modes(run, candidates, time_ms, warmup=settings.warmup, iters=settings.iters)
                 timings = {m: round(v, 6) for m, v in measured.items()}  # choose from what is recorded
                 entries.append(
                     {
@@ -541,6 +546,7 @@ def tune_bundle(
                         "batch_size": batch,
                         "dtype": dt,
                         "rows": rows,
+                        "format": index.steps[t].format,
                         "mode": fastest(timings),
                         "timings_ms": timings,
                     }
