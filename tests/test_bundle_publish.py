@@ -1,0 +1,207 @@
+"""Publishing under stress: concurrent builds into one OUT, kill -9 at every step of the protocol and at
+random times, keep=N pruning, version numbers never reused, interrupted add_bundle_files rolled forward."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.test_bundle import make_catalog, publish
+from zerogr_build.bundle import (
+    add_bundle_files,
+    list_versions,
+    open_bundle,
+    prune_versions,
+    publish_bundle,
+    verify_bundle,
+)
+from zerogr_build.errors import BundleError, InputError
+from zerogr_build.index import build_index
+
+REPO = Path(__file__).resolve().parents[1]
+
+PUBLISH_SCRIPT = """
+import pickle, sys
+from zerogr_build.bundle import publish_bundle
+index, item_ids = pickle.load(open(sys.argv[1], "rb"))
+keep = int(sys.argv[4]) if sys.argv[4] != "none" else None
+for _ in range(int(sys.argv[3])):
+    fields = {"model_version": "x"}
+    published = publish_bundle(index, item_ids, sys.argv[2], manifest_fields=fields, keep=keep)
+    print(published.version, flush=True)
+"""
+
+ADD_SCRIPT = """
+import sys
+from zerogr_build.bundle import add_bundle_files
+add_bundle_files(sys.argv[1], {"plans/cpu.json": b'{"new": true}', "kernels/sm_90/k.cubin": b"abc"})
+"""
+
+
+def _env(**extra) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO), **extra)
+    env.pop("ZEROGR_BUNDLE_KILL_AT", None)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def pickled_index(tmp_path_factory):
+    catalog = make_catalog(seed=7, n=3000, string_ids=True)
+    index = build_index(catalog.sids, catalog.codebook_sizes, step_formats="0=dense,1=sparse,2=sparse")
+    path = tmp_path_factory.mktemp("pickled") / "index.pkl"
+    path.write_bytes(pickle.dumps((index, catalog.item_ids)))
+    return path, catalog
+
+
+def _publisher(pickled: Path, out: Path, times: int = 1, keep: int | None = None, **env) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", PUBLISH_SCRIPT, str(pickled), str(out), str(times), str(keep or "none")],
+        env=_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def assert_out_consistent(out: Path, catalog) -> list[int]:
+    """Every visible version is complete and verifies against the catalog; LATEST names one of them."""
+    versions = list_versions(out)
+    assert versions, "no version visible"
+    for version in versions:
+        report = verify_bundle(out / f"v{version:06d}", catalog)
+        assert report["unlisted_files"] == []
+    latest = (out / "LATEST").read_text().strip()
+    assert int(latest[1:]) in versions
+    assert open_bundle(out).path.name == latest
+    return versions
+
+
+def test_concurrent_publishes_get_distinct_versions(tmp_path, pickled_index):
+    pickled, catalog = pickled_index
+    out = tmp_path / "out"
+    procs = [_publisher(pickled, out, times=3) for _ in range(4)]
+    printed = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr
+        printed += [int(line) for line in stdout.split()]
+    assert sorted(printed) == list(range(1, 13))
+    assert assert_out_consistent(out, catalog) == list(range(1, 13))
+    assert (out / "LATEST").read_text().strip() == "v000012"
+    assert not list(out.glob(".tmp-*"))
+
+
+KILL_POINTS = [
+    "claimed",
+    "file_written",
+    "files_written",
+    "manifest_written",
+    "renamed",
+    "latest_replaced",
+    "pruning",
+]
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_kill_9_at_each_protocol_step_leaves_only_complete_versions(tmp_path, pickled_index, point):
+    pickled, catalog = pickled_index
+    out = tmp_path / "out"
+    first = _publisher(pickled, out, times=2)
+    assert first.wait(timeout=120) == 0, first.stderr.read()
+    proc = _publisher(pickled, out, keep=1 if point == "pruning" else None, ZEROGR_BUNDLE_KILL_AT=point)
+    assert proc.wait(timeout=120) == -signal.SIGKILL
+    versions = assert_out_consistent(out, catalog)
+    if point in ("renamed", "latest_replaced", "pruning"):
+        assert 3 in versions  # the rename happened: v3 is complete and visible
+    else:
+        assert versions == [1, 2]
+    # The next build cleans up what the dead one left and never reuses its number.
+    _, published = publish(catalog, out)
+    assert published.version == (4 if point in ("renamed", "latest_replaced", "pruning") else 3)
+    assert not list(out.glob(".tmp-*"))
+    assert_out_consistent(out, catalog)
+
+
+def test_kill_9_at_random_times(tmp_path, pickled_index):
+    pickled, catalog = pickled_index
+    out = tmp_path / "out"
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        proc = _publisher(pickled, out, times=50, keep=3)
+        time.sleep(float(rng.uniform(0.3, 1.2)))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        if list_versions(out):
+            assert_out_consistent(out, catalog)
+    publish(catalog, out)
+    assert_out_consistent(out, catalog)
+
+
+def test_keep_prunes_old_versions_but_never_latest(tmp_path):
+    catalog = make_catalog(n=200)
+    out = tmp_path / "out"
+    for _ in range(4):
+        publish(catalog, out)
+    _, published = publish(catalog, out, keep=2)
+    assert list_versions(out) == [4, 5] and published.version == 5
+    with pytest.raises(InputError, match="keep"):
+        publish(catalog, out, keep=0)
+
+    # LATEST pointed back at an older version (an operator rollback) survives pruning.
+    (out / "LATEST").write_text("v000004\n")
+    assert prune_versions(out, 1) == []
+    assert list_versions(out) == [4, 5]
+    (out / "LATEST").write_text("v000005\n")
+    assert prune_versions(out, 1) == ["v000004"]
+
+    # Numbers are never reused, even when the newest version is deleted by hand.
+    import shutil
+
+    shutil.rmtree(out / "v000005")
+    (out / "LATEST").unlink()
+    _, published = publish(catalog, out)
+    assert published.version == 6
+
+
+def test_publish_refuses_bad_arguments(tmp_path):
+    catalog = make_catalog(n=100)
+    index = build_index(catalog.sids, catalog.codebook_sizes)
+    with pytest.raises(InputError, match="item ids"):
+        publish_bundle(index, catalog.item_ids[:50], tmp_path)
+    with pytest.raises(ValueError, match="version"):
+        publish_bundle(index, catalog.item_ids, tmp_path, manifest_fields={"version": 3})
+    assert list_versions(tmp_path) == []
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_interrupted_add_is_rolled_forward(tmp_path, pickled_index):
+    pickled, catalog = pickled_index
+    out = tmp_path / "out"
+    _, published = publish(catalog, out)
+    add_bundle_files(published.path, {"plans/cpu.json": b'{"old": true}'})
+    proc = subprocess.run(
+        [sys.executable, "-c", ADD_SCRIPT, str(published.path)],
+        env=_env(ZEROGR_BUNDLE_KILL_AT="add_renamed"),
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL
+    # Killed after replacing plans/cpu.json but before the manifest: the reader sees the half-done update.
+    with pytest.raises(BundleError, match=r"plans/cpu\.json: sha256 mismatch"):
+        open_bundle(published.path)
+    # The next writer holding the lock completes it from the journal.
+    publish(catalog, out)
+    bundle = open_bundle(published.path)
+    assert json.loads(bundle.file("plans/cpu.json").read_bytes()) == {"new": True}
+    assert bundle.files("kernels/") == ["kernels/sm_90/k.cubin"]
+    assert verify_bundle(published.path, catalog)["unlisted_files"] == []
