@@ -10,10 +10,11 @@ Contract (the same function as the torch reference, selective_torch.py):
 hidden, weight and bias share one dtype (float32, float16 or bfloat16) and one CUDA device. Layout rules
 (checked, with a clear error): 2-D operands have unit stride along their last dimension and any row stride
 (so slices of a larger matrix are read in place; a stride-0 ``hidden.expand(R, d)`` works too); bias is
-1-D contiguous; slot_tokens is int32. Slot tokens outside [0, V) are treated as empty, so a corrupt slot
-cannot read out of bounds. Tensors are exchanged zero-copy (their data pointers are passed to the kernel)
-and kernels run on torch's current stream of the tensors' device, so they order correctly with the torch
-work around them and can be captured in a CUDA graph.
+1-D contiguous; slot_tokens is int32 (int64 is accepted and converted, one extra copy). Slot tokens
+outside [0, V) are treated as empty, so a corrupt slot cannot read out of bounds. Tensors are exchanged
+zero-copy (their data pointers are passed to the kernel) and kernels run on torch's current stream of the
+tensors' device, so they order correctly with the torch work around them and can be captured in a CUDA
+graph.
 
 The kernels are compiled at load time with NVRTC (`SelectiveKernels.from_source`) or loaded from a cubin /
 PTX file compiled ahead of time by compile.py (`SelectiveKernels.from_file`, e.g. a bundle's
@@ -23,7 +24,7 @@ PTX file compiled ahead of time by compile.py (`SelectiveKernels.from_file`, e.g
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -121,8 +122,8 @@ def check_operands(
         raise TypeError(f"hidden dtype {hidden.dtype} not supported: use float32, float16 or bfloat16")
     if weight.dtype != hidden.dtype:
         raise TypeError(f"weight dtype {weight.dtype} differs from hidden dtype {hidden.dtype}")
-    if slot_tokens.dtype != torch.int32:
-        raise TypeError(f"slot_tokens must be int32, got {slot_tokens.dtype}")
+    if slot_tokens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"slot_tokens must be int32 (or int64, converted), got {slot_tokens.dtype}")
     rows, dim = hidden.shape
     vocab = weight.shape[0]
     slots = slot_tokens.shape[1]
@@ -267,7 +268,12 @@ class SelectiveKernels:
         index = _device_index(device)
         cupy = _cupy()
         with cupy.cuda.Device(index):
-            module = cupy.RawModule(code=read_kernel_source("selective.cu"))
+            try:
+                module = cupy.RawModule(code=read_kernel_source("selective.cu"))
+            except Exception as exc:  # CuPy compiles lazily, but some versions compile here
+                raise KernelLoadError(
+                    f"NVRTC could not compile selective.cu for cuda:{index}: {exc}"
+                ) from exc
         return cls(module, index, "nvrtc")
 
     @classmethod
@@ -279,7 +285,13 @@ class SelectiveKernels:
         index = _device_index(device)
         cupy = _cupy()
         with cupy.cuda.Device(index):
-            module = cupy.RawModule(path=str(file))
+            try:
+                module = cupy.RawModule(path=str(file))
+            except Exception as exc:  # e.g. a cubin built for another architecture
+                raise KernelLoadError(
+                    f"cannot load kernel entry points from {file} on cuda:{index} "
+                    f"({device_arch(index)}): {exc}"
+                ) from exc
         return cls(module, index, str(file))
 
     # ---- public launches -------------------------------------------------------------------------------
@@ -294,7 +306,7 @@ class SelectiveKernels:
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """fp32 [R, K] slot scores (-inf at empty slots). Writes into `out` when given."""
-        ops, out = self._prepare(hidden, weight, bias, slot_tokens, out)
+        ops, slot_tokens, out = self._prepare(hidden, weight, bias, slot_tokens, out)
         if ops.rows and ops.slots:
             self._launch_scores(ops, hidden, weight, bias, slot_tokens, out)
         return out
@@ -314,7 +326,7 @@ class SelectiveKernels:
         fused: True = one kernel (one block per row), False = scores kernel + in-place row log-softmax,
         None = `use_fused` decides by the device's SM count.
         """
-        ops, out = self._prepare(hidden, weight, bias, slot_tokens, out)
+        ops, slot_tokens, out = self._prepare(hidden, weight, bias, slot_tokens, out)
         if not (ops.rows and ops.slots):
             return out
         if fused is None:
@@ -340,8 +352,12 @@ class SelectiveKernels:
         bias: torch.Tensor | None,
         slot_tokens: torch.Tensor,
         out: torch.Tensor | None,
-    ) -> tuple[SelectiveOperands, torch.Tensor]:
+    ) -> tuple[SelectiveOperands, torch.Tensor, torch.Tensor]:
+        """Checks operands; returns (operands, int32 slot tokens, fp32 output buffer)."""
         ops = check_operands(hidden, weight, bias, slot_tokens, out)
+        if slot_tokens.dtype != torch.int32:
+            slot_tokens = slot_tokens.to(torch.int32).contiguous()
+            ops = replace(ops, slots_row_stride=slot_tokens.stride(0))
         if hidden.device.index != self.device_index:
             raise ValueError(
                 f"tensors are on {hidden.device} but these kernels were loaded on cuda:{self.device_index}"
@@ -353,7 +369,7 @@ class SelectiveKernels:
             )
         if out is None:
             out = torch.empty((ops.rows, ops.slots), dtype=torch.float32, device=hidden.device)
-        return ops, out
+        return ops, slot_tokens, out
 
     def _common_args(
         self,
