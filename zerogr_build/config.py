@@ -1,0 +1,176 @@
+"""Build settings: defaults (in code, so an installed package needs no checkout), a TOML file, CLI overrides.
+
+Precedence: dataclass defaults < `[build]` table of the config file < CLI flags. configs/default.toml lists
+every key with its default (a test keeps the two in step). TOML has no null, so "not set" is spelled as an
+empty value: sid_columns = [] (use sid_column), codebook_sizes = [] (infer), workers = 0 (all cores),
+keep = 0 (keep every version), model_version = "".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+#: Tables a config file may hold. `build` is read here; other commands read their own table.
+KNOWN_TABLES = frozenset({"build", "tune"})
+
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """Every option of `zerogr build` (each has a CLI flag and a key in configs/default.toml)."""
+
+    out: str = "bundles"
+    """OUT dir: versions are published under it, LATEST names the newest."""
+    sid_column: str = "sid"
+    """List (or fixed-size list) column holding each item's SID."""
+    sid_columns: tuple[str, ...] = ()
+    """L integer columns holding the SID tokens instead (empty: use sid_column)."""
+    item_column: str = "item_id"
+    """Item id column (integer or string; kept as its type)."""
+    codebook_sizes: tuple[int, ...] = ()
+    """V_t per step; empty infers max token + 1 per step (with a loud warning)."""
+    workers: int = 0
+    """CPU threads for the index build (0: all cores)."""
+    step_formats: str = "auto"
+    """auto, or forced formats per step such as "0=dense,2=sparse" (other steps stay auto)."""
+    dense_min_share: float = 0.25
+    """auto stores a step dense only when at least this share of its [rows, V] table is valid."""
+    dense_max_bytes: int = 268435456
+    """...and when its dense table takes at most this many bytes."""
+    device: str = "cpu"
+    """cpu, or cuda:N to stream the finished tables to that GPU while building."""
+    model_version: str = ""
+    """Free text recorded in the manifest (e.g. the model checkpoint tag)."""
+    keep: int = 0
+    """After publishing, keep only the newest N versions (0: keep all)."""
+
+    def manifest_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of the settings (tuples as lists), recorded in the bundle manifest."""
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
+
+
+def setting_names() -> list[str]:
+    return [f.name for f in fields(BuildSettings)]
+
+
+def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
+    """Check a value against its default's type; lists become tuples. Raises InputError naming the key."""
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif isinstance(default, str):
+        ok = isinstance(value, str)
+    elif isinstance(default, tuple):
+        item_type = int if key == "codebook_sizes" else str
+        if isinstance(value, str) and key == "sid_columns":
+            value = [p.strip() for p in value.split(",") if p.strip()]
+        ok = isinstance(value, list | tuple) and all(
+            isinstance(v, item_type) and not isinstance(v, bool) for v in value
+        )
+        value = tuple(value) if ok else value
+    else:  # pragma: no cover - every field has one of the types above
+        ok = True
+    if not ok:
+        raise InputError(
+            f"{where}: {key} = {value!r} has the wrong type (expected {_type_name(default, key)})"
+        )
+    return value
+
+
+def _type_name(default: Any, key: str) -> str:
+    if isinstance(default, tuple):
+        return "a list of integers" if key == "codebook_sizes" else "a list of strings"
+    return type(default).__name__
+
+
+def _check_values(s: BuildSettings, where: str) -> None:
+    if not s.out:
+        raise InputError(f"{where}: out must not be empty")
+    if s.workers < 0:
+        raise InputError(f"{where}: workers must be >= 0 (0 = all cores), got {s.workers}")
+    if s.keep < 0:
+        raise InputError(f"{where}: keep must be >= 0 (0 = keep all versions), got {s.keep}")
+    if not 0.0 <= s.dense_min_share <= 1.0:
+        raise InputError(f"{where}: dense_min_share must be in 0..1, got {s.dense_min_share}")
+    if s.dense_max_bytes < 0:
+        raise InputError(f"{where}: dense_max_bytes must be >= 0, got {s.dense_max_bytes}")
+    if any(v < 1 for v in s.codebook_sizes):
+        raise InputError(f"{where}: codebook sizes must be >= 1, got {list(s.codebook_sizes)}")
+    if not _DEVICE.match(s.device):
+        raise InputError(f"{where}: device must be cpu or cuda:N, got {s.device!r}")
+    if s.sid_columns and len(set(s.sid_columns)) != len(s.sid_columns):
+        raise InputError(f"{where}: sid_columns names a column twice: {list(s.sid_columns)}")
+
+
+def read_config_table(config_file: str | Path, table: str) -> dict[str, Any]:
+    """The `[table]` of a TOML config file ({} when absent). Raises InputError for a missing or invalid file
+    and for unknown tables."""
+    path = Path(config_file)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read config file ({exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: invalid TOML ({exc})") from None
+    for key, value in data.items():
+        if not isinstance(value, dict):
+            raise InputError(f"{path}: top-level key {key!r}; put settings under [build] (or [tune])")
+        if key not in KNOWN_TABLES:
+            raise InputError(f"{path}: unknown table [{key}] (known: {', '.join(sorted(KNOWN_TABLES))})")
+    return dict(data.get(table, {}))
+
+
+def load_settings(
+    config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> BuildSettings:
+    """Defaults, then the config file's [build] table, then `overrides` (None values are ignored, so CLI
+    flags that were not given leave the file's value). Unknown keys and wrong types raise InputError."""
+    defaults = BuildSettings()
+    known = {f.name: getattr(defaults, f.name) for f in fields(BuildSettings)}
+    values: dict[str, Any] = {}
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+    if config_file is not None:
+        layers.append((f"{config_file} [build]", read_config_table(config_file, "build")))
+    if overrides:
+        layers.append(("command line", {k: v for k, v in overrides.items() if v is not None}))
+    for where, layer in layers:
+        for key, value in layer.items():
+            if key not in known:
+                raise InputError(f"{where}: unknown setting {key!r} (known: {', '.join(known)})")
+            values[key] = _coerce(key, value, known[key], f"{where}")
+    settings = dataclasses.replace(defaults, **values)
+    _check_values(settings, "settings" if not layers else " + ".join(w for w, _ in layers))
+    return settings
+
+
+def parse_int_list(text: str, option: str) -> tuple[int, ...]:
+    """ "2048,2048,2048" -> (2048, 2048, 2048). Raises InputError naming the option."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        raise InputError(f"{option}: expected comma-separated integers, got {text!r}") from None
+
+
+def parse_name_list(text: str) -> tuple[str, ...]:
+    """ "c0, c1,c2" -> ("c0", "c1", "c2")."""
+    return tuple(p.strip() for p in text.split(",") if p.strip())
