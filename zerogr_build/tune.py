@@ -648,6 +648,38 @@ def find_plan(bundle: Any, device: str) -> TunedPlan | None:
     return TunedPlan(key, data, bundle.path / plans[key])
 
 
+def load_bundle_kernels(bundle: Any, device: str | Any) -> Any | None:
+    """Load the kernels tune compiled for this GPU's architecture from the bundle (`kernels/<arch>/`,
+    cubin preferred, PTX otherwise) and make them the process's `selective_cuda` kernels for the device,
+    so the first selective_cuda call does not compile with NVRTC. Returns the SelectiveKernels, or None
+    (not a CUDA device, no CuPy, or no compiled file for this arch: NVRTC then compiles on first use)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    try:
+        from .runtime.scoring import selective_cuda
+    except Exception:  # noqa: BLE001 - no CuPy / kernel backend: nothing to load
+        return None
+    if not selective_cuda.is_available():
+        return None
+    arch = selective_cuda.device_arch(dev)
+    listed = set(bundle.files(f"kernels/{arch}/"))
+    for kind in ("cubin", "ptx"):
+        name = f"kernels/{arch}/selective.{kind}"
+        if name not in listed:
+            continue
+        kernels = selective_cuda.SelectiveKernels.from_file(bundle.file(name), dev)
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        # selective_cuda keeps one kernel set per device; installing ours there is what makes every
+        # selective_cuda call (the registry's functions) use the shipped binary.
+        with selective_cuda._DEFAULT_LOCK:
+            selective_cuda._DEFAULT_KERNELS[index] = kernels
+        return kernels
+    return None
+
+
 # ------------------------------------------------------------------------------------------ report
 
 
@@ -681,6 +713,7 @@ __all__ = [
     "device_key",
     "dtype_name",
     "find_plan",
+    "load_bundle_kernels",
     "load_weights_file",
     "parse_device",
     "plan_table",

@@ -80,17 +80,26 @@ def default_slot_cap(table: StepTable) -> int:
     return int(min(table.max_slots, max(MIN_CAP, 8 * int(np.ceil(p99 / 8)))))
 
 
-def to_device(table: StepTable, device: torch.device, cap: int | None = None) -> DeviceStep:
-    """Copy one step table to `device` (tokens widened to int32, indptr to int64) with slot cap `cap`."""
+def to_device(
+    table: StepTable, device: torch.device, cap: int | None = None, arrays: dict | None = None
+) -> DeviceStep:
+    """Copy one step table to `device` (tokens widened to int32, indptr to int64) with slot cap `cap`.
+    arrays: the table already resident on `device` in those dtypes ({role: tensor}, from stream.py)."""
     if table.format == "dense":
-        nxt = torch.as_tensor(np.ascontiguousarray(table.next, dtype=np.int32)).to(device)
+        if arrays is not None:
+            nxt = arrays["next"]
+        else:
+            nxt = torch.as_tensor(np.ascontiguousarray(table.next, dtype=np.int32)).to(device)
         return DeviceStep(
             table.step, "dense", table.codebook_size, table.rows, table.nnz, table.codebook_size,
             table.codebook_size, next=nxt
         )  # fmt: skip
     cap = default_slot_cap(table) if cap is None else max(1, min(int(cap), table.max_slots))
-    indptr = torch.as_tensor(np.ascontiguousarray(table.indptr, dtype=np.int64)).to(device)
-    tokens = torch.as_tensor(np.ascontiguousarray(table.tokens, dtype=np.int32)).to(device)
+    if arrays is not None:
+        indptr, tokens = arrays["indptr"], arrays["tokens"]
+    else:
+        indptr = torch.as_tensor(np.ascontiguousarray(table.indptr, dtype=np.int64)).to(device)
+        tokens = torch.as_tensor(np.ascontiguousarray(table.tokens, dtype=np.int32)).to(device)
     return DeviceStep(
         table.step, "sparse", table.codebook_size, table.rows, table.nnz, table.max_slots, cap,
         indptr=indptr, tokens=tokens
@@ -98,10 +107,15 @@ def to_device(table: StepTable, device: torch.device, cap: int | None = None) ->
 
 
 def index_to_device(
-    index: SidIndex, device: torch.device, caps: int | list[int | None] | tuple | dict | None = None
+    index: SidIndex,
+    device: torch.device,
+    caps: int | list[int | None] | tuple | dict | None = None,
+    *,
+    low_priority: bool = False,
 ) -> tuple[DeviceStep, ...]:
     """All step tables of `index` on `device`. caps: None (defaults), one int for every sparse step, a
-    per-step sequence or a {step: cap} mapping (None entries keep the default)."""
+    per-step sequence or a {step: cap} mapping (None entries keep the default). On CUDA the tables are
+    streamed through stream.py's double-buffered loader (low_priority: on low-priority copy streams)."""
     per_step: list[int | None]
     if caps is None or isinstance(caps, int):
         per_step = [caps] * index.num_steps
@@ -109,7 +123,12 @@ def index_to_device(
         per_step = [caps.get(t) for t in range(index.num_steps)]
     else:
         per_step = list(caps)
-    return tuple(to_device(table, device, per_step[t]) for t, table in enumerate(index.steps))
+    resident: list = [None] * index.num_steps
+    if torch.device(device).type == "cuda":
+        from .stream import step_tables_on_device
+
+        resident = step_tables_on_device(index, device, low_priority=low_priority)
+    return tuple(to_device(table, device, per_step[t], resident[t]) for t, table in enumerate(index.steps))
 
 
 def row_extent(step: DeviceStep, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -432,6 +432,39 @@ def index_to_device(
     return DeviceIndex(index=index, device=str(device), tables=tables, stats=stats)
 
 
+def widen_on_device(role: str, tensor: torch.Tensor) -> torch.Tensor:
+    """The Decoder's working dtype of a resident table, converted on the device: indptr -> int64, tokens
+    and next -> int32. uint16 tokens go through an int16 view and a mask (uint16 arithmetic has only
+    partial CUDA support in torch)."""
+    import torch
+
+    if role == "indptr":
+        return tensor.to(torch.int64)
+    if tensor.dtype == torch.uint16:
+        return tensor.view(torch.int16).to(torch.int32) & 0xFFFF
+    return tensor.to(torch.int32)
+
+
+def step_tables_on_device(
+    index: Any,
+    device: str | torch.device,
+    *,
+    low_priority: bool = False,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> list[dict[str, torch.Tensor]]:
+    """Per step, {role: tensor} on `device` in the Decoder's dtypes (see widen_on_device): every table is
+    streamed in its stored (narrow) dtype through the double-buffered loader, then widened on the device,
+    so the PCIe copy moves the bundle's bytes, not the widened ones."""
+    resident = index_to_device(index, device, chunk_bytes=chunk_bytes, low_priority=low_priority)
+    out = []
+    for table in index.steps:
+        arrays = resident.step(table.step)
+        out.append({role: widen_on_device(role, t) for role, t in arrays.items()})
+        for name in [f"step{table.step}.{role}" for role in arrays]:
+            del resident.tables[name]  # free the narrow copy as soon as its wide one exists
+    return out
+
+
 def open_bundle_on_device(
     path: str | Path | Any,
     device: str | torch.device,
