@@ -137,6 +137,9 @@ class Decoder:
         this device, with a warning and the heuristic when none fits).
     slot_caps: slot cap K of sparse steps: None (p99-based default, see slots.py), an int, a per-step
         sequence or {step: K}.
+    low_priority: on CUDA, stream the tables on low-priority copy streams (loading a new version beside
+        a live one, see hotswap.py). With plan="auto" on CUDA the bundle's compiled kernels for this
+        architecture (written by tune) are loaded instead of compiling with NVRTC.
     """
 
     def __init__(
@@ -148,6 +151,7 @@ class Decoder:
         plan: Any = None,
         *,
         slot_caps: int | Sequence[int | None] | Mapping[int, int] | None = None,
+        low_priority: bool = False,
     ) -> None:
         if isinstance(index_or_bundle, SidIndex):
             self.bundle = None
@@ -165,7 +169,9 @@ class Decoder:
         self.num_steps = len(self.codebook_sizes)
         self.weights = _normalize_weights(weights, self.codebook_sizes, self.device)
         self.dtype = self.weights[0][0].dtype
-        self.steps: tuple[DeviceStep, ...] = index_to_device(self.index, self.device, slot_caps)
+        self.steps: tuple[DeviceStep, ...] = index_to_device(
+            self.index, self.device, slot_caps, low_priority=low_priority
+        )
         self.leaf_offsets = np.asarray(self.index.leaf_offsets, dtype=np.int64)
         self.available_modes = available_modes(self.device)
         if isinstance(plan, str) and plan == "auto":
@@ -174,6 +180,11 @@ class Decoder:
         else:
             self.plan = load_plan(plan) if plan is not None else None
         self._warned: set[tuple[int, str]] = set()
+        self.kernels = None  # compiled selective_cuda kernels loaded from the bundle (plan="auto", CUDA)
+        if plan == "auto" and self.bundle is not None and self.device.type == "cuda":
+            from ..tune import load_bundle_kernels
+
+            self.kernels = load_bundle_kernels(self.bundle, self.device)
 
     @property
     def slot_caps(self) -> tuple[int, ...]:
