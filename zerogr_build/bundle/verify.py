@@ -140,11 +140,20 @@ def check_leaf_offsets(offsets: np.ndarray, n_items: int, path: Path) -> None:
 
 
 def check_unique_items(items, path: Path) -> None:
-    import pyarrow.compute as pc
+    """No item id twice. Integers: sort and compare neighbours; others: dictionary-encode (both measured
+    several times faster than pc.count_distinct on millions of ids)."""
+    import pyarrow as pa
 
-    distinct = pc.count_distinct(items).as_py()
-    if distinct != len(items):
-        raise BundleError(f"{path}: {len(items) - distinct} duplicate item ids")
+    if len(items) < 2:
+        return
+    if pa.types.is_integer(items.type):
+        ordered = np.sort(items.to_numpy())
+        same = ordered[1:] == ordered[:-1]
+        duplicates = int(same.sum())
+    else:
+        duplicates = len(items) - len(items.dictionary_encode().dictionary)
+    if duplicates:
+        raise BundleError(f"{path}: {duplicates} duplicate item ids")
 
 
 def leaf_of_sids(bundle: Bundle, sids: np.ndarray) -> np.ndarray:
