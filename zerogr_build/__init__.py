@@ -4,17 +4,24 @@ Public API (everything else is internal):
     build_index(sids, codebook_sizes)  -> SidIndex        the step tables, in memory
 """
 
+from .bundle import Bundle, add_bundle_files, open_bundle, publish_bundle, resolve_bundle, verify_bundle
 from .errors import BundleError, InputError, ZerogrError
 from .index import FormatPolicy, SidIndex, StepTable, build_index
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Bundle",
     "BundleError",
     "FormatPolicy",
     "InputError",
     "SidIndex",
     "StepTable",
     "ZerogrError",
+    "add_bundle_files",
     "build_index",
+    "open_bundle",
+    "publish_bundle",
+    "resolve_bundle",
+    "verify_bundle",
 ]
