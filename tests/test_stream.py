@@ -191,7 +191,7 @@ def test_index_to_device_with_fake_sink_matches_tables():
         for role, array in table.arrays().items():
             assert np.array_equal(dev.step(table.step)[role].numpy(), array)
     assert np.array_equal(dev.leaf_offsets.numpy(), index.leaf_offsets)
-    assert dev.stats.bytes == index.index_bytes
+    assert dev.stats.bytes == index.index_bytes + index.leaf_offsets.nbytes
 
 
 def test_cuda_sink_is_refused_for_non_cuda_devices():
@@ -223,3 +223,19 @@ def test_cuda_bundle_tables_on_device_equal_the_bundle(tmp_path):
     dev = index_to_device(index, "cuda:0", chunk_bytes=256)
     for name, array in bundle_arrays(index):
         assert np.array_equal(dev.tables[name].cpu().numpy(), array)
+
+
+def test_step_tables_widened_like_the_decoder_expects():
+    from zerogr_build.runtime.stream import step_tables_on_device, widen_on_device
+
+    rng = np.random.default_rng(4)
+    sizes = (4, 65536)
+    sids = np.stack([rng.integers(0, 4, 500), rng.integers(30000, 65536, 500)], axis=1)
+    index = build_index(sids, sizes, step_formats="0=dense,1=sparse")
+    assert index.steps[1].tokens.dtype == np.uint16 and index.steps[1].tokens.max() > 32767
+    tables = step_tables_on_device(index, "cpu")
+    assert tables[0]["next"].dtype == torch.int32
+    assert tables[1]["indptr"].dtype == torch.int64 and tables[1]["tokens"].dtype == torch.int32
+    assert np.array_equal(tables[1]["tokens"].numpy(), index.steps[1].tokens.astype(np.int64))
+    big = torch.from_numpy(np.array([0, 1, 32767, 32768, 65535], dtype=np.uint16))
+    assert widen_on_device("tokens", big).tolist() == [0, 1, 32767, 32768, 65535]

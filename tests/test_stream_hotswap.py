@@ -92,3 +92,30 @@ def test_failed_load_keeps_the_live_version():
     with pytest.raises(RuntimeError):
         live.swap()  # nothing pending any more
     live.close()
+
+
+def test_for_decoder_serves_bundle_versions(tmp_path):
+    import pyarrow as pa
+    import torch
+
+    from zerogr_build.bundle import publish_bundle
+    from zerogr_build.index import build_index
+
+    rng = np.random.default_rng(2)
+    paths = []
+    for n in (40, 60):
+        index = build_index(rng.integers(0, 6, (n, 2)), (6, 6))
+        paths.append(publish_bundle(index, pa.array(np.arange(n)), tmp_path).path)
+    weights = [torch.randn(6, 4), torch.randn(6, 4)]
+    live = HotSwap.for_decoder(weights, device="cpu", plan=None)
+    live.load_next(paths[0]).result()
+    first = live.swap()
+    assert first.version == 1 and first.decoder.bundle is first.bundle
+    live.load_next(paths[1], weights=[w * 2 for w in weights])
+    second = live.swap()
+    assert second.version == 2 and live.current is second
+    assert torch.equal(second.decoder.weights[0][0], weights[0] * 2)
+    res = second.decoder.search(lambda step, prefixes, batch: torch.randn(prefixes.shape[0], 4), 2, 3)
+    leaves = res.leaves[res.valid]
+    assert leaves.numel() and int(leaves.max()) < second.bundle.index.num_leaves
+    live.close()

@@ -71,23 +71,23 @@ class HotSwap:
 
     @classmethod
     def for_decoder(cls, weights: Any, device: str = "cpu", **decoder_kwargs: Any) -> HotSwap:
-        """A handle whose versions are (bundle, Decoder) pairs: the bundle is opened, its tables streamed
-        to `device` (on a low-priority stream for background loads) and a Decoder built over them.
-        `load_next(path, weights=...)` replaces the weights for that version (a new model)."""
+        """A handle whose versions are (bundle, Decoder) pairs: the bundle is opened and a Decoder built over
+        it (plan="auto" unless given), its tables streamed to `device` (on low-priority copy streams for
+        background loads). `load_next(path, weights=...)` replaces the weights for that version (a new
+        model goes with a new bundle)."""
         default_weights = weights
+        decoder_kwargs.setdefault("plan", "auto")
 
         def load(path: Path, *, low_priority: bool, weights: Any = None) -> tuple[Any, Any]:
             from ..bundle import open_bundle
             from .decoder import Decoder
-            from .stream import open_bundle_on_device
 
             bundle = open_bundle(path)
-            tables = open_bundle_on_device(bundle, device, low_priority=low_priority)
             decoder = Decoder(
                 bundle,
                 default_weights if weights is None else weights,
                 device=device,
-                tables=tables,
+                low_priority=low_priority,
                 **decoder_kwargs,
             )
             return bundle, decoder
