@@ -175,8 +175,7 @@ class Decoder:
         self.leaf_offsets = np.asarray(self.index.leaf_offsets, dtype=np.int64)
         self.available_modes = available_modes(self.device)
         if isinstance(plan, str) and plan == "auto":
-            path = getattr(self.bundle, "path", None)
-            self.plan = find_bundle_plan(path, self.device)
+            self.plan = find_bundle_plan(self.bundle, self.device)
         else:
             self.plan = load_plan(plan) if plan is not None else None
         self._warned: set[tuple[int, str]] = set()
@@ -204,7 +203,9 @@ class Decoder:
             get_mode(requested, self.device)  # raises for unknown / unavailable
             return requested
         table = self.steps[step]
-        planned = planned_mode(self.plan, step, batch_size, self.weights[step][0].dtype)
+        planned = planned_mode(
+            self.plan, step, batch_size, self.weights[step][0].dtype, available=self.available_modes
+        )
         if planned is not None:
             if planned in self.available_modes:
                 return planned
@@ -254,10 +255,10 @@ class Decoder:
             )
         hidden = hidden.to(device=self.device, dtype=weight.dtype)
         table = self.steps[t]
+        scoring = get_mode(self.mode_for(t, state.batch_size, mode, state.order), self.device)
         with torch.no_grad():
             if state.order == "unconstrained" or table.format == "dense":
                 return self._step_dense(state, hidden, table)
-            scoring = get_mode(self.mode_for(t, state.batch_size, mode, state.order), self.device)
             return self._step_sparse(state, hidden, table, scoring)
 
     def finish(self, state: BeamState) -> SearchResult:

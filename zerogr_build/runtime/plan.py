@@ -3,7 +3,8 @@
 A plan (written by `zerogr tune` into the bundle as plans/<device-key>.json) is a dict with `entries`, each
 {"step": t, "batch_size": B, "dtype": "fp32"|"fp16"|"bf16", "mode": name, ...}. Lookup for (step, batch,
 dtype) takes the entries of that step and dtype and picks the one whose batch size is nearest in log scale
-(ties go to the larger batch); no entry -> no plan answer.
+(ties go to the larger batch); no entry -> no plan answer. If the planned mode is not available on this
+device (e.g. the kernel backend failed to load), the fastest *available* mode in the entry's `timings_ms`.
 
 Heuristic (no plan, or no entry, or the planned mode is not available here):
   - dense steps, the score-first order and the unconstrained order -> "full": all V_t logits are needed
@@ -70,27 +71,40 @@ def load_plan(plan: Mapping[str, Any] | Sequence[Mapping[str, Any]] | str | Path
 
 
 def planned_mode(
-    plan: Mapping[str, Any] | None, step: int, batch_size: int, dtype: torch.dtype | str
+    plan: Mapping[str, Any] | None,
+    step: int,
+    batch_size: int,
+    dtype: torch.dtype | str,
+    available: Sequence[str] | None = None,
 ) -> str | None:
-    """The plan's mode for (step, batch_size, dtype): entry of that step and dtype with the nearest batch
-    size (log scale, ties -> larger); None without a plan or a matching entry."""
+    """The plan's mode for (step, batch_size, dtype): the entry of that step and dtype whose batch size is
+    nearest in log scale (ties -> larger); None without a plan or a matching entry. With `available`, a
+    planned mode not in it is replaced by the fastest available mode of the entry's timings_ms (if any)."""
     if not plan:
         return None
     want = dtype_name(dtype)
-    best: tuple[float, int, str] | None = None
+    best: tuple[float, int] | None = None
+    chosen: Mapping[str, Any] | None = None
     for entry in plan.get("entries", ()):
         try:
             if int(entry["step"]) != step or dtype_name(entry["dtype"]) != want:
                 continue
             size = int(entry["batch_size"])
-            mode = str(entry["mode"])
+            str(entry["mode"])
         except (KeyError, TypeError, ValueError, InputError):
             continue
-        distance = abs(math.log(max(size, 1)) - math.log(max(batch_size, 1)))
-        key = (distance, -size, mode)
-        if best is None or key[:2] < best[:2]:
-            best = key
-    return None if best is None else best[2]
+        key = (abs(math.log(max(size, 1)) - math.log(max(batch_size, 1))), -size)
+        if best is None or key < best:
+            best, chosen = key, entry
+    if chosen is None:
+        return None
+    mode = str(chosen["mode"])
+    if available is not None and mode not in available:
+        timings = chosen.get("timings_ms") or {}
+        usable = {m: float(v) for m, v in timings.items() if m in available}
+        if usable:
+            return min(usable, key=usable.__getitem__)
+    return mode
 
 
 def heuristic_mode(
@@ -105,41 +119,30 @@ def heuristic_mode(
     return "selective_cuda" if "selective_cuda" in available else "selective"
 
 
-def find_bundle_plan(bundle_path: Path | str | None, device: torch.device) -> dict[str, Any] | None:
-    """plan="auto": the plan in <bundle>/plans/ written for this device, or None (with a warning).
+def find_bundle_plan(bundle: Any, device: torch.device) -> dict[str, Any] | None:
+    """plan="auto": the bundle's plan measured on this device class, or None (with a warning).
 
-    Uses zerogr_build.tune.device_key(device) when tune provides it; otherwise matches a plan whose
-    "device" field names this device (CUDA device name, or "cpu").
+    Asks zerogr_build.tune.find_plan (plans are keyed by tune's device_key); bundles without a `plans()`
+    method are searched in <bundle.path>/plans/*.json for a plan whose device_key matches.
     """
-    if bundle_path is None:
-        warnings.warn("plan='auto' needs a bundle; using the heuristic", stacklevel=3)
+    if bundle is None:
+        warnings.warn("plan='auto' needs a Bundle; using the heuristic", stacklevel=3)
         return None
-    plans_dir = Path(bundle_path) / "plans"
-    candidates = sorted(plans_dir.glob("*.json")) if plans_dir.is_dir() else []
-    key = None
     try:
-        from .. import tune  # noqa: PLC0415 - optional, written by the tune engineer
-
-        key_fn = getattr(tune, "device_key", None)
-        key = key_fn(device) if callable(key_fn) else None
-    except Exception:  # noqa: BLE001 - tune absent or failing: fall back to field matching
-        key = None
-    if key is not None:
-        exact = plans_dir / f"{key}.json"
-        if exact.is_file():
-            return load_plan(exact)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    for path in candidates:
-        try:
-            plan = load_plan(path)
-        except InputError:
-            continue
-        recorded = plan.get("device")
-        if isinstance(recorded, Mapping):
-            recorded = recorded.get("name")
-        if isinstance(recorded, str) and (
-            recorded == name or recorded.lower().startswith(device.type) and device.type == "cpu"
-        ):
-            return plan
-    warnings.warn(f"no plan for {name} in {plans_dir}; using the heuristic", stacklevel=3)
+        from .. import tune
+    except Exception as exc:  # noqa: BLE001 - tune unavailable: no plan
+        warnings.warn(
+            f"plan='auto': cannot import zerogr_build.tune ({exc}); using the heuristic", stacklevel=3
+        )
+        return None
+    if callable(getattr(bundle, "plans", None)):
+        found = tune.find_plan(bundle, str(device))
+        if found is not None:
+            return dict(found.data)
+    else:
+        key = tune.current_device_key(str(device))
+        path = Path(getattr(bundle, "path", ".")) / "plans" / f"{key}.json"
+        if path.is_file():
+            return load_plan(path)
+    warnings.warn(f"plan='auto': no plan for {device} in the bundle; using the heuristic", stacklevel=3)
     return None

@@ -22,6 +22,7 @@ graph would instead fix the lane count (a tune-chosen bound), which this layout 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,16 +81,22 @@ def default_slot_cap(table: StepTable) -> int:
     return int(min(table.max_slots, max(MIN_CAP, 8 * int(np.ceil(p99 / 8)))))
 
 
+def _tensor(array: np.ndarray, dtype: type, device: torch.device) -> torch.Tensor:
+    """`array` as a tensor on `device`; zero-copy on CPU when the dtype already fits (memory-mapped bundle
+    arrays stay mapped - they are read-only, which torch warns about, but the decoder never writes them)."""
+    array = np.ascontiguousarray(array, dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.as_tensor(array).to(device)
+
+
 def to_device(
     table: StepTable, device: torch.device, cap: int | None = None, arrays: dict | None = None
 ) -> DeviceStep:
     """Copy one step table to `device` (tokens widened to int32, indptr to int64) with slot cap `cap`.
     arrays: the table already resident on `device` in those dtypes ({role: tensor}, from stream.py)."""
     if table.format == "dense":
-        if arrays is not None:
-            nxt = arrays["next"]
-        else:
-            nxt = torch.as_tensor(np.ascontiguousarray(table.next, dtype=np.int32)).to(device)
+        nxt = arrays["next"] if arrays is not None else _tensor(table.next, np.int32, device)
         return DeviceStep(
             table.step, "dense", table.codebook_size, table.rows, table.nnz, table.codebook_size,
             table.codebook_size, next=nxt
@@ -98,8 +105,8 @@ def to_device(
     if arrays is not None:
         indptr, tokens = arrays["indptr"], arrays["tokens"]
     else:
-        indptr = torch.as_tensor(np.ascontiguousarray(table.indptr, dtype=np.int64)).to(device)
-        tokens = torch.as_tensor(np.ascontiguousarray(table.tokens, dtype=np.int32)).to(device)
+        indptr = _tensor(table.indptr, np.int64, device)
+        tokens = _tensor(table.tokens, np.int32, device)
     return DeviceStep(
         table.step, "sparse", table.codebook_size, table.rows, table.nnz, table.max_slots, cap,
         indptr=indptr, tokens=tokens
