@@ -1,0 +1,153 @@
+"""The selective-scoring contract (torch reference and full-GEMM mode), the mode registry, plan lookup."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zerogr_build.errors import InputError
+from zerogr_build.index import build_index
+from zerogr_build.runtime.plan import dtype_name, heuristic_mode, load_plan, planned_mode
+from zerogr_build.runtime.scoring import MODE_NAMES, available_modes, full_torch, get_mode, selective_torch
+from zerogr_build.runtime.slots import MIN_CAP, default_slot_cap, lane_count
+
+IMPLS = {"selective": selective_torch, "full": full_torch}
+
+
+def reference(hidden, weight, bias, slot_tokens):
+    """fp64 loops straight from the contract: dot + bias at valid slots, -inf elsewhere; its log-softmax."""
+    h, w = hidden.double().numpy(), weight.double().numpy()
+    b = None if bias is None else bias.double().numpy()
+    tokens = slot_tokens.numpy()
+    out = np.full(tokens.shape, -np.inf)
+    for r in range(tokens.shape[0]):
+        for k in range(tokens.shape[1]):
+            tok = int(tokens[r, k])
+            if 0 <= tok < w.shape[0]:
+                out[r, k] = h[r] @ w[tok] + (0.0 if b is None else b[tok])
+    logp = np.full(tokens.shape, -np.inf)
+    for r in range(tokens.shape[0]):
+        valid = np.isfinite(out[r])
+        if valid.any():
+            logp[r, valid] = out[r, valid] - np.logaddexp.reduce(out[r, valid])
+    return out, logp
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(0, 9),  # rows
+    st.integers(0, 7),  # slots
+    st.integers(1, 40),  # dim
+    st.integers(1, 30),  # vocab
+    st.booleans(),
+    st.sampled_from(["fp32", "fp16", "bf16"]),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([1, 64, 1 << 20]),  # block bytes: one beam per block .. everything in one block
+)
+def test_contract_matches_fp64_reference(rows, slots, dim, vocab, with_bias, dtype, seed, block):
+    g = torch.Generator().manual_seed(seed)
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    hidden = torch.randn(rows, dim, generator=g).to(torch_dtype)
+    weight = torch.randn(vocab, dim, generator=g).to(torch_dtype)
+    bias = torch.randn(vocab, generator=g).to(torch_dtype) if with_bias else None
+    # tokens in [-3, V+3): -1 marks empty; anything outside [0, V) must count as empty too
+    slot_tokens = torch.randint(-3, vocab + 3, (rows, slots), generator=g, dtype=torch.int32)
+    if rows:
+        slot_tokens[0] = -1  # a row without any valid slot
+    want_scores, want_logp = reference(hidden, weight, bias, slot_tokens)
+    tol = 1e-4 if dtype == "fp32" else 1e-3
+    got = selective_torch.selective_scores(hidden, weight, bias, slot_tokens, block_bytes=block)
+    got_lsm = selective_torch.selective_log_softmax(hidden, weight, bias, slot_tokens, block_bytes=block)
+    for value, want in ((got, want_scores), (got_lsm, want_logp)):
+        assert value.dtype == torch.float32 and value.shape == (rows, slots)
+        assert not torch.isnan(value).any()
+        assert np.array_equal(np.isfinite(value.numpy()), np.isfinite(want))
+        np.testing.assert_allclose(value.numpy()[np.isfinite(want)], want[np.isfinite(want)], atol=tol * dim)
+    if dtype == "fp32":  # the GEMM path rounds its output to the dtype, so compare it at fp32 only
+        full = full_torch.selective_scores(hidden, weight, bias, slot_tokens)
+        full_lsm = full_torch.selective_log_softmax(hidden, weight, bias, slot_tokens)
+        np.testing.assert_allclose(full.numpy(), want_scores, atol=1e-4)
+        np.testing.assert_allclose(full_lsm.numpy(), want_logp, atol=1e-4)
+
+
+def test_all_empty_rows_are_minus_inf_never_nan():
+    hidden, weight = torch.randn(3, 4), torch.randn(5, 4)
+    slots = torch.full((3, 6), -1, dtype=torch.int32)
+    for impl in IMPLS.values():
+        out = impl.selective_log_softmax(hidden, weight, None, slots)
+        assert torch.isneginf(out).all()
+
+
+def test_registry():
+    assert available_modes("cpu") == ["full", "selective"]
+    assert set(MODE_NAMES) >= {"full", "selective", "selective_cuda"}
+    assert get_mode("full").uses_full_logits and not get_mode("selective").uses_full_logits
+    with pytest.raises(InputError):
+        get_mode("selective_cuda", "cpu")
+    with pytest.raises(InputError):
+        get_mode("fast")
+
+
+def test_plan_lookup_nearest_batch_and_dtype():
+    plan = load_plan(
+        [
+            {"step": 1, "batch_size": 1, "dtype": "fp32", "mode": "full"},
+            {"step": 1, "batch_size": 32, "dtype": "fp32", "mode": "selective"},
+            {"step": 1, "batch_size": 8, "dtype": "bf16", "mode": "full"},
+            {
+                "step": 2,
+                "batch_size": 8,
+                "dtype": "fp32",
+                "mode": "selective_cuda",
+                "timings_ms": {"full": 3.0, "selective": 1.0, "selective_cuda": 0.5},
+            },
+        ]
+    )
+    assert planned_mode(plan, 1, 1, torch.float32) == "full"
+    assert planned_mode(plan, 1, 4, "float32") == "full"  # log(4/1) < log(32/4)
+    assert planned_mode(plan, 1, 6, torch.float32) == "selective"  # log(32/6) < log(6/1)
+    assert planned_mode(plan, 1, 1000, torch.float32) == "selective"
+    assert planned_mode(plan, 1, 2, torch.bfloat16) == "full"
+    assert planned_mode(plan, 0, 8, torch.float32) is None
+    assert planned_mode(plan, 1, 8, torch.float16) is None
+    assert planned_mode(plan, 2, 8, torch.float32) == "selective_cuda"
+    assert planned_mode(plan, 2, 8, torch.float32, available=["full", "selective"]) == "selective"
+    assert planned_mode(None, 0, 1, torch.float32) is None
+    assert dtype_name("bfloat16") == "bf16"
+    with pytest.raises(InputError):
+        load_plan({"device": "cpu"})
+
+
+def test_plan_ties_go_to_the_larger_batch():
+    plan = load_plan(
+        [
+            {"step": 0, "batch_size": 2, "dtype": "fp32", "mode": "full"},
+            {"step": 0, "batch_size": 8, "dtype": "fp32", "mode": "selective"},
+        ]
+    )
+    assert math.isclose(abs(math.log(4 / 2)), abs(math.log(8 / 4)))
+    assert planned_mode(plan, 0, 4, torch.float32) == "selective"
+
+
+def test_heuristic():
+    kw = dict(codebook_size=8192, device_type="cpu", available=["full", "selective"])
+    assert heuristic_mode(step_format="dense", cap=8192, order="filter_first", **kw) == "full"
+    assert heuristic_mode(step_format="sparse", cap=8, order="filter_first", **kw) == "selective"
+    assert heuristic_mode(step_format="sparse", cap=8, order="score_first", **kw) == "full"
+    assert heuristic_mode(step_format="sparse", cap=8, order="unconstrained", **kw) == "full"
+    assert heuristic_mode(step_format="sparse", cap=1024, order="filter_first", **kw) == "full"
+    cuda = dict(codebook_size=8192, device_type="cuda", available=["full", "selective", "selective_cuda"])
+    assert heuristic_mode(step_format="sparse", cap=1024, order="filter_first", **cuda) == "selective_cuda"
+
+
+def test_slot_caps_follow_the_p99_row():
+    sids = np.array([(0, v) for v in range(40)] + [(a, a % 7) for a in range(1, 300)], dtype=np.int64)
+    index = build_index(sids, (300, 64), step_formats="1=sparse")
+    assert index.steps[1].max_slots == 40
+    assert default_slot_cap(index.steps[1]) == MIN_CAP
+    assert [lane_count(n) for n in (0, 1, 4, 5, 9)] == [0, 4, 4, 8, 16]
