@@ -1,0 +1,707 @@
+"""The `zerogr` command line (Typer). Thin: parse options, call the library, print.
+
+Output discipline: results go to stdout (a table, or one JSON object with --json); progress, warnings and
+errors go to stderr. Exit codes: 0 ok; 2 bad input or usage (one line naming file/column/row/item, nothing
+published); 1 anything else (one line; set ZEROGR_DEBUG=1 for the traceback).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from .errors import InputError, ZerogrError
+
+app = typer.Typer(
+    name="zerogr",
+    help="Build, inspect and verify per-step constrained-decoding indexes for generative recommenders.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+DEBUG_ENV = "ZEROGR_DEBUG"
+
+
+# ----------------------------------------------------------------------------------------- plumbing
+
+
+def _stderr() -> Console:
+    # soft_wrap: never insert line breaks into a message (an error stays one line for log scrapers).
+    return Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def _stdout() -> Console:
+    return Console(soft_wrap=True, highlight=False)
+
+
+@contextlib.contextmanager
+def cli_errors() -> Iterator[None]:
+    """Map exceptions to exit codes: InputError -> 2, ZerogrError -> its exit_code, anything else -> 1,
+    each as one line on stderr (traceback only with ZEROGR_DEBUG=1)."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt:
+        sys.stderr.write("zerogr: interrupted\n")
+        raise typer.Exit(130) from None
+    except ZerogrError as exc:
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+        sys.stderr.write(f"error: {_one_line(exc)}\n")
+        raise typer.Exit(exc.exit_code) from None
+    except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+            hint = ""
+        else:
+            hint = f" (set {DEBUG_ENV}=1 for a traceback)"
+        sys.stderr.write(f"error: {type(exc).__name__}: {_one_line(exc)}{hint}\n")
+        raise typer.Exit(1) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+class RichProgress:
+    """zerogr_build.progress.Progress rendered as rich progress bars on stderr (one line per stage)."""
+
+    def __init__(self, console: Console) -> None:
+        self._bars = Progress(
+            SpinnerColumn(finished_text="[green]✓"),
+            TextColumn("{task.description:<12}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self._task: Any = None
+
+    def __enter__(self) -> RichProgress:
+        self._bars.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self._finish_task()
+        else:  # keep stderr to the one error line: drop the unfinished bars instead of printing them
+            for task in self._bars.tasks:
+                self._bars.update(task.id, visible=False)
+            self._bars.live.transient = True
+        self._bars.stop()
+
+    def _finish_task(self) -> None:
+        if self._task is not None:
+            task = self._bars.tasks[self._task]
+            done = task.total if task.total is not None else max(task.completed, 1)
+            self._bars.update(self._task, total=done, completed=done)
+            self._task = None
+
+    def stage(self, name: str, total: float | None = None) -> None:
+        self._finish_task()
+        self._task = self._bars.add_task(name, total=total)
+
+    def advance(self, n: float = 1) -> None:
+        if self._task is not None:
+            self._bars.advance(self._task, n)
+
+
+class LineProgress:
+    """Progress for a non-terminal stderr (cron logs, CI): one plain line per finished stage."""
+
+    def __init__(self) -> None:
+        self._stage: str | None = None
+        self._started = 0.0
+        self._done = 0.0
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._stage is not None:
+            done = f" ({self._done:,.0f})" if self._done else ""
+            sys.stderr.write(
+                f"zerogr: {self._stage} done in {time.perf_counter() - self._started:.2f} s{done}\n"
+            )
+            self._stage = None
+
+    def stage(self, name: str, total: float | None = None) -> None:
+        self._finish()
+        self._stage, self._started, self._done = name, time.perf_counter(), 0.0
+
+    def advance(self, n: float = 1) -> None:
+        self._done += n
+
+
+class _QuietProgress:
+    def __enter__(self) -> _QuietProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def stage(self, name: str, total: float | None = None) -> None:
+        pass
+
+    def advance(self, n: float = 1) -> None:
+        pass
+
+
+def _progress(quiet: bool) -> RichProgress | LineProgress | _QuietProgress:
+    if quiet:
+        return _QuietProgress()
+    console = _stderr()
+    return RichProgress(console) if console.is_terminal else LineProgress()
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover
+
+
+def _step_rows(index: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "step": t.step,
+            "format": t.format,
+            "codebook_size": t.codebook_size,
+            "rows": t.rows,
+            "nnz": t.nnz,
+            "max_slots": t.max_slots,
+            "valid_share": t.valid_share,
+            "bytes": t.nbytes,
+        }
+        for t in index.steps
+    ]
+
+
+def _steps_table(title: str, steps: list[dict[str, Any]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name in ("step", "format", "V", "rows", "nnz", "max_slots", "valid", "bytes"):
+        table.add_column(name, justify="left" if name == "format" else "right", no_wrap=True)
+    for s in steps:
+        table.add_row(
+            str(s["step"]),
+            s["format"],
+            f"{s['codebook_size']:,}",
+            f"{s['rows']:,}",
+            f"{s['nnz']:,}",
+            f"{s['max_slots']:,}",
+            f"{s['valid_share']:.2e}" if s["valid_share"] < 0.001 else f"{s['valid_share']:.3f}",
+            _human_bytes(s["bytes"]),
+        )
+    return table
+
+
+def _leaf_sharing(leaf_offsets: Any) -> dict[str, int]:
+    """How many items share a SID: `collisions` = items beyond the first of each SID; `shared_sids` = SIDs
+    holding more than one item; `items_in_shared_sids` = items on those SIDs."""
+    import numpy as np
+
+    per_leaf = np.diff(np.asarray(leaf_offsets, dtype=np.int64))
+    shared = per_leaf > 1
+    return {
+        "collisions": int(per_leaf.sum() - per_leaf.shape[0]),
+        "shared_sids": int(shared.sum()),
+        "items_in_shared_sids": int(per_leaf[shared].sum()),
+    }
+
+
+def _check_device(device: str) -> None:
+    """Fail before any work when a CUDA device was asked for but is not there."""
+    if device == "cpu":
+        return
+    import torch
+
+    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    if not torch.cuda.is_available():
+        raise InputError(f"--device {device}: no CUDA device is available on this machine")
+    if index >= torch.cuda.device_count():
+        raise InputError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) present")
+
+
+# -------------------------------------------------------------------------------------------- build
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="TOML file with a [build] table (see configs/default.toml).",
+        show_default=False,
+    ),
+]
+
+
+@app.command()
+def build(
+    catalog: Annotated[
+        str,
+        typer.Argument(
+            help="Parquet catalog: a file, a directory of Parquet files, or a glob such as 'part-*.parquet'.",
+            metavar="CATALOG",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        str | None, typer.Option("--out", "-o", help="OUT dir for versioned bundles [config: bundles]")
+    ] = None,
+    config: ConfigOpt = None,
+    codebook_sizes: Annotated[
+        str | None,
+        typer.Option(
+            "--codebook-sizes",
+            help="V per step, e.g. 2048,2048,2048. Omitted: inferred as max token + 1 (warns: a wrong V "
+            "misaligns dense steps with the model's output layer).",
+            show_default=False,
+        ),
+    ] = None,
+    sid_column: Annotated[
+        str | None, typer.Option("--sid-column", help="List column holding each SID [config: sid]")
+    ] = None,
+    sid_columns: Annotated[
+        str | None,
+        typer.Option(
+            "--sid-columns", help="SID tokens as separate integer columns, e.g. c0,c1,c2", show_default=False
+        ),
+    ] = None,
+    item_column: Annotated[
+        str | None, typer.Option("--item-column", help="Item id column, integer or string [config: item_id]")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", "-j", help="CPU threads for the build [config: 0 = all cores]")
+    ] = None,
+    step_formats: Annotated[
+        str | None,
+        typer.Option(
+            "--step-formats",
+            help="auto, or force formats per step: 0=dense,2=sparse (unnamed steps stay auto) [config: auto]",
+        ),
+    ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option("--device", help="cpu, or cuda:N to also stream the tables to that GPU [config: cpu]"),
+    ] = None,
+    model_version: Annotated[
+        str | None,
+        typer.Option("--model-version", help="Free-text tag recorded in the manifest", show_default=False),
+    ] = None,
+    keep: Annotated[
+        int | None,
+        typer.Option(
+            "--keep", help="Keep only the newest N versions after publishing [config: 0 = keep all]"
+        ),
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print one JSON summary object on stdout.")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress or table; print only the bundle path.")
+    ] = False,
+) -> None:
+    """Build the per-step index of a Parquet SID catalog and publish it as the next bundle version.
+
+    Reads CATALOG (streamed by row group), validates it, builds every step table on all cores and
+    publishes OUT/vNNNNNN atomically, then points OUT/LATEST at it. Bad input exits with code 2 and one
+    line naming file, column, row and item id; nothing is published then.
+    """
+    with cli_errors():
+        from .config import load_settings, parse_int_list, parse_name_list
+
+        if sid_column is not None and sid_columns is not None:
+            raise InputError("--sid-column and --sid-columns are mutually exclusive")
+        overrides: dict[str, Any] = {
+            "out": out,
+            "sid_column": sid_column,
+            "item_column": item_column,
+            "workers": workers,
+            "step_formats": step_formats,
+            "device": device,
+            "model_version": model_version,
+            "keep": keep,
+        }
+        if codebook_sizes is not None:
+            overrides["codebook_sizes"] = parse_int_list(codebook_sizes, "--codebook-sizes")
+        if sid_columns is not None:
+            overrides["sid_columns"] = parse_name_list(sid_columns)
+        elif sid_column is not None:
+            overrides["sid_columns"] = ()  # --sid-column on the command line beats sid_columns in a config
+        settings = load_settings(config, overrides)
+        summary = run_build(catalog, settings, quiet=quiet)
+        _print_build_summary(summary, json_out=json_out, quiet=quiet)
+
+
+def run_build(catalog_path: str, settings: Any, *, quiet: bool = False) -> dict[str, Any]:
+    """read_catalog -> build_index -> publish_bundle (-> stream to a GPU), with progress on stderr.
+    Returns the summary printed by `build` (also its --json object)."""
+    from .bundle import publish_bundle
+    from .catalog import read_catalog
+    from .index import FormatPolicy, build_index, parse_step_formats
+
+    _check_device(settings.device)
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    with _progress(quiet) as progress:
+        t = time.perf_counter()
+        catalog = read_catalog(
+            catalog_path,
+            sid_column=settings.sid_column,
+            sid_columns=settings.sid_columns or None,
+            item_column=settings.item_column,
+            codebook_sizes=settings.codebook_sizes or None,
+            progress=progress,
+        )
+        timings["read"] = time.perf_counter() - t
+        if catalog.codebook_inferred:
+            sizes = ",".join(map(str, catalog.codebook_sizes))
+            _stderr().print(
+                f"WARNING: codebook sizes were not given; inferred {sizes} from the data (max token + 1 "
+                "per step). If the model's output layers are larger, dense steps will not line up with them: "
+                "pass --codebook-sizes or set codebook_sizes in the config.",
+                style="bold yellow",
+                markup=False,
+            )
+        parse_step_formats(settings.step_formats, catalog.num_steps)  # bad spec: exit 2 before the build
+        t = time.perf_counter()
+        progress.stage("sort/tables")
+        index = build_index(
+            catalog.sids,
+            catalog.codebook_sizes,
+            step_formats=settings.step_formats,
+            policy=FormatPolicy(settings.dense_min_share, settings.dense_max_bytes),
+            workers=settings.workers or None,
+        )
+        timings["build"] = time.perf_counter() - t
+        t = time.perf_counter()
+        published = publish_bundle(
+            index,
+            catalog.item_ids,
+            settings.out,
+            manifest_fields={
+                "model_version": settings.model_version or None,
+                "catalog": {
+                    "path": catalog.path,
+                    "fingerprint": catalog.fingerprint,
+                    "rows": catalog.rows,
+                    "distinct_sids": index.num_leaves,
+                    "files": len(catalog.files),
+                    "codebook_inferred": catalog.codebook_inferred,
+                },
+                "settings": settings.manifest_dict(),
+            },
+            keep=settings.keep or None,
+            progress=progress,
+        )
+        timings["publish"] = time.perf_counter() - t
+        device_load = None
+        if settings.device != "cpu":
+            from .runtime.stream import index_to_device
+
+            t = time.perf_counter()
+            progress.stage(f"to {settings.device}")
+            resident = index_to_device(index, settings.device)
+            timings["to_device"] = time.perf_counter() - t
+            device_load = {"device": settings.device, **vars(resident.stats)}
+            del resident
+    seconds = time.perf_counter() - started
+    return {
+        "bundle": str(published.path),
+        "version": published.version,
+        "items": index.num_items,
+        "distinct_sids": index.num_leaves,
+        **_leaf_sharing(index.leaf_offsets),
+        "index_bytes": index.index_bytes,
+        "seconds": round(seconds, 3),
+        "items_per_second": round(index.num_items / seconds) if seconds > 0 else None,
+        "timings": {k: round(v, 3) for k, v in timings.items()},
+        "codebook_sizes": list(catalog.codebook_sizes),
+        "codebook_inferred": catalog.codebook_inferred,
+        "catalog": {"path": catalog.path, "files": len(catalog.files), "fingerprint": catalog.fingerprint},
+        "model_version": settings.model_version or None,
+        "steps": _step_rows(index),
+        "device_load": device_load,
+    }
+
+
+def _print_build_summary(summary: dict[str, Any], *, json_out: bool, quiet: bool) -> None:
+    if json_out:
+        sys.stdout.write(json.dumps(summary, default=str) + "\n")
+        return
+    if quiet:
+        sys.stdout.write(summary["bundle"] + "\n")
+        return
+    console = _stdout()
+    console.print(
+        _steps_table(f"bundle {summary['bundle']} (version {summary['version']})", summary["steps"])
+    )
+    console.print(
+        f"{summary['items']:,} items, {summary['distinct_sids']:,} distinct SIDs, index "
+        f"{_human_bytes(summary['index_bytes'])}, {summary['seconds']:.2f} s "
+        f"({summary['items_per_second'] or 0:,} items/s)",
+        markup=False,
+    )
+    if summary["collisions"]:
+        console.print(
+            f"{summary['items_in_shared_sids']:,} items share {summary['shared_sids']:,} SIDs with other "
+            f"items ({summary['collisions']:,} beyond one per SID); decoding a shared SID yields all.",
+            markup=False,
+        )
+    console.print(summary["bundle"], markup=False)
+
+
+# ------------------------------------------------------------------------------------------ inspect
+
+BundleArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="A version dir, or an OUT dir (its LATEST is read). Default: the configured OUT (bundles).",
+        metavar="BUNDLE",
+        show_default=False,
+    ),
+]
+
+
+def _bundle_path(bundle: str | None, config: Path | None) -> str:
+    if bundle is not None:
+        return bundle
+    from .config import load_settings
+
+    return load_settings(config).out
+
+
+@app.command()
+def inspect(
+    bundle: BundleArg = None,
+    config: ConfigOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Show a bundle's step tables (format, rows, nnz, max_slots, valid share, bytes) and how its index size
+    compares with STATIC's layout for the same catalog."""
+    with cli_errors():
+        from .bundle import open_bundle, resolve_bundle
+        from .index.static_layout import static_layout_bytes
+
+        opened = open_bundle(resolve_bundle(_bundle_path(bundle, config)), verify_checksums=False)
+        index = opened.index
+        manifest = opened.manifest
+        try:
+            static = static_layout_bytes(index)
+        except ValueError:  # STATIC has no layout for 1-token SIDs
+            static = None
+        report = {
+            "bundle": str(opened.path),
+            "version": opened.version,
+            "created_at": manifest.get("created_at"),
+            "model_version": manifest.get("model_version"),
+            "catalog": manifest.get("catalog"),
+            "codebook_sizes": list(index.codebook_sizes),
+            "items": index.num_items,
+            "distinct_sids": index.num_leaves,
+            **_leaf_sharing(index.leaf_offsets),
+            "steps": _step_rows(index),
+            "index_bytes": index.index_bytes,
+            "leaf_offsets_bytes": int(index.leaf_offsets.nbytes),
+            "static_bytes": static,
+            "ratio_to_static": (index.index_bytes / static["total"]) if static else None,
+        }
+        if json_out:
+            sys.stdout.write(json.dumps(report, default=str) + "\n")
+            return
+        console = _stdout()
+        title = f"bundle {report['bundle']} (version {report['version']}"
+        title += f", model {report['model_version']})" if report["model_version"] else ")"
+        console.print(_steps_table(title, report["steps"]))
+        console.print(
+            f"{report['items']:,} items on {report['distinct_sids']:,} distinct SIDs "
+            f"({report['collisions']:,} beyond one per SID); "
+            f"leaf offsets {_human_bytes(report['leaf_offsets_bytes'])}",
+            markup=False,
+        )
+        line = f"index bytes: {report['index_bytes']:,} ({_human_bytes(report['index_bytes'])})"
+        if static:
+            line += (
+                f"; STATIC layout for the same catalog: {static['total']:,} "
+                f"({_human_bytes(static['total'])}), ours = {report['ratio_to_static']:.2f}x"
+            )
+        console.print(line, markup=False)
+
+
+# ------------------------------------------------------------------------------------------- verify
+
+
+@app.command()
+def verify(
+    bundle: BundleArg = None,
+    catalog: Annotated[
+        str | None,
+        typer.Option(
+            "--catalog",
+            help="Also check the bundle equals this catalog exactly (SID set and item -> SID mapping).",
+            show_default=False,
+        ),
+    ] = None,
+    config: ConfigOpt = None,
+    sid_column: Annotated[
+        str | None, typer.Option("--sid-column", help="SID list column of --catalog")
+    ] = None,
+    sid_columns: Annotated[
+        str | None, typer.Option("--sid-columns", help="SID token columns of --catalog", show_default=False)
+    ] = None,
+    item_column: Annotated[
+        str | None, typer.Option("--item-column", help="Item id column of --catalog")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")] = False,
+) -> None:
+    """Check a bundle: every file's sha256, the structural invariants of every step table and the leaf map,
+    and with --catalog exact equality with the catalog. Exits non-zero naming the first bad file."""
+    with cli_errors():
+        from .bundle import load_manifest, resolve_bundle, verify_bundle
+        from .catalog import read_catalog
+        from .config import load_settings, parse_name_list
+
+        overrides: dict[str, Any] = {"sid_column": sid_column, "item_column": item_column}
+        if sid_columns is not None:
+            overrides["sid_columns"] = parse_name_list(sid_columns)
+        elif sid_column is not None:
+            overrides["sid_columns"] = ()
+        settings = load_settings(config, overrides)
+        version_dir = resolve_bundle(bundle if bundle is not None else settings.out)
+        cat = None
+        if catalog is not None:
+            manifest = load_manifest(version_dir)
+            with _progress(quiet or json_out) as progress:
+                cat = read_catalog(
+                    catalog,
+                    sid_column=settings.sid_column,
+                    sid_columns=settings.sid_columns or None,
+                    item_column=settings.item_column,
+                    codebook_sizes=manifest["codebook_sizes"],
+                    progress=progress,
+                )
+        report = verify_bundle(version_dir, catalog=cat)
+        if json_out:
+            sys.stdout.write(json.dumps(report, default=str) + "\n")
+        elif not quiet:
+            what = "checksums and invariants"
+            if cat is not None:
+                what += f", equal to catalog {catalog}"
+            _stdout().print(
+                f"OK {report['bundle']} (version {report['version']}): {report['files']} files, "
+                f"{_human_bytes(report['bytes'])}, {what}",
+                markup=False,
+            )
+            if report.get("unlisted_files"):
+                _stderr().print(
+                    f"note: files not listed in the manifest: {', '.join(report['unlisted_files'])}",
+                    markup=False,
+                )
+
+
+# ------------------------------------------------------------------------------------------ commands
+# Commands owned by other modules (tune, compare, ...) go below this line: each a small function that
+# parses its options and calls its module's library function inside `with cli_errors():`.
+
+
+@app.command()
+def tune(
+    bundle: BundleArg = None,
+    gpu: Annotated[int | None, typer.Option("--gpu", help="Tune for GPU N (same as --device cuda:N)")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="cpu or cuda:N", show_default=False)] = None,
+    batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="Batch sizes to measure")] = "1,8,32,128",
+    beam_width: Annotated[int, typer.Option("--beam-width", help="Beams per request (M)")] = 16,
+    dtypes: Annotated[
+        str | None,
+        typer.Option(
+            "--dtypes", help="fp32,bf16,fp16 [default: fp32,bf16 on GPU; fp32 on CPU]", show_default=False
+        ),
+    ] = None,
+    hidden_dim: Annotated[int, typer.Option("--hidden-dim", help="d of the random output layers")] = 128,
+    weights: Annotated[
+        str | None,
+        typer.Option("--weights", help="safetensors file, one [V_t, d] tensor per step", show_default=False),
+    ] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls per mode first")] = 3,
+    iters: Annotated[int, typer.Option("--iters", help="Timed calls per mode (median kept)")] = 10,
+    config: ConfigOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the plan path")] = False,
+) -> None:
+    """Time every scoring mode per step x batch size x dtype on this device and write the fastest into the
+    bundle as plans/<device-key>.json (plus compiled kernels under kernels/<arch>/ on a GPU)."""
+    with cli_errors():
+        import warnings
+
+        from .tune import TuneSettings, parse_device, parse_dtypes, parse_int_list, plan_table, tune_bundle
+
+        dev = parse_device(gpu, device)
+        _check_device(dev)
+        settings = TuneSettings(
+            batch_sizes=parse_int_list(batch_sizes, "--batch-sizes"),
+            beam_width=beam_width,
+            dtypes=parse_dtypes(dtypes),
+            hidden_dim=hidden_dim,
+            weights=weights,
+            warmup=warmup,
+            iters=iters,
+        )
+        with _progress(quiet) as progress, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = tune_bundle(_bundle_path(bundle, config), dev, settings, progress=progress)
+        for w in caught:
+            _stderr().print(f"WARNING: {w.message}", style="bold red", markup=False)
+        plan = result.plan
+        plan_path = result.plan_path.resolve()
+        if json_out:
+            summary = {
+                "plan": str(plan_path),
+                "bundle": str(plan_path.parent.parent),
+                "device_key": plan["device_key"],
+                "device": plan["device"],
+                "modes": plan["modes"],
+                "refused": plan["refused"],
+                "kernels": result.kernel_files,
+                "entries": plan["entries"],
+            }
+            sys.stdout.write(json.dumps(summary, default=str) + "\n")
+        elif quiet:
+            sys.stdout.write(f"{plan_path}\n")
+        else:
+            console = _stdout()
+            console.print(plan_table(plan))
+            console.print(f"plan written: {plan_path}", markup=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (`zerogr`), also used by the repo-root `cli.py` shim."""
+    app(args=argv, prog_name="zerogr")
