@@ -1,0 +1,45 @@
+"""`zerogr tune` on the command line (CPU): JSON output, exit codes, the bundle still verifies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+from typer.testing import CliRunner
+
+from zerogr_build.bundle import publish_bundle, verify_bundle
+from zerogr_build.cli import app
+from zerogr_build.index import build_index
+
+
+def _bundle(tmp_path):
+    rng = np.random.default_rng(9)
+    sids = rng.integers(0, 32, (1500, 3))
+    return publish_bundle(build_index(sids, (32, 32, 32)), pa.array(np.arange(1500)), tmp_path / "out")
+
+
+def test_tune_cli_json_writes_a_plan_into_the_latest_bundle(tmp_path):
+    published = _bundle(tmp_path)
+    args = ["tune", str(tmp_path / "out"), "--device", "cpu", "--batch-sizes", "1,3", "--beam-width", "4"]
+    result = CliRunner().invoke(app, [*args, "--hidden-dim", "8", "--warmup", "0", "--iters", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    plan = json.loads(Path(summary["plan"]).read_text())
+    assert summary["plan"].startswith(str(published.path.resolve()))
+    assert len(plan["entries"]) == 3 * 2 and summary["entries"] == plan["entries"]
+    assert verify_bundle(published.path)["ok"]
+
+
+def test_tune_cli_usage_errors_exit_2(tmp_path):
+    _bundle(tmp_path)
+    out = str(tmp_path / "out")
+    runner = CliRunner()
+    assert runner.invoke(app, ["tune", out]).exit_code == 2  # neither --gpu nor --device
+    assert runner.invoke(app, ["tune", out, "--device", "cpu", "--batch-sizes", "0"]).exit_code == 2
+    assert runner.invoke(app, ["tune", out, "--device", "cpu", "--dtypes", "fp8"]).exit_code == 2
+    assert runner.invoke(app, ["tune", str(tmp_path / "nope"), "--device", "cpu"]).exit_code == 2
+    if not torch.cuda.is_available():
+        assert runner.invoke(app, ["tune", out, "--gpu", "0"]).exit_code == 2
