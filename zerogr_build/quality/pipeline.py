@@ -1,0 +1,104 @@
+"""The reproduction's glue, reusable: dataset -> SIDs -> catalog Parquet -> bundle -> model -> compare.
+
+`scripts/quality_ml100k.py` runs these on MovieLens-100K; the tests run them on a tiny generated dataset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..progress import NULL_PROGRESS, Progress
+from .data import ItemInfo, Split
+from .sids import genre_features, interaction_embeddings, semantic_ids
+
+
+@dataclass(frozen=True)
+class SidCatalog:
+    """SIDs of the split's items: sids int64 [I, L] (row i = item i), codebook_sizes, raw item_ids [I]."""
+
+    sids: np.ndarray
+    codebook_sizes: tuple[int, ...]
+    item_ids: np.ndarray
+
+
+def make_sids(
+    split: Split,
+    info: ItemInfo | None,
+    *,
+    codebook_sizes: Sequence[int] = (32, 32, 32),
+    svd_dim: int = 32,
+    genre_weight: float = 0.5,
+    seed: int = 0,
+) -> SidCatalog:
+    """Embeddings from training interactions (+ genres when `info` is given) -> unique SIDs (L+1 tokens)."""
+    side = None
+    if info is not None:
+        row_of = {int(r): i for i, r in enumerate(info.item_ids)}
+        side = genre_features(
+            [info.genres[row_of[int(r)]] if int(r) in row_of else [] for r in split.item_ids]
+        )
+        if side.shape[1] == 0:
+            side = None
+    emb = interaction_embeddings(
+        split.train_sequences, len(split.item_ids), svd_dim, side_features=side, side_weight=genre_weight
+    )
+    sids, sizes = semantic_ids(emb, codebook_sizes, seed=seed)
+    return SidCatalog(sids=sids, codebook_sizes=sizes, item_ids=split.item_ids)
+
+
+def write_catalog(path: str | Path, catalog: SidCatalog) -> Path:
+    """Catalog Parquet: item_id int64, sid list<int32> (the `zerogr build` input format)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sid_col = pa.array(catalog.sids.astype(np.int32).tolist(), type=pa.list_(pa.int32()))
+    pq.write_table(pa.table({"item_id": pa.array(catalog.item_ids, type=pa.int64()), "sid": sid_col}), path)
+    return path
+
+
+def build_bundle(
+    catalog: SidCatalog,
+    out_dir: str | Path,
+    *,
+    model_version: str | None = None,
+    progress: Progress = NULL_PROGRESS,
+) -> Any:
+    """build_index + publish_bundle into out_dir, then open the new version (returns the Bundle)."""
+    import pyarrow as pa
+
+    from ..bundle import open_bundle, publish_bundle
+    from ..index import build_index
+
+    index = build_index(catalog.sids, catalog.codebook_sizes)
+    published = publish_bundle(
+        index,
+        pa.array(catalog.item_ids, type=pa.int64()),
+        out_dir,
+        manifest_fields={"model_version": model_version},
+        progress=progress,
+    )
+    return open_bundle(published.path)
+
+
+def model_fn_for(model: Any, histories: dict[Any, np.ndarray], sids: np.ndarray):
+    """A `zerogr compare` model function (see compare.py) over a trained TigerLike.
+
+    histories: request id -> item indices int [n] (oldest first); sids int [I, L] (item index -> SID).
+    Returns function(bundle, request_ids) -> (weights, step_fn).
+    """
+    from .model import RequestEncoder
+
+    weights = model.output_weights()
+
+    def model_fn(bundle: Any, request_ids: list) -> tuple[list, Any]:
+        encoder = RequestEncoder(model, [histories[r] for r in request_ids], sids)
+        return weights, encoder.step_fn
+
+    return model_fn
