@@ -239,3 +239,11 @@ def test_step_tables_widened_like_the_decoder_expects():
     assert np.array_equal(tables[1]["tokens"].numpy(), index.steps[1].tokens.astype(np.int64))
     big = torch.from_numpy(np.array([0, 1, 32767, 32768, 65535], dtype=np.uint16))
     assert widen_on_device("tokens", big).tolist() == [0, 1, 32767, 32768, 65535]
+
+
+def test_auto_chunk_size_bounds():
+    from zerogr_build.runtime.stream import DEFAULT_CHUNK_BYTES, MIN_AUTO_CHUNK_BYTES, auto_chunk_bytes
+
+    assert auto_chunk_bytes(10) == MIN_AUTO_CHUNK_BYTES
+    assert auto_chunk_bytes(300 << 20) == -(-(300 << 20) // 16)
+    assert auto_chunk_bytes(10 << 30) == DEFAULT_CHUNK_BYTES

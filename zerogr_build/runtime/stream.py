@@ -35,8 +35,21 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
 
 DEFAULT_CHUNK_BYTES = 64 << 20
-"""64 MiB: large enough that per-copy launch overhead is negligible, small enough that two pinned
-buffers are a modest, fixed host-memory cost whatever the bundle size."""
+"""64 MiB: the largest chunk. Large enough that per-copy launch overhead is negligible, small enough that
+two pinned buffers are a modest, fixed host-memory cost whatever the bundle size."""
+MIN_AUTO_CHUNK_BYTES = 1 << 20
+AUTO_CHUNKS = 16
+
+
+def auto_chunk_bytes(total_bytes: int) -> int:
+    """Chunk size for a load of `total_bytes`: about AUTO_CHUNKS chunks, between 1 MiB and 64 MiB.
+
+    Only the last chunk's copy cannot overlap a read, so the exposed share of the copy time is about one
+    chunk's worth: with ~16 chunks at most ~6% of it stays visible, while 1 MiB keeps per-copy overhead
+    (a launch and an event, microseconds) small against the copy itself."""
+    target = -(-int(total_bytes) // AUTO_CHUNKS)
+    return int(min(DEFAULT_CHUNK_BYTES, max(MIN_AUTO_CHUNK_BYTES, target)))
+
 
 NUM_STAGING_BUFFERS = 2
 
@@ -340,14 +353,15 @@ def load_arrays_to_device(
     arrays: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
     device: str | torch.device,
     *,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     low_priority: bool = False,
     sink: Sink | None = None,
     stats: LoadStats | None = None,
 ) -> dict[str, torch.Tensor]:
     """Make every array resident on `device`; returns {name: tensor} with the source dtype and shape.
 
-    cuda devices: double-buffered streaming (see module docstring). cpu: a plain copy into torch-owned
+    cuda devices: double-buffered streaming (see module docstring) in chunks of `chunk_bytes` (None:
+    auto_chunk_bytes of the total, never more than the largest array). cpu: a plain copy into torch-owned
     memory (memory-mapped pages are read once; nothing stays mapped). `sink` overrides the device's sink
     (tests pass a FakeDeviceSink). `stats`, when given, is filled with the load's LoadStats.
     """
@@ -366,10 +380,13 @@ def load_arrays_to_device(
             stats.total_s = time.perf_counter() - t0
         return out
     if sink is None:
-        if isinstance(arrays, Mapping) and arrays:
-            # Pinned memory is slow to allocate and scarce: never stage more than the largest array needs.
-            largest = max(int(np.asarray(a).nbytes) for a in arrays.values())
-            chunk_bytes = max(1, min(chunk_bytes, largest))
+        if not isinstance(arrays, Mapping):
+            arrays = dict(arrays)
+        sizes = [int(np.asarray(a).nbytes) for a in arrays.values()] or [1]
+        if chunk_bytes is None:
+            chunk_bytes = auto_chunk_bytes(sum(sizes))
+        # Pinned memory is slow to allocate and scarce: never stage more than the largest array needs.
+        chunk_bytes = max(1, min(chunk_bytes, max(sizes)))
         sink = make_sink(device, chunk_bytes, low_priority=low_priority)
     loader = DeviceLoader(sink)
     loader.add_all(arrays)
@@ -415,7 +432,7 @@ def index_to_device(
     index: Any,
     device: str | torch.device,
     *,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     low_priority: bool = False,
     sink: Sink | None = None,
 ) -> DeviceIndex:
@@ -450,7 +467,7 @@ def step_tables_on_device(
     device: str | torch.device,
     *,
     low_priority: bool = False,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """Per step, {role: tensor} on `device` in the Decoder's dtypes (see widen_on_device): every table is
     streamed in its stored (narrow) dtype through the double-buffered loader, then widened on the device,
@@ -469,7 +486,7 @@ def open_bundle_on_device(
     path: str | Path | Any,
     device: str | torch.device,
     *,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     low_priority: bool = False,
 ) -> DeviceIndex:
     """Open a bundle (path, or an already opened Bundle) and stream its tables to `device`."""
