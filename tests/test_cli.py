@@ -1,0 +1,349 @@
+"""The `zerogr` CLI end to end (build -> inspect -> verify), exit codes, output contracts; config loading."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from zerogr_build.cli import app
+from zerogr_build.config import BuildSettings, load_settings
+from zerogr_build.errors import InputError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[no-redef]
+
+REPO = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def make_catalog(path: Path, n: int = 400, length: int = 3, vocab: int = 12, seed: int = 0) -> np.ndarray:
+    """Small catalog with some items sharing a SID (vocab**length is close to n)."""
+    rng = np.random.default_rng(seed)
+    sids = rng.integers(0, vocab, size=(n, length))
+    flat = pa.array(sids.reshape(-1), pa.uint16())
+    col = pa.ListArray.from_arrays(pa.array(np.arange(0, n * length + 1, length, dtype=np.int32)), flat)
+    pq.write_table(pa.table({"item_id": pa.array(np.arange(n) * 3 + 1, pa.int64()), "sid": col}), path)
+    return sids
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def stderr_lines(result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------------------- end to end
+
+
+def test_build_inspect_verify_end_to_end(tmp_path):
+    sids = make_catalog(tmp_path / "cat.parquet")
+    out = tmp_path / "bundles"
+    res = invoke(
+        "build", str(tmp_path / "cat.parquet"), "--out", str(out), "--codebook-sizes", "12,12,12", "--json"
+    )
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    for key in (
+        "bundle",
+        "version",
+        "items",
+        "distinct_sids",
+        "collisions",
+        "index_bytes",
+        "seconds",
+        "steps",
+    ):
+        assert key in summary
+    distinct = len(np.unique(sids, axis=0))
+    assert summary["items"] == 400 and summary["distinct_sids"] == distinct
+    assert summary["collisions"] == 400 - distinct > 0
+    assert summary["version"] == 1 and Path(summary["bundle"]) == out / "v000001"
+    assert [s["step"] for s in summary["steps"]] == [0, 1, 2]
+    assert not summary["codebook_inferred"]
+    assert (out / "LATEST").read_text().strip() == "v000001"
+
+    res = invoke("inspect", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["version"] == 1 and report["items"] == 400 and report["distinct_sids"] == distinct
+    assert report["index_bytes"] == summary["index_bytes"]
+    assert report["static_bytes"]["total"] > 0 and report["ratio_to_static"] > 0
+    assert [s["nnz"] for s in report["steps"]] == [s["nnz"] for s in summary["steps"]]
+
+    res = invoke("inspect", str(out))
+    assert res.exit_code == 0 and "STATIC" in res.stdout and "max_slots" in res.stdout
+
+    res = invoke("verify", str(out), "--catalog", str(tmp_path / "cat.parquet"))
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith("OK ")
+
+    # a second build publishes the next version; --keep 1 prunes the first
+    res = invoke(
+        "build",
+        str(tmp_path / "cat.parquet"),
+        "-o",
+        str(out),
+        "--codebook-sizes",
+        "12,12,12",
+        "-q",
+        "--keep",
+        "1",
+    )
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip() == str(out / "v000002")
+    assert not (out / "v000001").exists()
+
+
+def test_manifest_records_settings_catalog_and_model_version(tmp_path):
+    make_catalog(tmp_path / "cat.parquet")
+    out = tmp_path / "b"
+    res = invoke(
+        "build", str(tmp_path / "cat.parquet"), "--out", str(out), "--codebook-sizes", "16,16,16",
+        "--model-version", "ckpt-42", "--step-formats", "0=sparse,2=dense", "-q",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((out / "v000001" / "manifest.json").read_text())
+    assert manifest["model_version"] == "ckpt-42"
+    assert manifest["codebook_sizes"] == [16, 16, 16]
+    assert manifest["catalog"]["rows"] == 400 and manifest["catalog"]["fingerprint"].startswith("sha256:")
+    assert manifest["settings"]["step_formats"] == "0=sparse,2=dense"
+    assert [s["format"] for s in manifest["steps"]] == ["sparse", manifest["steps"][1]["format"], "dense"]
+
+
+def test_inferred_codebook_sizes_warn_loudly(tmp_path):
+    make_catalog(tmp_path / "cat.parquet")
+    res = invoke("build", str(tmp_path / "cat.parquet"), "--out", str(tmp_path / "b"), "--json")
+    assert res.exit_code == 0, res.output
+    assert "WARNING" in res.stderr and "inferred 12,12,12" in res.stderr
+    assert json.loads(res.stdout)["codebook_inferred"] is True
+
+
+def test_quiet_prints_only_the_bundle_path(tmp_path):
+    make_catalog(tmp_path / "cat.parquet")
+    res = invoke(
+        "build",
+        str(tmp_path / "cat.parquet"),
+        "--out",
+        str(tmp_path / "b"),
+        "--codebook-sizes",
+        "12,12,12",
+        "-q",
+    )
+    assert res.exit_code == 0
+    assert res.stdout == f"{tmp_path / 'b' / 'v000001'}\n"
+    assert res.stderr == ""
+
+
+def test_progress_goes_to_stderr_not_stdout(tmp_path):
+    make_catalog(tmp_path / "cat.parquet")
+    res = invoke(
+        "build",
+        str(tmp_path / "cat.parquet"),
+        "--out",
+        str(tmp_path / "b"),
+        "--codebook-sizes",
+        "12,12,12",
+        "--json",
+    )
+    assert res.exit_code == 0
+    json.loads(res.stdout)  # stdout is exactly one JSON object
+    assert "read" in res.stderr and "write" in res.stderr
+
+
+def test_separate_sid_columns_and_config_file(tmp_path):
+    sids = np.random.default_rng(1).integers(0, 9, size=(100, 2))
+    table = pa.table({"pid": [f"p{i}" for i in range(100)], "l0": sids[:, 0], "l1": sids[:, 1]})
+    pq.write_table(table, tmp_path / "cat.parquet")
+    config = tmp_path / "z.toml"
+    config.write_text(
+        f'[build]\nout = "{tmp_path / "from-config"}"\nsid_columns = ["l0", "l1"]\nitem_column = "pid"\n'
+        "codebook_sizes = [9, 9]\n"
+    )
+    res = invoke("build", str(tmp_path / "cat.parquet"), "--config", str(config), "-q")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip() == str(tmp_path / "from-config" / "v000001")
+    # BUNDLE defaults to the configured OUT
+    res = invoke("verify", "--config", str(config), "--catalog", str(tmp_path / "cat.parquet"), "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["ok"] is True
+    res = invoke("inspect", "--config", str(config), "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["items"] == 100
+
+
+# -------------------------------------------------------------------------------------- exit codes
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing", r"no such file or directory"),
+        ("negative", r"column 'sid', row 2 \(item id 3\): token -1 at step 1 is negative"),
+        ("duplicate", r"column 'item_id', row 2 \(item id 2\): duplicate item id"),
+        ("garbage", r"not a readable Parquet file"),
+        ("codebooks", r"2 codebook sizes given but column 'sid' holds SIDs of 3 tokens"),
+        ("formats", r"--step-formats: step 7 out of range"),
+        ("config", r"unknown setting 'colour'"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_publishes_nothing(tmp_path, case, message):
+    import re
+
+    path = tmp_path / "cat.parquet"
+    args = ["--codebook-sizes", "12,12,12"]
+    if case == "negative":
+        pq.write_table(pa.table({"item_id": [1, 2, 3], "sid": [[1, 2, 3], [3, 4, 5], [5, -1, 0]]}), path)
+        args = []
+    elif case == "duplicate":
+        pq.write_table(pa.table({"item_id": [1, 2, 2], "sid": [[1, 2, 3], [3, 4, 5], [5, 1, 0]]}), path)
+    elif case == "garbage":
+        path.write_bytes(b"definitely not parquet")
+    elif case in ("codebooks", "formats", "config"):
+        make_catalog(path)
+        if case == "codebooks":
+            args = ["--codebook-sizes", "12,12"]
+        elif case == "formats":
+            args += ["--step-formats", "7=dense"]
+        else:
+            (tmp_path / "c.toml").write_text("[build]\ncolour = 'blue'\n")
+            args += ["--config", str(tmp_path / "c.toml")]
+    out = tmp_path / "b"
+    res = invoke("build", str(path), "--out", str(out), *args)
+    assert res.exit_code == 2, res.output
+    lines = stderr_lines(res)
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: ") and re.search(message, lines[0]), lines[0]
+    assert "Traceback" not in res.output
+    assert res.stdout == ""
+    assert not out.exists() or not any(p.name.startswith("v0") for p in out.iterdir())
+
+
+def test_usage_errors_exit_2(tmp_path):
+    assert invoke("build").exit_code == 2
+    assert invoke("build", "x.parquet", "--no-such-option").exit_code == 2
+    res = invoke("build", "x.parquet", "--sid-column", "a", "--sid-columns", "b,c")
+    assert res.exit_code == 2 and "mutually exclusive" in res.stderr
+
+
+def test_corrupt_bundle_exits_1_naming_the_file(tmp_path):
+    make_catalog(tmp_path / "cat.parquet")
+    out = tmp_path / "b"
+    assert (
+        invoke(
+            "build", str(tmp_path / "cat.parquet"), "-o", str(out), "--codebook-sizes", "12,12,12", "-q"
+        ).exit_code
+        == 0
+    )
+    manifest = json.loads((out / "v000001" / "manifest.json").read_text())
+    name = next(iter(manifest["steps"][-1]["files"].values()))
+    victim = out / "v000001" / name
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0x01
+    victim.write_bytes(bytes(data))
+    res = invoke("verify", str(out))
+    assert res.exit_code == 1
+    lines = stderr_lines(res)
+    assert len(lines) == 1 and name in lines[0]
+
+
+def test_verify_against_a_different_catalog_fails(tmp_path):
+    make_catalog(tmp_path / "cat.parquet", seed=0)
+    make_catalog(tmp_path / "other.parquet", seed=1)
+    out = tmp_path / "b"
+    assert (
+        invoke(
+            "build", str(tmp_path / "cat.parquet"), "-o", str(out), "--codebook-sizes", "12,12,12", "-q"
+        ).exit_code
+        == 0
+    )
+    res = invoke("verify", str(out), "--catalog", str(tmp_path / "other.parquet"))
+    assert res.exit_code == 1
+    errors = [line for line in stderr_lines(res) if line.startswith("error:")]
+    assert len(errors) == 1 and "not in the bundle" in errors[0] and "Traceback" not in res.output
+
+
+def test_missing_bundle_is_an_error_not_a_traceback(tmp_path):
+    res = invoke("inspect", str(tmp_path / "nothing-here"))
+    assert res.exit_code in (1, 2) and len(stderr_lines(res)) == 1 and "Traceback" not in res.output
+
+
+def test_help_on_every_command():
+    for command in ("build", "inspect", "verify"):
+        res = invoke(command, "--help")
+        assert res.exit_code == 0 and "Usage" in res.stdout
+    assert "--codebook-sizes" in invoke("build", "--help").stdout
+
+
+def test_repo_shim_runs_as_a_subprocess(tmp_path):
+    make_catalog(tmp_path / "cat.parquet", n=50)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    shim = [sys.executable, str(REPO / "cli.py"), "build"]
+    proc = subprocess.run(
+        [*shim, str(tmp_path / "nope.parquet"), "-o", str(tmp_path / "b")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "nope.parquet" in proc.stderr
+    proc = subprocess.run(
+        [*shim, str(tmp_path / "cat.parquet"), "-o", str(tmp_path / "b"), "--codebook-sizes", "12,12,12",
+         "--json"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["items"] == 50
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+def test_default_toml_matches_the_dataclass_defaults():
+    data = tomllib.loads((REPO / "configs" / "default.toml").read_text())
+    assert set(data) == {"build"}
+    defaults = {f.name: getattr(BuildSettings(), f.name) for f in dataclasses.fields(BuildSettings)}
+    as_toml = {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()}
+    assert data["build"] == as_toml
+    assert load_settings(REPO / "configs" / "default.toml") == BuildSettings()
+
+
+def test_overrides_beat_the_file_and_none_means_not_given(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('[build]\nout = "x"\nworkers = 3\ncodebook_sizes = [4, 5]\n')
+    s = load_settings(config, {"workers": 1, "out": None})
+    assert (s.out, s.workers, s.codebook_sizes) == ("x", 1, (4, 5))
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[build]\nworkerz = 2\n", "unknown setting 'workerz'"),
+        ("[buidl]\nworkers = 2\n", r"unknown table \[buidl\]"),
+        ("workers = 2\n", "top-level key 'workers'"),
+        ("[build]\nworkers = 'two'\n", "workers = 'two' has the wrong type"),
+        ("[build]\ncodebook_sizes = [1, 'a']\n", "codebook_sizes .* wrong type"),
+        ("[build]\ndense_min_share = 2.0\n", "dense_min_share must be in 0..1"),
+        ("[build]\ndevice = 'tpu'\n", "device must be cpu or cuda:N"),
+        ("[build\n", "invalid TOML"),
+    ],
+)
+def test_bad_config_files(tmp_path, text, message):
+    config = tmp_path / "c.toml"
+    config.write_text(text)
+    with pytest.raises(InputError, match=message):
+        load_settings(config)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(InputError, match="config file not found"):
+        load_settings(tmp_path / "nope.toml")
