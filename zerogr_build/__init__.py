@@ -5,14 +5,18 @@ Public API (everything else is internal):
 """
 
 from .bundle import Bundle, add_bundle_files, open_bundle, publish_bundle, resolve_bundle, verify_bundle
+from .catalog import Catalog, read_catalog
+from .config import BuildSettings, load_settings
 from .errors import BundleError, InputError, ZerogrError
 from .index import FormatPolicy, SidIndex, StepTable, build_index
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BuildSettings",
     "Bundle",
     "BundleError",
+    "Catalog",
     "FormatPolicy",
     "InputError",
     "SidIndex",
@@ -20,8 +24,10 @@ __all__ = [
     "ZerogrError",
     "add_bundle_files",
     "build_index",
+    "load_settings",
     "open_bundle",
     "publish_bundle",
+    "read_catalog",
     "resolve_bundle",
     "verify_bundle",
 ]
