@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# After each model update: build -> verify -> tune -> print the new version. For cron / CI.
+#
+#   scripts/rebuild.sh CATALOG [--gpu N | --device cpu|cuda:N] [--tune-args "--batch-sizes 1,32 ..."]
+#                      [any `zerogr build` option: --out DIR --config FILE --codebook-sizes ... --model-version
+#                       TAG --keep N ...]
+#
+#   scripts/rebuild.sh data/catalog.parquet --out /srv/bundles --model-version "$MODEL_TAG" --gpu 0
+#
+# Steps: `zerogr build CATALOG ... --json` publishes the next version (LATEST then names it); `zerogr verify`
+# checks that version's checksums and invariants and its equality with CATALOG; `zerogr tune VERSION --gpu N`
+# (or --device) writes the device's plan (and kernels) into it. Without --gpu/--device, tune uses GPU 0 when
+# torch sees CUDA, else the CPU.
+#
+# stdout: exactly one line on success: the new version dir (absolute path). Progress and logs: stderr.
+# Exit codes (what a scheduler should do):
+#   0  built, verified and tuned: the printed version is ready to serve.
+#   2  bad input or usage (catalog, option, config): nothing was published. Fix the input; do not retry.
+#   3  build failed otherwise (disk full, out of memory, crash): nothing was published. Retry later.
+#   4  the new version failed verification: do NOT serve it. LATEST already names it, so serving processes
+#      must stay on (pin) the previous version; alert a human.
+#   5  tune failed: the version is valid and LATEST names it, but it has no plan for this device; decoders
+#      fall back to the heuristic mode choice (correct, maybe slower). Rerun `zerogr tune VERSION --gpu N`.
+#   6  the zerogr command could not be found or started.
+# Environment: ZEROGR = the command that runs zerogr (default: `zerogr` on PATH, else this checkout's cli.py
+# with $PYTHON, default python).
+
+set -u -o pipefail
+
+usage() { sed -n '2,7p' "$0" >&2; exit 2; }
+log() { printf 'rebuild: %s\n' "$*" >&2; }
+
+[[ $# -ge 1 ]] || usage
+case $1 in -h | --help) sed -n '2,29p' "$0"; exit 0 ;; esac
+
+CATALOG=$1
+shift
+BUILD_ARGS=()
+TUNE_DEVICE=()
+TUNE_EXTRA=""
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --gpu) [[ $# -ge 2 ]] || usage; TUNE_DEVICE=(--gpu "$2"); shift 2 ;;
+        --device) [[ $# -ge 2 ]] || usage; TUNE_DEVICE=(--device "$2"); shift 2 ;;
+        --tune-args) [[ $# -ge 2 ]] || usage; TUNE_EXTRA=$2; shift 2 ;;
+        --json | --quiet | -q) shift ;;  # this script decides how build reports
+        *) BUILD_ARGS+=("$1"); shift ;;
+    esac
+done
+
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python}
+if [[ -n ${ZEROGR:-} ]]; then
+    read -r -a ZG <<<"$ZEROGR"
+elif command -v zerogr >/dev/null 2>&1; then
+    ZG=(zerogr)
+else
+    ZG=("$PY" "$HERE/cli.py")
+fi
+"${ZG[@]}" --help >/dev/null 2>&1 || { log "cannot run zerogr as: ${ZG[*]}"; exit 6; }
+
+if [[ ${#TUNE_DEVICE[@]} -eq 0 ]]; then
+    if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+        TUNE_DEVICE=(--gpu 0)
+    else
+        TUNE_DEVICE=(--device cpu)
+    fi
+fi
+
+# ---- build -------------------------------------------------------------------------------------------
+log "build ${CATALOG} ${BUILD_ARGS[*]}"
+BUILD_JSON=$("${ZG[@]}" build "$CATALOG" "${BUILD_ARGS[@]}" --json)
+rc=$?
+if [[ $rc -ne 0 ]]; then
+    log "build failed (exit $rc); nothing published"
+    [[ $rc -eq 2 ]] && exit 2
+    exit 3
+fi
+VERSION_DIR=$(printf '%s' "$BUILD_JSON" | "$PY" -c \
+    'import json, pathlib, sys; print(pathlib.Path(json.loads(sys.stdin.read())["bundle"]).resolve())') || {
+    log "build succeeded but its --json output could not be read: $BUILD_JSON"
+    exit 3
+}
+VERSION=$(basename "$VERSION_DIR")
+log "built $VERSION_DIR"
+
+# ---- verify ------------------------------------------------------------------------------------------
+VERIFY_ARGS=(--catalog "$CATALOG")
+for ((i = 0; i < ${#BUILD_ARGS[@]}; i++)); do  # the catalog must be read the way build read it
+    case ${BUILD_ARGS[i]} in
+        --config | -c | --sid-column | --sid-columns | --item-column)
+            VERIFY_ARGS+=("${BUILD_ARGS[i]}" "${BUILD_ARGS[i + 1]:-}"); ((i++)) ;;
+    esac
+done
+log "verify $VERSION"
+if ! "${ZG[@]}" verify "$VERSION_DIR" "${VERIFY_ARGS[@]}" --quiet; then
+    log "VERIFY FAILED for $VERSION_DIR: do not serve it (LATEST names it; pin the previous version)"
+    exit 4
+fi
+
+# ---- tune --------------------------------------------------------------------------------------------
+read -r -a TUNE_ARGS <<<"$TUNE_EXTRA"
+log "tune $VERSION ${TUNE_DEVICE[*]} ${TUNE_ARGS[*]}"
+if ! "${ZG[@]}" tune "$VERSION_DIR" "${TUNE_DEVICE[@]}" "${TUNE_ARGS[@]}" --quiet >&2; then
+    log "tune failed for $VERSION_DIR: valid but untuned (heuristic modes); rerun: zerogr tune $VERSION_DIR ${TUNE_DEVICE[*]}"
+    exit 5
+fi
+if ! "${ZG[@]}" verify "$VERSION_DIR" --quiet; then  # the plan files were added to the manifest
+    log "VERIFY FAILED after tune for $VERSION_DIR"
+    exit 4
+fi
+
+log "ready: $VERSION"
+printf '%s\n' "$VERSION_DIR"

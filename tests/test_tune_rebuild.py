@@ -1,0 +1,70 @@
+"""scripts/rebuild.sh: build -> verify -> tune -> the new version on stdout, and its exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "rebuild.sh"
+TUNE_ARGS = "--batch-sizes 2 --beam-width 4 --warmup 0 --iters 1 --hidden-dim 8"
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    rng = np.random.default_rng(0)
+    sids = rng.integers(0, 16, (800, 3)).tolist()
+    table = pa.table({"item_id": pa.array(np.arange(800, dtype=np.int64)), "sid": pa.array(sids)})
+    path = tmp_path / "catalog.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+def _run(*args, cwd, env=None):
+    full_env = {**os.environ, "PYTHON": sys.executable, **(env or {})}
+    return subprocess.run(
+        ["bash", str(SCRIPT), *map(str, args)],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_rebuild_prints_the_tuned_verified_version(catalog, tmp_path):
+    out = tmp_path / "bundles"
+    args = [
+        catalog,
+        "--out",
+        out,
+        "--codebook-sizes",
+        "16,16,16",
+        "--device",
+        "cpu",
+        "--tune-args",
+        TUNE_ARGS,
+    ]
+    done = _run(*args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines == [str((out / "v000001").resolve())]
+    manifest = json.loads((out / "v000001" / "manifest.json").read_text())
+    assert any(name.startswith("plans/") for name in manifest["files"])
+
+
+def test_rebuild_exit_codes(catalog, tmp_path):
+    out = tmp_path / "bundles"
+    assert _run(tmp_path / "missing.parquet", "--out", out, cwd=tmp_path).returncode == 2
+    assert not out.exists() or not any(out.glob("v*"))
+    bad_tune = _run(catalog, "--out", out, "--device", "cpu", "--tune-args", "--iters 0", cwd=tmp_path)
+    assert bad_tune.returncode == 5 and bad_tune.stdout == ""
+    assert (out / "v000001" / "manifest.json").is_file()  # published and verified, just not tuned
+    assert _run(catalog, cwd=tmp_path, env={"ZEROGR": "/nonexistent/zerogr"}).returncode == 6
