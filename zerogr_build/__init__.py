@@ -12,13 +12,26 @@ from .index import FormatPolicy, SidIndex, StepTable, build_index
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    """Decoder, BeamState, SearchResult load on first use (they import torch; the CLI need not)."""
+    if name in ("Decoder", "BeamState", "SearchResult"):
+        from .runtime import decoder
+
+        return getattr(decoder, name)
+    raise AttributeError(f"module 'zerogr_build' has no attribute {name!r}")
+
+
 __all__ = [
+    "BeamState",
     "BuildSettings",
     "Bundle",
     "BundleError",
     "Catalog",
+    "Decoder",
     "FormatPolicy",
     "InputError",
+    "SearchResult",
     "SidIndex",
     "StepTable",
     "ZerogrError",

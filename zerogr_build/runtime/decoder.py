@@ -435,8 +435,8 @@ class Decoder:
         logits = lse = None
         if scoring.uses_full_logits or state.order == "score_first":
             logits = full_logits(hidden, weight, bias)
-            if state.order == "score_first":
-                lse = torch.logsumexp(logits, dim=1)
+            if state.order == "score_first":  # padded beams' hidden may be anything: keep their lse finite
+                lse = torch.logsumexp(logits, dim=1).masked_fill_(state.rows < 0, 0.0)
 
         def log_probs(rows: torch.Tensor | None, slot_tokens: torch.Tensor) -> torch.Tensor:
             """Per-order log-probabilities fp32 [n, width] of the slots of beams `rows` (None = all)."""

@@ -1,0 +1,278 @@
+"""Decoding benchmark: every (order, mode) on one index and one set of weights, per step and whole search.
+
+    python scripts/bench_decode.py                       # CPU: 1M items, L=3, V=8192, d=128, 16 x 64 beams
+    python scripts/bench_decode.py --device cuda:0       # same on a GPU (adds selective_cuda when available)
+    python scripts/bench_decode.py --sweep 2048,4096,8192,16384   # codebook sweep (default); --sweep "" skips
+
+Rows of the main table (same index, weights and step function in every row):
+  score_first/full       STATIC's order: GEMM over V_t, log-softmax over V_t, read the valid slots, top-M
+  score_first/selective  the same normaliser from the GEMM, slot logits from the selective path
+  filter_first/full      GEMM, then log-softmax over the valid slots only
+  filter_first/selective only the slots' tokens scored (capped slots + overflow lanes)
+  filter_first/auto      the decoder's own per-step choice (plan or heuristic) - what a user gets
+  unconstrained/full     no filter at all (speed reference; outputs may be invalid)
+  naive filter_first     the baseline that must lose: children packed into a ragged list, a gathered
+                         [n, d] weight matrix, segment log-softmax, sort-based top-M per request
+Targets on CPU: last (sparse) step filter_first/selective >= 10x faster than score_first/full; whole
+filter_first search >= 1.5x faster than score_first/full; naive slower than filter_first/auto.
+The catalog comes from scripts/make_catalog.py's skewed generator (the same process as its CLI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from zerogr_build.index import build_index  # noqa: E402
+from zerogr_build.runtime import Decoder  # noqa: E402
+from zerogr_build.runtime.decoder import BeamState  # noqa: E402
+from zerogr_build.runtime.scoring import available_modes  # noqa: E402
+from zerogr_build.runtime.slots import child_counts  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def make_sids(items: int, sizes: list[int], seed: int, catalog: Path | None) -> np.ndarray:
+    """SIDs from a Parquet catalog, or drawn with make_catalog.py's skewed generator."""
+    if catalog is not None:
+        from zerogr_build.catalog import read_catalog
+
+        return read_catalog(catalog).sids
+    from make_catalog import generate_sids
+
+    return generate_sids(items, sizes, seed=seed, mode="skewed")
+
+
+class SeededStepFn:
+    """hidden = base[step] + request[batch] + sum_j emb_j[prefix_j]: cheap, deterministic, per prefix."""
+
+    def __init__(self, sizes, dim, batch_size, device, dtype, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.emb = [(torch.randn(v, dim, generator=g) * 0.3).to(device) for v in sizes]
+        self.base = torch.randn(len(sizes), dim, generator=g).to(device)
+        self.req = (torch.randn(batch_size, dim, generator=g) * 0.3).to(device)
+        self.dtype = dtype
+
+    def __call__(self, step, prefixes, batch):
+        h = self.base[step] + self.req[batch]
+        for j in range(step):
+            h = h + self.emb[j][prefixes[:, j]]
+        return h.to(self.dtype)
+
+
+class NaiveFilterFirst:
+    """Filter-first done naively: per step, pack every beam's children into one ragged list, gather an
+    [n, d] weight matrix, score, segment log-softmax, and a sort-based top-M per request."""
+
+    def __init__(self, dec: Decoder):
+        self.dec = dec
+
+    def step(self, state: BeamState, hidden: torch.Tensor) -> BeamState:
+        dec = self.dec
+        table = dec.steps[state.step]
+        weight, bias = dec.weights[state.step]
+        hidden = hidden.to(weight.dtype)
+        alive = state.rows >= 0
+        rows = state.rows.clamp(min=0)
+        num = state.num_beams
+        if table.format == "dense":
+            beam_of, tok = torch.nonzero((table.next[rows] >= 0) & alive[:, None], as_tuple=True)
+            nxt = table.next[rows[beam_of], tok].long()
+        else:
+            start = table.indptr[rows]
+            count = torch.where(alive, table.indptr[rows + 1] - start, torch.zeros_like(start))
+            beam_of = torch.repeat_interleave(torch.arange(num, device=dec.device), count)
+            first = torch.cumsum(count, 0) - count
+            nxt = start[beam_of] + torch.arange(beam_of.numel(), device=dec.device) - first[beam_of]
+            tok = table.tokens[nxt].long()
+        gathered = weight[tok]  # [n, d] temporary weight matrix
+        s = (gathered.float() * hidden[beam_of].float()).sum(1)
+        if bias is not None:
+            s = s + bias.float()[tok]
+        mx = torch.full((num,), float("-inf"), device=dec.device).scatter_reduce(0, beam_of, s, "amax")
+        se = torch.zeros(num, device=dec.device).index_add_(0, beam_of, torch.exp(s - mx[beam_of]))
+        total = state.scores[beam_of] + s - mx[beam_of] - torch.log(se[beam_of])
+        req = state.batch[beam_of]
+        order = torch.argsort(total, descending=True)
+        order = order[torch.argsort(req[order], stable=True)]
+        b, m = state.batch_size, state.beam_width
+        per_req = torch.bincount(req, minlength=b)
+        first_req = torch.cumsum(per_req, 0) - per_req
+        rank = torch.arange(m, device=dec.device)
+        pick = first_req[:, None] + rank[None, :]
+        ok = rank[None, :] < per_req[:, None]
+        sel = order[pick.clamp(max=max(order.numel() - 1, 0))]
+        values = torch.where(ok, total[sel], torch.full_like(total[sel], float("-inf")))
+        beam = torch.where(ok, beam_of[sel], torch.zeros_like(sel))
+        return dec._new_state(state, values, beam, tok[sel], nxt[sel])
+
+    def search(self, step_fn, batch_size, beam_width):
+        state = self.dec.start(batch_size, beam_width, "filter_first")
+        for t in range(self.dec.num_steps):
+            state = self.step(state, step_fn(t, state.prefixes, state.batch))
+        return self.dec.finish(state)
+
+
+def timer(device: torch.device):
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def measure(fn, repeats: int) -> float:
+        fn()  # warm-up
+        sync()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e3
+
+    return measure
+
+
+def variants(device: torch.device) -> list[tuple[str, str, str | None]]:
+    """(label, order, mode) of every row; mode None = the decoder's own choice."""
+    rows = [
+        ("score_first/full", "score_first", "full"),
+        ("score_first/selective", "score_first", "selective"),
+        ("filter_first/full", "filter_first", "full"),
+        ("filter_first/selective", "filter_first", "selective"),
+    ]
+    if "selective_cuda" in available_modes(device):
+        rows += [("filter_first/selective_cuda", "filter_first", "selective_cuda")]
+    rows += [("filter_first/auto", "filter_first", None), ("unconstrained/full", "unconstrained", "full")]
+    return rows
+
+
+def bench_one(index, sizes, args, device, measure, per_step: bool):
+    """{label: {"steps": [ms per step], "search": ms}} for every variant, plus the naive baseline."""
+    g = torch.Generator().manual_seed(args.seed)
+    dtype = DTYPES[args.dtype]
+    weights = [(torch.randn(v, args.dim, generator=g) / args.dim**0.5).to(dtype) for v in sizes]
+    step_fn = SeededStepFn(sizes, args.dim, args.batch, device, dtype, seed=args.seed)
+    dec = Decoder(index, weights, device=device)
+    naive = NaiveFilterFirst(dec)
+    results: dict[str, dict] = {}
+    with torch.no_grad():
+        for label, order, mode in [*variants(device), ("naive filter_first", "filter_first", "naive")]:
+            if mode == "naive":
+
+                def run_step(state, hidden):
+                    return naive.step(state, hidden)
+
+                def run_search():
+                    return naive.search(step_fn, args.batch, args.beam)
+            else:
+
+                def run_step(state, hidden, mode=mode):
+                    return dec.step(state, hidden, mode=mode)
+
+                def run_search(order=order, mode=mode):
+                    return dec.search(step_fn, args.batch, args.beam, mode=mode, order=order)
+
+            steps = []
+            if per_step:
+                state = dec.start(args.batch, args.beam, order)
+                for t in range(dec.num_steps):
+                    hidden = step_fn(t, state.prefixes, state.batch)
+                    steps.append(measure(lambda s=state, h=hidden: run_step(s, h), args.repeats))
+                    state = run_step(state, hidden)
+            results[label] = {"steps": steps, "search": measure(run_search, args.repeats)}
+    modes = [dec.mode_for(t, args.batch) for t in range(dec.num_steps)]
+    return results, dec, modes
+
+
+def index_summary(index, dec) -> str:
+    lines = ["step  format  rows       nnz        max_slots  p99  cap(K)"]
+    for t, table in enumerate(index.steps):
+        counts = child_counts(table)
+        p99 = float(np.percentile(counts, 99))
+        lines.append(
+            f"{t:<5} {table.format:<7} {table.rows:<10} {table.nnz:<10} {table.max_slots:<10} "
+            f"{p99:<4.0f} {dec.slot_caps[t]}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--items", type=int, default=1_000_000)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--codebook", type=int, default=8192)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--beam", type=int, default=64)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--catalog", type=Path, default=None, help="Parquet catalog instead of generating")
+    parser.add_argument("--sweep", default="2048,4096,8192,16384", help="codebook sizes ('' to skip)")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    measure = timer(device)
+
+    sizes = [args.codebook] * args.steps
+    t0 = time.perf_counter()
+    sids = make_sids(args.items, sizes, args.seed, args.catalog)
+    index = build_index(sids, sizes)
+    print(
+        f"# {len(sids)} items, L={args.steps}, V={args.codebook}, d={args.dim}, batch {args.batch} x beam "
+        f"{args.beam}, {args.dtype}, {device}, torch threads {torch.get_num_threads()} "
+        f"(catalog+index {time.perf_counter() - t0:.1f} s)"
+    )
+    results, dec, modes = bench_one(index, sizes, args, device, measure, per_step=True)
+    print(index_summary(index, dec))
+    print(f"filter_first/auto modes per step: {modes}\n")
+    head = "".join(f"{'step ' + str(t) + ' ms':>12}" for t in range(args.steps))
+    print(f"{'order/mode':<28}{head}{'search ms':>12}{'vs score_first':>16}")
+    base = results["score_first/full"]
+    for label, r in results.items():
+        cells = "".join(f"{ms:>12.2f}" for ms in r["steps"])
+        print(f"{label:<28}{cells}{r['search']:>12.2f}{base['search'] / r['search']:>15.2f}x")
+    last = args.steps - 1
+    sel = results["filter_first/selective"]["steps"][last]
+    last_speedup = base["steps"][last] / sel
+    whole = base["search"] / results["filter_first/auto"]["search"]
+    naive_loses = results["naive filter_first"]["search"] > results["filter_first/auto"]["search"]
+    print()
+    print(f"last step: filter_first/selective {last_speedup:.1f}x faster than score_first/full "
+          f"(target >= 10x): {'PASS' if last_speedup >= 10 else 'FAIL'}")  # fmt: skip
+    print(f"whole search: filter_first/auto {whole:.2f}x faster than score_first/full "
+          f"(target >= 1.5x): {'PASS' if whole >= 1.5 else 'FAIL'}")  # fmt: skip
+    print(f"naive filter_first slower than filter_first/auto: {'PASS' if naive_loses else 'FAIL'}")
+
+    sweep = [int(v) for v in args.sweep.split(",") if v.strip()]
+    if sweep:
+        print(f"\n# codebook sweep ({args.items} items, L={args.steps}): last step and whole search, ms")
+        print(
+            f"{'V':>6} {'max_slots':>9} {'K':>4} {'sf/full last':>13} {'ff/sel last':>12} {'speedup':>8} "
+            f"{'sf/full search':>15} {'ff/auto search':>15} {'naive search':>13} {'speedup':>8}"
+        )
+        for v in sweep:
+            vs = [v] * args.steps
+            idx = build_index(make_sids(args.items, vs, args.seed, None), vs)
+            r, d2, _ = bench_one(idx, vs, args, device, measure, per_step=True)
+            sf, ff = r["score_first/full"], r["filter_first/selective"]
+            auto, nv = r["filter_first/auto"], r["naive filter_first"]
+            print(
+                f"{v:>6} {idx.steps[-1].max_slots:>9} {d2.slot_caps[-1]:>4} {sf['steps'][-1]:>13.2f} "
+                f"{ff['steps'][-1]:>12.2f} {sf['steps'][-1] / ff['steps'][-1]:>7.1f}x {sf['search']:>15.2f} "
+                f"{auto['search']:>15.2f} {nv['search']:>13.2f} {sf['search'] / auto['search']:>7.2f}x"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
