@@ -1,0 +1,205 @@
+"""zerogr compare: exact against brute-force scoring of every catalog SID, plus CLI errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tests.test_compare_model import hidden_for, model_fn, model_fn_with_bias
+from zerogr_build.bundle import open_bundle, publish_bundle
+from zerogr_build.cli import app
+from zerogr_build.compare import (
+    Requests,
+    check_weights,
+    compare_orders,
+    load_model_fn,
+    parse_ks,
+    read_requests,
+    valid_token_mask,
+)
+from zerogr_build.errors import InputError
+from zerogr_build.index import build_index
+from zerogr_build.quality.metrics import ndcg_at_k, overlap_at_k, recall_at_k
+
+SIZES = (4, 4, 2)
+N_SIDS = 20
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    """20 distinct SIDs of the 32 possible codes (so a beam of 32 is exhaustive), item ids 100 + row."""
+    rng = np.random.default_rng(7)
+    codes = np.array(np.unravel_index(rng.choice(np.prod(SIZES), N_SIDS, replace=False), SIZES)).T
+    index = build_index(codes, SIZES, step_formats="0=dense,1=sparse,2=sparse")
+    out = tmp_path_factory.mktemp("bundles")
+    published = publish_bundle(index, pa.array(100 + np.arange(N_SIDS), type=pa.int64()), out)
+    return open_bundle(published.path)
+
+
+def brute_force(bundle, request_ids, biased=False):
+    """Per request: items ranked by total log-prob under each order, and per-step invalid masses of
+    every distinct prefix (what an exhaustive beam holds at that step)."""
+    leaves = bundle.index.leaf_sids()
+    items = bundle.items().to_pylist()  # unique SIDs: leaf j holds exactly item j (leaf order)
+    fn = model_fn_with_bias if biased else model_fn
+    weights, _ = fn(bundle, request_ids)
+    ranked = {"filter_first": [], "score_first": []}
+    masses = [[] for _ in SIZES]
+    for r in request_ids:
+        totals = {"filter_first": np.zeros(len(leaves)), "score_first": np.zeros(len(leaves))}
+        for t in range(len(SIZES)):
+            w, b = weights[t] if biased else (weights[t], None)
+            pref = torch.as_tensor(leaves[:, :t], dtype=torch.int64)
+            logits = (hidden_for(SIZES, torch.full((len(leaves),), r), pref) @ w.T).double()
+            if b is not None:
+                logits = logits + b.double()
+            valid = np.zeros(logits.shape, dtype=bool)
+            for i in range(len(leaves)):
+                same = (leaves[:, :t] == leaves[i, :t]).all(axis=1)
+                valid[i, np.unique(leaves[same, t])] = True
+            all_lp = torch.log_softmax(logits, 1).numpy()
+            valid_lp = torch.log_softmax(logits.masked_fill(~torch.as_tensor(valid), -math.inf), 1).numpy()
+            rows = np.arange(len(leaves))
+            totals["score_first"] += all_lp[rows, leaves[:, t]]
+            totals["filter_first"] += valid_lp[rows, leaves[:, t]]
+            _, first = np.unique(leaves[:, :t], axis=0, return_index=True)
+            probs = np.exp(all_lp[first])
+            masses[t].extend((probs * ~valid[first]).sum(axis=1).tolist())
+        for order, tot in totals.items():
+            ranked[order].append([items[j] for j in np.argsort(-tot, kind="stable")])
+    return ranked, [float(np.mean(m)) for m in masses]
+
+
+@pytest.mark.parametrize("biased", [False, True])
+def test_compare_matches_brute_force(bundle, biased):
+    ids = list(range(5))
+    targets = [100, 105, None, 119, 111]
+    ranked, masses = brute_force(bundle, ids, biased)
+    fn = model_fn_with_bias if biased else model_fn
+    ks = [1, 5, 10, 20]
+    report = compare_orders(bundle, fn, Requests(ids, targets), beam_width=32, ks=ks, batch_size=2)
+    ff, sf = ranked["filter_first"], ranked["score_first"]
+    for k in ks:
+        assert report.overlap[k] == pytest.approx(overlap_at_k(ff, sf, k))
+        differing = np.mean([set(a[:k]) != set(b[:k]) for a, b in zip(ff, sf, strict=True)])
+        assert report.requests_differing[k] == pytest.approx(differing)
+    keep = [i for i, t in enumerate(targets) if t is not None]
+    for order in ("filter_first", "score_first"):
+        lists = [ranked[order][i] for i in keep]
+        tg = [targets[i] for i in keep]
+        for k in ks:
+            assert report.recall[order][k] == pytest.approx(recall_at_k(lists, tg, k))
+            assert report.ndcg[order][k] == pytest.approx(ndcg_at_k(lists, tg, k))
+    assert report.with_targets == 4
+    # The exhaustive beam holds every distinct prefix at every step, in both orders.
+    for order in ("filter_first", "score_first"):
+        assert report.invalid_mass[order] == pytest.approx(masses, abs=1e-5)
+    # A beam of 32 keeps all 32 codes unconstrained: 12 of them are not catalog SIDs.
+    assert report.unconstrained_invalid_rate == pytest.approx(12 / 32)
+    assert report.overlap[20] == pytest.approx(1.0)  # top-20 of a 20-item catalog is the whole catalog
+
+
+def test_narrow_beam_report_is_consistent(bundle):
+    report = compare_orders(bundle, model_fn, Requests(list(range(6)), None), beam_width=3, ks=(1, 3))
+    assert report.beam_width == 3 and report.recall == {} and report.with_targets == 0
+    for k in (1, 3):
+        assert 0.0 <= report.overlap[k] <= 1.0
+    assert all(0.0 <= v <= 1.0 for v in report.invalid_mass["filter_first"])
+    assert json.loads(json.dumps(report.to_dict()))["overlap"].keys() == {"1", "3"}
+
+
+def test_valid_token_mask_dense_and_sparse(bundle):
+    leaves = bundle.index.leaf_sids()
+    for t, table in enumerate(bundle.index.steps):
+        prefixes, rows = np.unique(leaves[:, :t], axis=0, return_inverse=True)
+        rows = np.asarray(rows).reshape(-1)
+        distinct = np.unique(rows)
+        mask = valid_token_mask(table, np.concatenate([distinct, [-1]]))
+        for r in distinct:
+            expect = np.zeros(SIZES[t], dtype=bool)
+            expect[leaves[rows == r, t]] = True
+            assert np.array_equal(mask[r], expect)
+        assert not mask[-1].any()
+
+
+def test_check_weights_errors():
+    ok = [torch.zeros(v, 3) for v in SIZES]
+    assert len(check_weights(ok, SIZES)) == 3
+    with pytest.raises(InputError, match=r"weights\[1\] has shape \[5, 3\], expected \[4, d\]"):
+        check_weights([ok[0], torch.zeros(5, 3), ok[2]], SIZES)
+    with pytest.raises(InputError, match="2 per-step output layers"):
+        check_weights(ok[:2], SIZES)
+    with pytest.raises(InputError, match="disagree on d"):
+        check_weights([ok[0], torch.zeros(4, 2), ok[2]], SIZES)
+    with pytest.raises(InputError, match=r"bias of weights\[0\]"):
+        check_weights([(ok[0], torch.zeros(3)), ok[1], ok[2]], SIZES)
+
+
+def test_load_model_fn_errors():
+    assert load_model_fn("tests.test_compare_model:model_fn") is model_fn
+    for spec, msg in [
+        ("tests.test_compare_model", "expected module:function"),
+        ("no_such_module_zg:fn", "cannot import module"),
+        ("tests.test_compare_model:nope", "has no attribute"),
+        ("tests.test_compare_model:NOT_CALLABLE", "not callable"),
+    ]:
+        with pytest.raises(InputError, match=msg):
+            load_model_fn(spec)
+
+
+def test_read_requests_and_parse_ks(tmp_path):
+    f = tmp_path / "r.parquet"
+    pq.write_table(pa.table({"request_id": [3, 1], "target_item": [None, 104]}), f)
+    req = read_requests(f)
+    assert req.ids == [3, 1] and req.targets == [None, 104]
+    pq.write_table(pa.table({"user": [3, 1]}), f)
+    with pytest.raises(InputError, match="missing column 'request_id'"):
+        read_requests(f)
+    assert parse_ks("20,1,5,5") == [1, 5, 20]
+    with pytest.raises(InputError):
+        parse_ks("1,x")
+
+
+def _requests_file(tmp_path, columns):
+    f = tmp_path / "requests.parquet"
+    pq.write_table(pa.table(columns), f)
+    return str(f)
+
+
+def test_cli_compare_json_and_table(bundle, tmp_path):
+    req = _requests_file(tmp_path, {"request_id": [0, 1, 2], "target_item": [100, 101, 102]})
+    args = ["compare", str(bundle.path), "--model", "tests.test_compare_model:model_fn", "--requests", req]
+    res = runner.invoke(app, args + ["--k", "1,5", "--beam-width", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["requests"] == 3 and out["beam_width"] == 8 and set(out["overlap"]) == {"1", "5"}
+    assert set(out["recall"]) == {"filter_first", "score_first", "unconstrained"}
+    res = runner.invoke(app, args + ["--k", "1,5"])
+    assert res.exit_code == 0, res.output
+    assert "overlap" in res.stdout and "invalid probability mass" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("model", "columns", "message"),
+    [
+        ("no_such_module_zg:fn", {"request_id": [0]}, "cannot import module"),
+        ("tests.test_compare_model:missing", {"request_id": [0]}, "has no attribute"),
+        ("tests.test_compare_model:wrong_shape_model", {"request_id": [0]}, r"weights[2] has shape [3, 8]"),
+        ("tests.test_compare_model:wrong_length_model", {"request_id": [0]}, "2 per-step output layers"),
+        ("tests.test_compare_model:model_fn", {"user_id": [0]}, "missing column 'request_id'"),
+    ],
+)
+def test_cli_compare_errors_exit_2(bundle, tmp_path, model, columns, message):
+    req = _requests_file(tmp_path, columns)
+    res = runner.invoke(app, ["compare", str(bundle.path), "--model", model, "--requests", req])
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], res.stderr
