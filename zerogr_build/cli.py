@@ -764,66 +764,6 @@ def compare(
         )
 
 
-@app.command()
-def compare(
-    bundle: BundleArg = None,
-    model: Annotated[
-        str,
-        typer.Option("--model", help="module:function -> (weights, step_fn); see zerogr_build.compare"),
-    ] = ...,  # type: ignore[assignment]
-    requests: Annotated[
-        str, typer.Option("--requests", help="Parquet: request_id (+ optional target_item for recall)")
-    ] = ...,  # type: ignore[assignment]
-    beam_width: Annotated[
-        int | None,
-        typer.Option("--beam-width", help="Beams per request M [default: max K]", show_default=False),
-    ] = None,
-    k: Annotated[str, typer.Option("--k", help="Cutoffs K")] = "1,5,10,20",
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Requests per search")] = 64,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda:N")] = "cpu",
-    request_column: Annotated[str, typer.Option("--request-column")] = "request_id",
-    target_column: Annotated[str, typer.Option("--target-column")] = "target_item",
-    config: ConfigOpt = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
-) -> None:
-    """Decode the requests filter-first, score-first and unconstrained with your model and compare top-K
-    lists (overlap@K, Recall@K, NDCG@K, invalid probability mass per step)."""
-    with cli_errors():
-        from .compare import mass_rows, parse_ks, report_rows, run_compare
-
-        _check_device(device)
-        with _progress(json_out) as progress:
-            report = run_compare(
-                _bundle_path(bundle, config), model, requests, beam_width=beam_width, ks=parse_ks(k),
-                batch_size=batch_size, device=device, request_column=request_column,
-                target_column=target_column, progress=progress,
-            )  # fmt: skip
-        if json_out:
-            sys.stdout.write(json.dumps(report.to_dict(), default=str) + "\n")
-            return
-        console = _stdout()
-        title = f"{report.requests} requests, beam {report.beam_width}: filter-first vs score-first"
-        table = Table(title=title)
-        table.add_column("metric")
-        for cutoff in report.ks:
-            table.add_column(f"K={cutoff}", justify="right")
-        for row in report_rows(report):
-            table.add_row(*row)
-        console.print(table)
-        mass = Table(title="invalid probability mass per step (mean / max over beams)")
-        mass.add_column("order")
-        mass.add_column("")
-        for t in range(len(report.invalid_mass["filter_first"])):
-            mass.add_column(f"step {t}", justify="right")
-        for row in mass_rows(report):
-            mass.add_row(*row)
-        console.print(mass)
-        console.print(
-            f"unconstrained: {100 * report.unconstrained_invalid_rate:.2f}% of final beams not in catalog",
-            markup=False,
-        )
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (`zerogr`), also used by the repo-root `cli.py` shim."""
     app(args=argv, prog_name="zerogr")
