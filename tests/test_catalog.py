@@ -61,6 +61,15 @@ def test_list_and_fixed_size_list_of_any_integer_type(tmp_path, fixed, value_typ
     assert cat.files == [path]
 
 
+def test_large_list_column(tmp_path):
+    sids, ids = random_catalog(100)
+    col = pa.LargeListArray.from_arrays(
+        pa.array(np.arange(0, 301, 3, dtype=np.int64)), pa.array(sids.reshape(-1), pa.int32())
+    )
+    pq.write_table(pa.table({"item_id": ids, "sid": col}), tmp_path / "c.parquet")
+    np.testing.assert_array_equal(read_catalog(tmp_path / "c.parquet").sids, sids)
+
+
 def test_separate_sid_columns(tmp_path):
     sids, ids = random_catalog(300, length=4, vocab=70000)
     table = pa.table(

@@ -514,6 +514,8 @@ def read_catalog(
                 progress.advance(batch.num_rows)
             if file_row != pf.metadata.num_rows:
                 raise InputError(f"{name}: footer says {pf.metadata.num_rows} rows but {file_row} were read")
+        # Batches are gone; hand the Arrow pool's cached pages back so the build that follows can use them.
+        pa.default_memory_pool().release_unused()
         if reader.sids is None or reader.num_steps is None:
             raise InputError(f"{path}: empty catalog (no SIDs)")
         item_ids = reader.item_array()
