@@ -204,27 +204,31 @@ def _verdict(ok: bool) -> str:
 
 def print_report(in_memory: list[InMemoryResult], e2e: EndToEndResult | None, scale: float) -> None:
     print(f"zerogr build benchmark  (cores: {os.cpu_count()}, scale {scale:g}, skewed catalogs, seed {SEED})")
-    print(
-        "Both in-memory builds start from the same raw unsorted SIDs [N, L] uint16 (catalog order, duplicates"
-        " kept).\nBaseline = STATIC's build_index ported to numpy, timed including np.lexsort + dedupe.\n"
-        "Bytes: ours = SidIndex.index_bytes (the step tables); STATIC = nbytes of packed_csr, indptr,"
-        " start_mask, dense_mask, dense_states (d=2).\nleaf map = our leaf_offsets (leaf -> items, for"
-        " SIDs shared by several items), which STATIC has no counterpart for; not in the ratio.\n"
-    )
-    header = (
-        f"{'catalog':<22}{'distinct':>11}{'ours s':>9}{'STATIC s':>10}{'speedup':>9}"
-        f"{'ours bytes':>14}{'STATIC bytes':>15}{'ratio':>7}{'leaf map':>12}  counts"
-    )
-    print(header)
-    print("-" * len(header))
-    for r in in_memory:
-        name = f"{r.items / 1e6:g}M L={r.steps} V={r.codebook}"
-        print(
-            f"{name:<22}{r.distinct_sids:>11,}{r.ours_s:>9.2f}{r.static_s:>10.2f}{r.speedup:>8.1f}x"
-            f"{_mb(r.ours_bytes):>14}{_mb(r.static_bytes):>15}{r.bytes_ratio:>7.3f}"
-            f"{_mb(r.leaf_map_bytes):>12}  "
-            f"{'match' if r.layout_count_matches else 'MISMATCH'}"
+    if in_memory:
+        notes = [
+            "Both in-memory builds start from the same raw unsorted SIDs [N, L] uint16 (catalog order,"
+            " duplicates kept).",
+            "Baseline = STATIC's build_index ported to numpy, timed including np.lexsort + dedupe.",
+            "Bytes: ours = SidIndex.index_bytes (the step tables); STATIC = nbytes of packed_csr, indptr,"
+            " start_mask, dense_mask, dense_states (d=2).",
+            "leaf map = our leaf_offsets (leaf -> items, for SIDs shared by several items), which STATIC has"
+            " no counterpart for; not in the ratio. counts: static_layout_bytes == STATIC's real arrays.",
+        ]
+        print("\n".join(notes) + "\n")
+        header = (
+            f"{'catalog':<22}{'distinct':>11}{'ours s':>9}{'STATIC s':>10}{'speedup':>9}"
+            f"{'ours bytes':>14}{'STATIC bytes':>15}{'ratio':>7}{'leaf map':>12}  counts"
         )
+        print(header)
+        print("-" * len(header))
+        for r in in_memory:
+            name = f"{r.items / 1e6:g}M L={r.steps} V={r.codebook}"
+            print(
+                f"{name:<22}{r.distinct_sids:>11,}{r.ours_s:>9.2f}{r.static_s:>10.2f}{r.speedup:>8.1f}x"
+                f"{_mb(r.ours_bytes):>14}{_mb(r.static_bytes):>15}{r.bytes_ratio:>7.3f}"
+                f"{_mb(r.leaf_map_bytes):>12}  "
+                f"{'match' if r.layout_count_matches else 'MISMATCH'}"
+            )
     if e2e is not None:
         print(f"\nend to end: python cli.py build, {e2e.items / 1e6:g}M items L={e2e.steps} V={e2e.codebook}")
         if e2e.returncode == 0:
@@ -232,6 +236,10 @@ def print_report(in_memory: list[InMemoryResult], e2e: EndToEndResult | None, sc
                 f"  wall {e2e.wall_s:.2f} s   {e2e.items_per_s / 1e6:.2f}M items/s   peak RSS "
                 f"{_mb(e2e.peak_rss_bytes)} ({e2e.rss_per_item:.1f} bytes/item)"
             )
+            timings = (e2e.summary or {}).get("timings")
+            if timings:
+                stages = "  ".join(f"{k} {v:.2f} s" for k, v in timings.items())
+                print(f"  the CLI's own stage timings: {stages}")
         else:
             print(f"  FAILED with exit code {e2e.returncode}")
     scaled = "" if scale == 1 else "  (scaled run: not the official sizes)"
