@@ -469,6 +469,9 @@ def test_compiled_file_matches_nvrtc(nvrtc_kernels, tmp_path: Path, kind: str) -
     assert sc.find_compiled_kernel(tmp_path / "kernels", arch) is not None
     from_file = sc.SelectiveKernels.from_file(path)
     assert from_file.origin == str(path)
+    via_bundle_dir = sc.load_compiled_kernels(tmp_path / "kernels", make_default=False)
+    assert via_bundle_dir is not None and via_bundle_dir.origin == str(path)
+    assert sc.load_compiled_kernels(tmp_path / "elsewhere", make_default=False) is None
     gen = torch.Generator().manual_seed(5)
     for dtype in DTYPES:
         case = _random_case(gen, dtype, 50, 80, 200, 999, with_bias=True)

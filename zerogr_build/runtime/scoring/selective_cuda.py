@@ -456,6 +456,30 @@ def default_kernels(device: torch.device | str | int | None = None) -> Selective
     return kernels
 
 
+def set_default_kernels(kernels: SelectiveKernels) -> None:
+    """Makes `kernels` the ones `selective_scores` / `selective_log_softmax` use on their device."""
+    with _DEFAULT_LOCK:
+        _DEFAULT_KERNELS[kernels.device_index] = kernels
+
+
+def load_compiled_kernels(
+    kernels_root: str | Path, device: torch.device | str | int | None = None, *, make_default: bool = True
+) -> SelectiveKernels | None:
+    """Loads a bundle's ahead-of-time kernels (``kernels_root/<arch>/selective.cubin|ptx``) for the device.
+
+    Returns None when the bundle has no file for the device's architecture (the caller then keeps the
+    NVRTC build). With make_default, the module-level functions use them from now on for that device.
+    """
+    index = _device_index(device)
+    path = find_compiled_kernel(kernels_root, device_arch(index))
+    if path is None:
+        return None
+    kernels = SelectiveKernels.from_file(path, index)
+    if make_default:
+        set_default_kernels(kernels)
+    return kernels
+
+
 def selective_scores(
     hidden: torch.Tensor,
     weight: torch.Tensor,
