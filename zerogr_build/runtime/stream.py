@@ -37,6 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 DEFAULT_CHUNK_BYTES = 64 << 20
 """64 MiB: the largest chunk. Large enough that per-copy launch overhead is negligible, small enough that
 two pinned buffers are a modest, fixed host-memory cost whatever the bundle size."""
+LOW_PRIORITY = 0  # CUDA's least priority (and the default)
+LOADING_PRIORITY = -100  # "as high as the device allows": torch maps it to the device's greatest priority
 MIN_AUTO_CHUNK_BYTES = 1 << 20
 AUTO_CHUNKS = 16
 
@@ -259,10 +261,14 @@ class CudaSink:
     """Pinned host staging buffers, one CUDA stream and one event per buffer, destination tensors on
     `device`.
 
-    Stream priority: CUDA's *lowest* priority is also the default (0), so `low_priority=True` puts the copies
-    at the bottom of the queue, and `low_priority=False` uses the highest priority (a load at startup has
-    nothing to yield to). Copies run on the copy engines, not on SMs; priority matters for the few kernels
-    around them and for ordering when serving work runs on a higher-priority stream.
+    Stream priority: CUDA's lowest priority is 0, which is also the default. `low_priority=True` creates
+    the copy streams at 0, `low_priority=False` at the highest priority (torch clamps LOADING_PRIORITY to
+    the device's range). CUDA applies priorities to kernels only: the copies themselves run on the copy
+    engines and never occupy SMs, so what a live process protects is the serving work around them. Run
+    serving on a higher-priority stream (e.g. `torch.cuda.Stream(priority=-1)`) and background loads with
+    low_priority=True; the few kernels a load queues (widening tables, see `step_tables_on_device`) run on
+    the loading thread's current stream, which in a fresh thread (HotSwap's) is the default stream, also at
+    the lowest priority, so they yield to serving too.
     """
 
     def __init__(
@@ -278,8 +284,7 @@ class CudaSink:
         if self.device.type != "cuda":
             raise ValueError(f"CudaSink needs a cuda device, got {self.device}")
         self.chunk_bytes = int(chunk_bytes)
-        least, greatest = torch.cuda.Stream.priority_range()
-        priority = least if low_priority else greatest
+        priority = LOW_PRIORITY if low_priority else LOADING_PRIORITY
         self._streams = [
             torch.cuda.Stream(self.device, priority=priority) for _ in range(NUM_STAGING_BUFFERS)
         ]
