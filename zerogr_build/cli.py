@@ -404,21 +404,24 @@ def run_build(catalog_path: str, settings: Any, *, quiet: bool = False) -> dict[
             workers=settings.workers or None,
         )
         timings["build"] = time.perf_counter() - t
+        catalog_info = {
+            "path": catalog.path,
+            "fingerprint": catalog.fingerprint,
+            "rows": catalog.rows,
+            "distinct_sids": index.num_leaves,
+            "files": len(catalog.files),
+            "codebook_inferred": catalog.codebook_inferred,
+        }
+        item_ids = catalog.item_ids
+        del catalog  # the [N, L] SIDs are in the index now; free them before publishing
         t = time.perf_counter()
         published = publish_bundle(
             index,
-            catalog.item_ids,
+            item_ids,
             settings.out,
             manifest_fields={
                 "model_version": settings.model_version or None,
-                "catalog": {
-                    "path": catalog.path,
-                    "fingerprint": catalog.fingerprint,
-                    "rows": catalog.rows,
-                    "distinct_sids": index.num_leaves,
-                    "files": len(catalog.files),
-                    "codebook_inferred": catalog.codebook_inferred,
-                },
+                "catalog": catalog_info,
                 "settings": settings.manifest_dict(),
             },
             keep=settings.keep or None,
@@ -446,9 +449,9 @@ def run_build(catalog_path: str, settings: Any, *, quiet: bool = False) -> dict[
         "seconds": round(seconds, 3),
         "items_per_second": round(index.num_items / seconds) if seconds > 0 else None,
         "timings": {k: round(v, 3) for k, v in timings.items()},
-        "codebook_sizes": list(catalog.codebook_sizes),
-        "codebook_inferred": catalog.codebook_inferred,
-        "catalog": {"path": catalog.path, "files": len(catalog.files), "fingerprint": catalog.fingerprint},
+        "codebook_sizes": list(index.codebook_sizes),
+        "codebook_inferred": catalog_info["codebook_inferred"],
+        "catalog": catalog_info,
         "model_version": settings.model_version or None,
         "steps": _step_rows(index),
         "device_load": device_load,
