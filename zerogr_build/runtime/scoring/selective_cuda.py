@@ -37,6 +37,7 @@ DTYPE_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf1
 MAX_WARPS = 8  # 256 threads per block; matches __launch_bounds__(256) in selective.cu
 SLOTS_PER_BLOCK = 64  # slots one block of the two-pass scores kernel owns
 DEFAULT_SHARED_BYTES = 48 * 1024  # dynamic shared memory every device grants without opting in
+STATIC_SHARED_MARGIN = 1024  # the kernels' own __shared__ arrays (272 bytes per ptxas), rounded up
 _MAX_GRID_Y = 65535
 _INT32_MAX = 2**31 - 1
 
@@ -255,11 +256,14 @@ class SelectiveKernels:
                     f"cannot load kernel entry points from {origin} on cuda:{device_index} "
                     f"({device_arch(device_index)}): {exc}"
                 ) from exc
-            try:
-                attrs = cupy.cuda.Device(device_index).attributes
-                self.max_shared_bytes = int(attrs["MaxSharedMemoryPerBlockOptin"])
-            except Exception:
-                self.max_shared_bytes = DEFAULT_SHARED_BYTES
+            # Dynamic shared memory a block may opt into, less a margin for the kernels' static shared memory.
+            opt_in = getattr(props, "shared_memory_per_block_optin", None)
+            if not opt_in:
+                try:
+                    opt_in = cupy.cuda.Device(device_index).attributes["MaxSharedMemoryPerBlockOptin"]
+                except Exception:
+                    opt_in = DEFAULT_SHARED_BYTES
+            self.max_shared_bytes = int(opt_in) - STATIC_SHARED_MARGIN
         self._streams: dict[int, Any] = {}
 
     @classmethod
@@ -415,7 +419,7 @@ class SelectiveKernels:
         cupy = self._cupy
         kernel = self._functions[name]
         with cupy.cuda.Device(self.device_index):
-            needs_opt_in = geo.shared_bytes > DEFAULT_SHARED_BYTES
+            needs_opt_in = geo.shared_bytes > DEFAULT_SHARED_BYTES - STATIC_SHARED_MARGIN
             if needs_opt_in and self._shared_opt_in.get(name, 0) < geo.shared_bytes:
                 kernel.max_dynamic_shared_size_bytes = geo.shared_bytes
                 self._shared_opt_in[name] = geo.shared_bytes
