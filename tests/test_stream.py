@@ -247,3 +247,44 @@ def test_auto_chunk_size_bounds():
     assert auto_chunk_bytes(10) == MIN_AUTO_CHUNK_BYTES
     assert auto_chunk_bytes(300 << 20) == -(-(300 << 20) // 16)
     assert auto_chunk_bytes(10 << 30) == DEFAULT_CHUNK_BYTES
+
+
+def test_bundle_to_device_streams_the_bundle_bytes(tmp_path):
+    import pyarrow as pa
+
+    from zerogr_build.bundle import open_bundle, publish_bundle
+
+    index = _small_index()
+    path = publish_bundle(index, pa.array(np.arange(index.num_items)), tmp_path).path
+    bundle = open_bundle(path)
+    resident = bundle.to("cpu")
+    for name, array in bundle_arrays(bundle.index):
+        assert np.array_equal(resident.tables[name].numpy(), np.asarray(array))
+        assert np.load(path / f"{name}.npy").tobytes() == resident.tables[name].numpy().tobytes()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("low_priority", [False, True])
+def test_cuda_bundle_and_decoder_tables_equal_the_bundle_files(tmp_path, low_priority):
+    import pyarrow as pa
+
+    from zerogr_build.bundle import open_bundle, publish_bundle
+    from zerogr_build.runtime.decoder import Decoder
+
+    rng = np.random.default_rng(8)
+    sizes = (4, 65536)
+    sids = np.stack([rng.integers(0, 4, 3000), rng.integers(0, 65536, 3000)], axis=1)
+    index = build_index(sids, sizes, step_formats="0=dense,1=sparse")
+    path = publish_bundle(index, pa.array(np.arange(3000)), tmp_path).path
+    bundle = open_bundle(path)
+    resident = bundle.to("cuda:0", low_priority=low_priority)
+    for name, _ in bundle_arrays(bundle.index):
+        on_device = resident.tables[name]
+        assert on_device.device.type == "cuda"
+        assert on_device.cpu().numpy().tobytes() == np.load(path / f"{name}.npy").tobytes()
+    weights = [torch.randn(v, 8) for v in sizes]
+    dec = Decoder(bundle, weights, device="cuda:0", low_priority=low_priority)
+    assert torch.equal(dec.steps[0].next.cpu(), torch.from_numpy(np.asarray(index.steps[0].next)))
+    assert torch.equal(dec.steps[1].indptr.cpu(), torch.from_numpy(index.steps[1].indptr.astype(np.int64)))
+    assert torch.equal(dec.steps[1].tokens.cpu(), torch.from_numpy(index.steps[1].tokens.astype(np.int32)))
