@@ -9,6 +9,9 @@ from .catalog import Catalog, read_catalog
 from .config import BuildSettings, load_settings
 from .errors import BundleError, InputError, ZerogrError
 from .index import FormatPolicy, SidIndex, StepTable, build_index
+from .runtime.hotswap import HotSwap
+from .runtime.stream import load_arrays_to_device, open_bundle_on_device
+from .tune import TuneSettings, find_plan, tune_bundle
 
 __version__ = "0.1.0"
 
@@ -30,17 +33,23 @@ __all__ = [
     "Catalog",
     "Decoder",
     "FormatPolicy",
+    "HotSwap",
     "InputError",
     "SearchResult",
     "SidIndex",
     "StepTable",
+    "TuneSettings",
     "ZerogrError",
     "add_bundle_files",
     "build_index",
+    "find_plan",
+    "load_arrays_to_device",
     "load_settings",
     "open_bundle",
+    "open_bundle_on_device",
     "publish_bundle",
     "read_catalog",
     "resolve_bundle",
+    "tune_bundle",
     "verify_bundle",
 ]
