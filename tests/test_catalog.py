@@ -386,3 +386,33 @@ def test_step_min_max(n, length, dtype):
     lo, hi = step_min_max(block)
     np.testing.assert_array_equal(lo, block.min(axis=0))
     np.testing.assert_array_equal(hi, block.max(axis=0))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 120),
+    length=st.integers(1, 5),
+    vocab=st.sampled_from([1, 7, 256, 257, 70000]),
+    layout=st.sampled_from(["list", "fixed", "columns"]),
+    group=st.integers(1, 50),
+    seed=st.integers(0, 2**16),
+)
+def test_round_trip_matches_input(tmp_path_factory, n, length, vocab, layout, group, seed):
+    """Whatever the layout and row-group split, read_catalog returns the written SIDs and ids exactly,
+    in the smallest unsigned dtype, with inferred sizes = max + 1 per step."""
+    rng = np.random.default_rng(seed)
+    sids = rng.integers(0, vocab, size=(n, length))
+    ids = rng.permutation(n).astype(np.int64) - n // 2
+    path = tmp_path_factory.mktemp("rt") / "c.parquet"
+    if layout == "columns":
+        table = pa.table({"item_id": ids, **{f"c{t}": sids[:, t] for t in range(length)}})
+        pq.write_table(table, path, row_group_size=group)
+        cat = read_catalog(path, sid_columns=[f"c{t}" for t in range(length)])
+    else:
+        write(path, sids, ids, value_type=pa.int64(), fixed=layout == "fixed", row_group_size=group)
+        cat = read_catalog(path)
+    np.testing.assert_array_equal(cat.sids, sids)
+    np.testing.assert_array_equal(cat.item_ids.to_numpy(), ids)
+    assert cat.codebook_sizes == tuple(int(v) + 1 for v in sids.max(axis=0))
+    expected_dtype = np.uint8 if sids.max() < 256 else np.uint16 if sids.max() < 65536 else np.uint32
+    assert cat.sids.dtype == expected_dtype
