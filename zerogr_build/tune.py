@@ -671,11 +671,9 @@ def load_bundle_kernels(bundle: Any, device: str | Any) -> Any | None:
         if name not in listed:
             continue
         kernels = selective_cuda.SelectiveKernels.from_file(bundle.file(name), dev)
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
         # selective_cuda keeps one kernel set per device; installing ours there is what makes every
         # selective_cuda call (the registry's functions) use the shipped binary.
-        with selective_cuda._DEFAULT_LOCK:
-            selective_cuda._DEFAULT_KERNELS[index] = kernels
+        selective_cuda.set_default_kernels(kernels)
         return kernels
     return None
 
