@@ -278,3 +278,19 @@ def test_gpu_tune_checks_kernels_and_ships_them(bundle_dir):
     if "selective_cuda" in plan["modes"] and not (plan["kernels"] or {}).get("skipped"):
         assert any(name.endswith(".cubin") for name in result.kernel_files)
     assert verify_bundle(bundle_dir)["ok"]
+
+
+def test_compiled_kernels_are_shipped_only_after_loading_and_checking():
+    import shutil
+
+    from zerogr_build.tune import compile_and_check_kernels
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    if torch.cuda.is_available():
+        pytest.skip("covered by the GPU tune test on CUDA machines")
+    files, refused, skipped = compile_and_check_kernels("cpu", "sm_90", ["fp32"], lambda mode, dtype: None)
+    assert skipped is None  # nvcc compiled them ...
+    assert files == {}  # ... but a file that cannot be loaded and checked here is refused, not shipped
+    assert {r["mode"] for r in refused} == {"kernels/sm_90/selective.cubin", "kernels/sm_90/selective.ptx"}
+    assert all(r["reason"].startswith("cannot load") for r in refused)
