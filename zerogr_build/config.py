@@ -46,7 +46,7 @@ class BuildSettings:
     """CPU threads for the index build (0: all cores)."""
     step_formats: str = "auto"
     """auto, or forced formats per step such as "0=dense,2=sparse" (other steps stay auto)."""
-    dense_min_share: float = 0.25
+    dense_min_share: float = 0.9
     """auto stores a step dense only when at least this share of its [rows, V] table is valid."""
     dense_max_bytes: int = 268435456
     """...and when its dense table takes at most this many bytes."""
