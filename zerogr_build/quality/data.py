@@ -95,7 +95,7 @@ def read_ml100k_wheel(wheel: str | Path) -> tuple[Interactions, ItemInfo]:
         with zipfile.ZipFile(wheel) as z:
             inter_text = z.read(INTER_MEMBER).decode("utf-8")
             item_text = z.read(ITEM_MEMBER).decode("latin-1")
-    except (KeyError, zipfile.BadZipFile) as exc:
+    except (KeyError, OSError, zipfile.BadZipFile) as exc:
         raise InputError(
             f"{wheel}: not a recbole wheel with {INTER_MEMBER} and {ITEM_MEMBER} ({exc})"
         ) from exc
