@@ -321,3 +321,26 @@ def test_bad_inputs_raise_input_error():
         dec.step(state, torch.zeros(1, DIM), mode="selective_cuda")  # not on CPU
     with pytest.raises(InputError):
         dec.finish(state)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_search_matches_brute_force_in_every_mode():
+    from zerogr_build.runtime.scoring import available_modes
+
+    sids, sizes = heavy_catalog()
+    index = build_index(sids, sizes, step_formats="0=dense")
+    model = SeededModel(sizes, 11, batch_size=2, bias=True)
+    cuda_model = SeededModel(sizes, 11, batch_size=2, bias=True)
+    for name in ("weights", "emb"):
+        setattr(cuda_model, name, [x.cuda() for x in getattr(model, name)])
+    cuda_model.biases = [b.cuda() for b in model.biases]
+    cuda_model.base, cuda_model.req = model.base.cuda(), model.req.cuda()
+    modes = available_modes("cuda:0")
+    assert {"full", "selective"} <= set(modes)
+    for order in ("filter_first", "score_first"):
+        dec = Decoder(index, cuda_model.layers(), device="cuda:0", order=order)
+        for mode in modes:
+            res = dec.search(cuda_model.step_fn, 2, index.num_leaves + 2, mode=mode)
+            cpu = type(res)(res.sids.cpu(), res.scores.cpu(), res.leaves.cpu(), res.order)
+            check_exhaustive(cpu, model, sids, order, 2, atol=1e-3)
