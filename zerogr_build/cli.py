@@ -33,7 +33,6 @@ from .errors import InputError, ZerogrError
 
 app = typer.Typer(
     name="zerogr",
-    help="Build, inspect and verify per-step constrained-decoding indexes for generative recommenders.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -42,6 +41,28 @@ app = typer.Typer(
 )
 
 DEBUG_ENV = "ZEROGR_DEBUG"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        sys.stdout.write(f"zerogr {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Build, inspect and verify per-step constrained-decoding indexes for generative recommenders.
+
+    Exit codes: 0 ok; 2 bad input or usage (one line naming file, column, row and item; nothing
+    published); 1 anything else (set ZEROGR_DEBUG=1 for a traceback).
+    """
 
 
 # ----------------------------------------------------------------------------------------- plumbing
@@ -642,22 +663,34 @@ def verify(
 def tune(
     bundle: BundleArg = None,
     gpu: Annotated[int | None, typer.Option("--gpu", help="Tune for GPU N (same as --device cuda:N)")] = None,
-    device: Annotated[str | None, typer.Option("--device", help="cpu or cuda:N", show_default=False)] = None,
-    batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="Batch sizes to measure")] = "1,8,32,128",
-    beam_width: Annotated[int, typer.Option("--beam-width", help="Beams per request (M)")] = 16,
+    device: Annotated[
+        str | None, typer.Option("--device", help="cpu or cuda:N [config: tune.device]", show_default=False)
+    ] = None,
+    batch_sizes: Annotated[
+        str | None, typer.Option("--batch-sizes", help="Batch sizes to measure [config: 1,8,32,128]")
+    ] = None,
+    beam_width: Annotated[
+        int | None, typer.Option("--beam-width", help="Beams per request M [config: 16]")
+    ] = None,
     dtypes: Annotated[
         str | None,
         typer.Option(
-            "--dtypes", help="fp32,bf16,fp16 [default: fp32,bf16 on GPU; fp32 on CPU]", show_default=False
+            "--dtypes", help="fp32,bf16,fp16 [config: fp32,bf16 on GPU; fp32 on CPU]", show_default=False
         ),
     ] = None,
-    hidden_dim: Annotated[int, typer.Option("--hidden-dim", help="d of the random output layers")] = 128,
+    hidden_dim: Annotated[
+        int | None, typer.Option("--hidden-dim", help="d of the random output layers [config: 128]")
+    ] = None,
     weights: Annotated[
         str | None,
         typer.Option("--weights", help="safetensors file, one [V_t, d] tensor per step", show_default=False),
     ] = None,
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls per mode first")] = 3,
-    iters: Annotated[int, typer.Option("--iters", help="Timed calls per mode (median kept)")] = 10,
+    warmup: Annotated[
+        int | None, typer.Option("--warmup", help="Untimed calls per mode first [config: 3]")
+    ] = None,
+    iters: Annotated[
+        int | None, typer.Option("--iters", help="Timed calls per mode, median kept [config: 10]")
+    ] = None,
     config: ConfigOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the plan path")] = False,
@@ -667,19 +700,20 @@ def tune(
     with cli_errors():
         import warnings
 
-        from .tune import TuneSettings, parse_device, parse_dtypes, parse_int_list, plan_table, tune_bundle
+        from .tune import load_tune_settings, parse_device, plan_table, tune_bundle
 
-        dev = parse_device(gpu, device)
+        overrides = {
+            "batch_sizes": batch_sizes,
+            "beam_width": beam_width,
+            "dtypes": dtypes,
+            "hidden_dim": hidden_dim,
+            "weights": weights,
+            "warmup": warmup,
+            "iters": iters,
+        }
+        settings, config_device = load_tune_settings(config, overrides)
+        dev = parse_device(gpu, device if device is not None or gpu is not None else config_device)
         _check_device(dev)
-        settings = TuneSettings(
-            batch_sizes=parse_int_list(batch_sizes, "--batch-sizes"),
-            beam_width=beam_width,
-            dtypes=parse_dtypes(dtypes),
-            hidden_dim=hidden_dim,
-            weights=weights,
-            warmup=warmup,
-            iters=iters,
-        )
         with _progress(quiet) as progress, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = tune_bundle(_bundle_path(bundle, config), dev, settings, progress=progress)
