@@ -47,6 +47,7 @@ from .quality.metrics import ndcg_at_k, overlap_at_k, recall_at_k, top_k_items
 ORDERS = ("filter_first", "score_first", "unconstrained")
 CONSTRAINED = ("filter_first", "score_first")
 DEFAULT_KS = (1, 5, 10, 20)
+MASS_CHUNK = 1024  # beams per invalid-mass block (logits [chunk, V_t] fp32)
 
 ModelFn = Callable[[Any, list], tuple[Sequence[Any], Callable[..., Any]]]
 
@@ -259,19 +260,25 @@ def invalid_mass(hidden: Any, weight: Any, bias: Any, valid: np.ndarray) -> np.n
 
 def _run_order(dec: Any, step_fn: Callable, batch_size: int, beam_width: int, order: str, weights: list):
     """One search in `order`; returns (result, per-step invalid masses of the beams alive at each step)."""
+    import torch
+
     state = dec.start(batch_size, beam_width, order)
-    masses: list[np.ndarray] = []
+    masses: list[list[np.ndarray]] = [[] for _ in range(dec.num_steps)]
     for t in range(dec.num_steps):
         hidden = step_fn(t, state.prefixes, state.batch)
         if order in CONSTRAINED:
             rows = state.rows.detach().cpu().numpy()
             alive = rows >= 0
             weight, bias = weights[t]
-            mask = valid_token_mask(dec.index.steps[t], rows[alive])
-            h = hidden if not hasattr(hidden, "detach") else hidden.detach()
-            masses.append(invalid_mass(h[np.flatnonzero(alive)].cpu(), weight.cpu(), bias, mask))
+            h_all = torch.as_tensor(hidden).detach()
+            h = h_all[torch.as_tensor(np.flatnonzero(alive), device=h_all.device)]
+            w = weight.cpu()
+            for lo in range(0, h.shape[0], MASS_CHUNK):  # bounded [chunk, V_t] logits for large codebooks
+                sel = slice(lo, lo + MASS_CHUNK)
+                mask = valid_token_mask(dec.index.steps[t], rows[alive][sel])
+                masses[t].append(invalid_mass(h[sel].cpu(), w, bias, mask))
         state = dec.step(state, hidden)
-    return dec.finish(state), masses
+    return dec.finish(state), [np.concatenate(m) if m else np.zeros(0) for m in masses]
 
 
 def compare_orders(
