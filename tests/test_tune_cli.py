@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -43,3 +44,32 @@ def test_tune_cli_usage_errors_exit_2(tmp_path):
     assert runner.invoke(app, ["tune", str(tmp_path / "nope"), "--device", "cpu"]).exit_code == 2
     if not torch.cuda.is_available():
         assert runner.invoke(app, ["tune", out, "--gpu", "0"]).exit_code == 2
+
+
+def test_tune_settings_from_config_and_overrides(tmp_path):
+    from zerogr_build.errors import InputError
+    from zerogr_build.tune import TuneSettings, load_tune_settings
+
+    root = Path(__file__).resolve().parent.parent
+    settings, device = load_tune_settings(root / "configs" / "default.toml")
+    assert settings == TuneSettings() and device is None  # the shipped file states the defaults
+    cfg = tmp_path / "z.toml"
+    cfg.write_text('[tune]\ndevice = "cpu"\nbatch_sizes = "2,4"\ndtypes = ["bf16"]\niters = 5\n')
+    settings, device = load_tune_settings(cfg, {"iters": 7, "warmup": None})
+    assert device == "cpu" and settings.batch_sizes == (2, 4) and settings.dtypes == ("bf16",)
+    assert settings.iters == 7 and settings.warmup == TuneSettings().warmup
+    for bad in ("[tune]\nbogus = 1\n", '[tune]\niters = "x"\n', "[tune]\nbatch_sizes = [0]\n"):
+        cfg.write_text(bad)
+        with pytest.raises(InputError, match="z.toml"):
+            load_tune_settings(cfg)
+
+
+def test_tune_cli_takes_the_device_from_the_config(tmp_path):
+    published = _bundle(tmp_path)
+    cfg = tmp_path / "z.toml"
+    cfg.write_text(
+        '[tune]\ndevice = "cpu"\nbatch_sizes = [2]\nbeam_width = 2\nhidden_dim = 8\niters = 1\nwarmup = 0\n'
+    )
+    result = CliRunner().invoke(app, ["tune", str(published.path), "--config", str(cfg), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert Path(result.stdout.strip().splitlines()[-1]).is_file()

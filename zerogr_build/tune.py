@@ -85,6 +85,49 @@ class TuneResult:
         return self.plan["refused"]
 
 
+def load_tune_settings(config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None):
+    """(TuneSettings, device or None): defaults, then the config file's [tune] table, then `overrides`
+    (None values ignored, so CLI flags not given keep the file's value). Keys: the TuneSettings fields plus
+    `device` ("" = not set: the command line must name it). Lists may be TOML arrays or "1,8,32" strings;
+    an empty dtypes / weights means "not set". Unknown keys and bad values raise InputError."""
+    from .config import read_config_table
+
+    defaults = TuneSettings()
+    known = {f: getattr(defaults, f) for f in defaults.__dataclass_fields__} | {"device": None}
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+    if config_file is not None:
+        layers.append((f"{config_file} [tune]", read_config_table(config_file, "tune")))
+    if overrides:
+        layers.append(("command line", {k: v for k, v in overrides.items() if v is not None}))
+    values: dict[str, Any] = {}
+    for where, layer in layers:
+        for key, value in layer.items():
+            if key not in known:
+                raise InputError(f"{where}: unknown tune setting {key!r} (known: {', '.join(sorted(known))})")
+            values[key] = _coerce_tune(key, value, where)
+    device = values.pop("device", None) or None
+    import dataclasses
+
+    return dataclasses.replace(defaults, **values), device
+
+
+def _coerce_tune(key: str, value: Any, where: str) -> Any:
+    option = f"{where}: {key}"
+    if key == "batch_sizes":
+        text = ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+        return parse_int_list(text, option)
+    if key == "dtypes":
+        text = ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+        return parse_dtypes(text) if text.strip() else None
+    if key in ("weights", "device", "order"):
+        if not isinstance(value, str):
+            raise InputError(f"{option}: expected a string, got {value!r}")
+        return value or (None if key != "order" else TuneSettings().order)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{option}: expected an integer, got {value!r}")
+    return value
+
+
 # ------------------------------------------------------------------------------------------ device
 
 
@@ -712,6 +755,7 @@ __all__ = [
     "dtype_name",
     "find_plan",
     "load_bundle_kernels",
+    "load_tune_settings",
     "load_weights_file",
     "parse_device",
     "plan_table",
