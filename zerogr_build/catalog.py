@@ -478,10 +478,13 @@ def read_catalog(
     hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerogr-fingerprint")
     try:
         fingerprint_future = hasher.submit(fingerprint_files, files)
-        handles = [_open(name) for name in files]
-        item_types = []
-        for name, pf in zip(files, handles, strict=True):
-            schema = pf.schema_arrow
+        # Pass 1, footers only: every file's schema and row count, so a bad file fails before any data is
+        # read and N is known. Files are closed again (a directory may hold thousands of parts).
+        item_types, file_rows = [], []
+        for name in files:
+            with _open(name) as pf:
+                schema, rows = pf.schema_arrow, pf.metadata.num_rows
+            file_rows.append(rows)
             _check_sid_schema(name, schema, layout)
             item_types.append((name, _item_type(name, schema, item_column)))
             if layout.list_column is not None and pa.types.is_fixed_size_list(schema.field(sid_column).type):
@@ -496,7 +499,7 @@ def read_catalog(
         if layout.fixed_length == 0:
             raise InputError(f"{files[0]}: column {sid_column!r} holds SIDs of 0 tokens")
         item_type = _common_item_type(item_types, item_column)
-        total_rows = sum(pf.metadata.num_rows for pf in handles)
+        total_rows = sum(file_rows)
         if total_rows == 0:
             raise InputError(f"{path}: empty catalog (no rows in {len(files)} file(s))")
 
@@ -504,16 +507,17 @@ def read_catalog(
         columns = [item_column, *([layout.list_column] if layout.list_column else layout.columns)]
         progress.stage("read", total=total_rows)
         row = 0
-        for name, pf in zip(files, handles, strict=True):
+        for name, rows in zip(files, file_rows, strict=True):
             reader.file_starts.append(row)
             file_row = 0
-            for batch in _iter_batches(name, pf, columns):
-                reader.add_batch(name, batch, file_row, row)
-                file_row += batch.num_rows
-                row += batch.num_rows
-                progress.advance(batch.num_rows)
-            if file_row != pf.metadata.num_rows:
-                raise InputError(f"{name}: footer says {pf.metadata.num_rows} rows but {file_row} were read")
+            with _open(name) as pf:
+                for batch in _iter_batches(name, pf, columns):
+                    reader.add_batch(name, batch, file_row, row)
+                    file_row += batch.num_rows
+                    row += batch.num_rows
+                    progress.advance(batch.num_rows)
+            if file_row != rows:
+                raise InputError(f"{name}: footer says {rows} rows but {file_row} were read")
         # Batches are gone; hand the Arrow pool's cached pages back so the build that follows can use them.
         pa.default_memory_pool().release_unused()
         if reader.sids is None or reader.num_steps is None:
