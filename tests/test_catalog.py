@@ -108,6 +108,7 @@ def test_many_row_groups_and_batches(tmp_path, monkeypatch):
     import zerogr_build.catalog as catalog_module
 
     monkeypatch.setattr(catalog_module, "BATCH_ROWS", 64)  # several batches per row group
+    monkeypatch.setattr(catalog_module, "NUMBA_MIN_ROWS", 1)  # numba kernels, as on large catalogs
     sids, ids = random_catalog(2000, vocab=300)
     path = write(tmp_path / "c.parquet", sids, ids, row_group_size=300)
     assert pq.ParquetFile(path).num_row_groups == 7
@@ -153,6 +154,7 @@ def test_inferred_codebooks_and_dtype_widening(tmp_path, monkeypatch):
     sids[:, 0] = np.arange(40) % 7
     sids[25, 1] = 300  # first token > 255 appears after rows were stored as uint8
     sids[33, 1] = 70000  # and one > 65535
+    monkeypatch.setattr(catalog_module, "NUMBA_MIN_ROWS", 1)
     cat = read_catalog(write(tmp_path / "c.parquet", sids, np.arange(40), value_type=pa.int64()))
     assert cat.codebook_inferred and cat.codebook_sizes == (7, 70001)
     assert cat.sids.dtype == np.uint32
@@ -278,8 +280,12 @@ def test_null_item_id(tmp_path):
         read_catalog(path)
 
 
+@pytest.mark.parametrize("numba_min_rows", [1, 1 << 16])
 @pytest.mark.parametrize("kind", ["dense", "scattered", "string"])
-def test_duplicate_item_id_names_both_rows_and_files(tmp_path, kind):
+def test_duplicate_item_id_names_both_rows_and_files(tmp_path, monkeypatch, kind, numba_min_rows):
+    import zerogr_build.catalog as catalog_module
+
+    monkeypatch.setattr(catalog_module, "NUMBA_MIN_ROWS", numba_min_rows)
     sids, _ = random_catalog(60)
     if kind == "dense":
         ids = list(range(60))

@@ -32,6 +32,10 @@ BATCH_ROWS = 1 << 20
 
 _GLOB_CHARS = frozenset("*?[")
 
+#: Below this many rows (per batch, or ids in all) plain numpy is used: it is fast enough there, and a
+#: small catalog (tests, `verify --catalog` on samples) then never pays numba's ~1 s import.
+NUMBA_MIN_ROWS = 1 << 16
+
 #: Largest codebook the index supports (tokens are stored as int32 above 65536).
 MAX_CODEBOOK_SIZE = 2**31
 
@@ -316,9 +320,12 @@ class _Reader:
             return
         if block.dtype == np.uint64 and int(block.max()) > np.iinfo(np.int64).max:
             block = np.minimum(block, np.uint64(np.iinfo(np.int64).max)).astype(np.int64)  # error path only
-        from ._catalog_kernels import step_min_max  # numba: compiled on first use, cached
+        if block.shape[0] >= NUMBA_MIN_ROWS:
+            from ._catalog_kernels import step_min_max  # numba: compiled on first use, cached
 
-        lo, hi = step_min_max(np.ascontiguousarray(block))
+            lo, hi = step_min_max(np.ascontiguousarray(block))
+        else:
+            lo, hi = block.min(axis=0).astype(np.int64), block.max(axis=0).astype(np.int64)
         sizes = self.codebook_sizes or (MAX_CODEBOOK_SIZE,) * block.shape[1]
         limit = np.asarray(sizes, dtype=np.int64)
         if lo.min() < 0 or (hi >= limit).any():
@@ -422,6 +429,15 @@ def _iter_batches(name: str, pf: pq.ParquetFile, columns: list[str]) -> Iterator
 # --------------------------------------------------------------------------------------------------
 
 
+def _first_repeat_by_sort(values: np.ndarray) -> int:
+    """numpy version for small arrays: a stable sort keeps rows in order within a run of equal ids, so every
+    non-first member of a run repeats an earlier row; the first repeated row is the smallest of those."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    same = ordered[1:] == ordered[:-1]
+    return int(order[1:][same].min()) if same.any() else -1
+
+
 def first_duplicate_row(ids: pa.Array) -> int:
     """Index of the first row whose item id already occurred in an earlier row, or -1 if all are distinct."""
     if len(ids) < 2:
@@ -431,6 +447,8 @@ def first_duplicate_row(ids: pa.Array) -> int:
         # Sorted ids (common in exports) are distinct exactly when strictly increasing: one pass, no memory.
         if bool(np.all(values[1:] > values[:-1])):
             return -1
+        if len(values) < NUMBA_MIN_ROWS:
+            return _first_repeat_by_sort(values)
         keys = values.view(np.int64) if values.dtype == np.uint64 else values.astype(np.int64, copy=False)
         from ._catalog_kernels import first_repeat_int64  # numba compiles lazily (cached)
 
