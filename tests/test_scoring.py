@@ -14,7 +14,7 @@ from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
 from zerogr_build.runtime.plan import dtype_name, heuristic_mode, load_plan, planned_mode
 from zerogr_build.runtime.scoring import MODE_NAMES, available_modes, full_torch, get_mode, selective_torch
-from zerogr_build.runtime.slots import MIN_CAP, default_slot_cap, lane_count
+from zerogr_build.runtime.slots import MIN_CAP, default_slot_cap, lane_count, lane_width
 
 IMPLS = {"selective": selective_torch, "full": full_torch}
 
@@ -151,3 +151,4 @@ def test_slot_caps_follow_the_p99_row():
     assert index.steps[1].max_slots == 40
     assert default_slot_cap(index.steps[1]) == MIN_CAP
     assert [lane_count(n) for n in (0, 1, 4, 5, 9)] == [0, 4, 4, 8, 16]
+    assert [lane_width(n, 40) for n in (1, 5, 11, 16, 17, 33, 40)] == [1, 8, 16, 16, 32, 40, 40]

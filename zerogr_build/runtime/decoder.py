@@ -40,7 +40,7 @@ from .plan import dtype_name, find_bundle_plan, heuristic_mode, load_plan, plann
 from .scoring import available_modes, get_mode
 from .scoring.full_torch import full_logits, read_slots
 from .scoring.selective_torch import masked_log_softmax
-from .slots import DeviceStep, fill_slots, index_to_device, lane_count, row_extent
+from .slots import DeviceStep, fill_slots, index_to_device, lane_count, lane_width, row_extent
 
 ORDERS = ("filter_first", "score_first", "unconstrained")
 NEG_INF = float("-inf")
@@ -455,14 +455,14 @@ class Decoder:
             return raw - (lse if rows is None else lse[rows])[:, None]
 
         main = (state.scores[:, None] + log_probs(None, main_tokens)).view(b, per * k)
-        num_heavy = int(heavy.sum())
+        num_heavy, heaviest = (int(x) for x in torch.stack([heavy.sum(), count.max()]).tolist())  # one sync
         lanes = lane_count(num_heavy)
         if lanes:
             lane_beam = torch.full((lanes,), -1, dtype=torch.int64, device=self.device)
             lane_beam[:num_heavy] = torch.nonzero(heavy).squeeze(1)
             lane_alive = lane_beam >= 0
             lb = lane_beam.clamp(min=0)
-            width = table.max_slots
+            width = lane_width(heaviest, table.max_slots)
             lane_tokens = fill_slots(table, start[lb], torch.where(lane_alive, count[lb], 0), width)
             lane_totals = state.scores[lb][:, None] + log_probs(lb, lane_tokens)
             lane_keep = min(m, width)

@@ -8,16 +8,19 @@ only on its beam and its rank, never on other beams, so there is no packing into
 Heavy tails: the slot cap K. Real catalogs have a few rows with far more children than the typical one
 (1M items, V=8192: last step max 343 children, p99 3). Sizing slots by the max makes every beam pay for the
 largest row, so a sparse step gets K = min(max_slots, max(MIN_CAP, p99 of child counts rounded up to a
-multiple of 8)) slots per beam (tunable per step: `Decoder(slot_caps=...)`). A beam on a row with more than K
-children - a *heavy* beam - does not use its main slots; it gets an *overflow lane* instead: one lane of
-max_slots slots holding the whole row, scored by the same mode, log-softmaxed over the whole row (so the
-filter-first normaliser is exact) and cut to its best min(M, max_slots) candidates, since at most M
-candidates of one request survive the step. Main slots and lanes then go through one top-M per request.
+multiple of 4)) slots per beam (tunable per step: `Decoder(slot_caps=...)`). A beam on a row with more than K
+children - a *heavy* beam - does not use its main slots; it gets an *overflow lane* instead: one lane
+holding the whole row, scored by the same mode, log-softmaxed over the whole row (so the filter-first
+normaliser is exact) and cut to its best min(M, width) candidates, since at most M candidates of one
+request survive the step. Main slots and lanes then go through one top-M per request.
 
-Shapes: main slots are [R, K] (static per step). The number of lanes is the number of heavy beams rounded
-up to a power of two (>= MIN_LANES), so only a handful of distinct shapes ever occur; with K near p99 about
-1% of beams are heavy. Counting heavy beams is one device->host sync per sparse step; a captured CUDA
-graph would instead fix the lane count (a tune-chosen bound), which this layout allows.
+Shapes: main slots are [R, K] (static per step). Lanes are [lanes, width]: lanes = the number of heavy
+beams rounded up to a power of two (>= MIN_LANES), width = the largest row among *this step's* beams
+rounded up to a power of two (<= max_slots) - so a step whose heavy beams sit on rows of 11 children pays
+for 16-wide lanes, not for the catalog's 343-child row - and only a handful of distinct shapes ever occur.
+With K near p99 about 1% of beams are heavy. Both numbers come from one device->host sync per sparse
+step; a captured CUDA graph would instead fix them (tune-chosen bounds: lanes, width = max_slots), which
+this layout allows.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 
 from ..index import SidIndex, StepTable
 
-MIN_CAP = 8
+MIN_CAP = 4
 MIN_LANES = 4
 
 
@@ -73,12 +76,14 @@ def child_counts(table: StepTable) -> np.ndarray:
 
 
 def default_slot_cap(table: StepTable) -> int:
-    """K for a sparse step: min(max_slots, max(MIN_CAP, p99 child count rounded up to a multiple of 8))."""
+    """K for a sparse step: min(max_slots, max(MIN_CAP, p99 child count rounded up to a multiple of 4)).
+
+    p99 over rows: a beam sits on some row, and 99% of rows fit their whole child list in K slots."""
     if table.format == "dense":
         return table.codebook_size
     counts = child_counts(table)
     p99 = float(np.percentile(counts, 99)) if counts.size else 0.0
-    return int(min(table.max_slots, max(MIN_CAP, 8 * int(np.ceil(p99 / 8)))))
+    return int(min(table.max_slots, max(MIN_CAP, 4 * int(np.ceil(p99 / 4)))))
 
 
 def _tensor(array: np.ndarray, dtype: type, device: torch.device) -> torch.Tensor:
@@ -162,3 +167,8 @@ def lane_count(num_heavy: int) -> int:
     if num_heavy == 0:
         return 0
     return 1 << (max(num_heavy, MIN_LANES) - 1).bit_length()
+
+
+def lane_width(heaviest: int, max_slots: int) -> int:
+    """Overflow lane width: the next power of two >= the heaviest current row, at most max_slots."""
+    return min(max_slots, 1 << (max(heaviest, 1) - 1).bit_length())
