@@ -138,12 +138,22 @@ def test_round_trip_equals_in_memory(tmp_path, step_formats, string_ids):
 
 
 def test_wide_codebook_uses_int32_tokens(tmp_path):
-    catalog = make_catalog(seed=3, n=400, sizes=(3, 70000))
-    index, _ = publish(catalog, tmp_path, step_formats="1=sparse")
+    sizes = (3, 70000, 70000, 70000)  # 53 key bits, and 68 once step 0 is widened below
+    catalog = make_catalog(seed=3, n=400, sizes=sizes)
+    index, _ = publish(catalog, tmp_path, step_formats="1=sparse,2=sparse,3=sparse")
     bundle = open_bundle(tmp_path)
     assert bundle.manifest["steps"][1]["dtypes"]["tokens"] == "<i4"
     np.testing.assert_array_equal(bundle.index.steps[1].tokens, index.steps[1].tokens)
     verify_bundle(tmp_path, catalog)
+
+    wide = make_catalog(seed=4, n=400, sizes=(70000,) * 4)  # SID keys too wide for one uint64
+    publish(wide, tmp_path / "wide")
+    verify_bundle(tmp_path / "wide", wide)
+    sids = wide.sids.copy()
+    sids[7, 3] = (sids[7, 3] + 1) % 70000
+    object.__setattr__(wide, "sids", sids)
+    with pytest.raises(BundleError, match=r"catalog row 7 .* is not in the bundle"):
+        verify_bundle(tmp_path / "wide", wide)
 
 
 @settings(max_examples=15, deadline=None)

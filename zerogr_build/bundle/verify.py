@@ -156,90 +156,138 @@ def check_unique_items(items, path: Path) -> None:
         raise BundleError(f"{path}: {duplicates} duplicate item ids")
 
 
-def leaf_of_sids(bundle: Bundle, sids: np.ndarray) -> np.ndarray:
-    """int64 [N]: the leaf each SID row reaches by walking the step tables; -(t+1) where the walk falls
-    off the index at step t (the SID is not in the bundle).
+def sid_sort_keys(sids: np.ndarray, codebook_sizes) -> np.ndarray:
+    """One sortable key per SID row whose order is the lexicographic SID order.
 
-    Sparse steps are searched on the key row*V + token: rows are stored in order and tokens ascend within
-    a row, so the keys of all children are globally sorted and one searchsorted finds every (row, token).
+    uint64 [N] with token t in its own bit field (most significant first) when the fields fit in 64 bits;
+    otherwise void [N] of big-endian uint64 tokens, which NumPy compares bytewise, i.e. lexicographically.
+    Tokens must already be within their codebooks.
     """
-    n = sids.shape[0]
-    rows = np.zeros(n, dtype=np.int64)
-    missing_at = np.full(n, -1, dtype=np.int64)
-    for table in bundle.index.steps:
-        size = table.codebook_size
-        alive = missing_at < 0
-        tok = sids[:, table.step].astype(np.int64)
-        bad = alive & ((tok < 0) | (tok >= size))
-        missing_at[bad] = table.step
-        alive &= ~bad
-        lookup_rows, lookup_tok = rows[alive], tok[alive]
+    bits = [max(1, (int(v) - 1).bit_length()) for v in codebook_sizes]
+    if sum(bits) <= 64:
+        keys = np.zeros(sids.shape[0], dtype=np.uint64)
+        for t, width in enumerate(bits):
+            keys <<= np.uint64(width)
+            keys |= sids[:, t].astype(np.uint64)
+        return keys
+    wide = np.ascontiguousarray(sids.astype(">u8"))
+    return wide.view(f"V{8 * sids.shape[1]}").reshape(-1)
+
+
+def leaf_sort_keys(index, codebook_sizes) -> np.ndarray:
+    """sid_sort_keys of the leaves' SIDs (leaf order), straight from the tables.
+
+    When the keys fit in uint64 they are built step by step without materialising [n_leaves, L]: the
+    children of step t in flat order are the rows of step t+1 (row numbering rule, already verified), so
+    key(row of t+1) = key(parent row) << bits_t | token, with parents read in ascending order.
+    """
+    bits = [max(1, (int(v) - 1).bit_length()) for v in codebook_sizes]
+    if sum(bits) > 64:
+        return sid_sort_keys(index.leaf_sids(), codebook_sizes)
+    keys = np.zeros(1, dtype=np.uint64)
+    for table, width in zip(index.steps, bits, strict=True):
         if table.format == "dense":
-            found = np.asarray(table.next)[lookup_rows, lookup_tok].astype(np.int64)
+            parent, token = np.nonzero(np.asarray(table.next) >= 0)  # row-major = flat child order
         else:
-            indptr = np.asarray(table.indptr, dtype=np.int64)
-            parents = np.repeat(np.arange(table.rows, dtype=np.int64), np.diff(indptr))
-            keys = parents * size + np.asarray(table.tokens, dtype=np.int64)
-            query = lookup_rows * size + lookup_tok
-            pos = np.minimum(np.searchsorted(keys, query), table.nnz - 1)
-            found = np.where(keys[pos] == query, pos, -1)
-        alive_idx = np.flatnonzero(alive)
-        missing_at[alive_idx[found < 0]] = table.step
-        rows[alive_idx] = found
-    return np.where(missing_at < 0, rows, -(missing_at + 1))
+            parent = np.repeat(np.arange(table.rows), np.diff(np.asarray(table.indptr, dtype=np.int64)))
+            token = np.asarray(table.tokens)
+        keys = (keys[parent] << np.uint64(width)) | token.astype(np.uint64)
+    return keys
+
+
+def _sorted_member(keys: np.ndarray, sorted_pool: np.ndarray) -> np.ndarray:
+    """bool [len(keys)]: each key occurs in the ascending array `sorted_pool`."""
+    if sorted_pool.shape[0] == 0:
+        return np.zeros(keys.shape[0], dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_pool, keys), sorted_pool.shape[0] - 1)
+    return sorted_pool[pos] == keys
 
 
 def check_against_catalog(bundle: Bundle, catalog: Any) -> dict:
     """Exact equality with the catalog: the bundle's leaves are exactly the catalog's distinct SIDs, and
     each leaf's items are exactly the catalog items with that SID (order within a leaf: catalog order,
-    checked as sets when the order differs)."""
+    checked as sets when the order differs).
+
+    Both sides are compared in sorted order, so every pass is sequential: sort the catalog rows by SID
+    (stable, so equal SIDs keep catalog order), mark where a new SID starts; the distinct SIDs in that
+    order must equal the leaves' SIDs rebuilt from the tables (leaf j = j-th distinct SID), the run
+    lengths must equal the leaf item counts, and the sorted catalog item ids must equal items.parquet.
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
 
     manifest, vdir = bundle.manifest, bundle.path
     leaves_files = manifest["leaves"]["files"]
     offsets_path, items_path = vdir / leaves_files["offsets"], vdir / leaves_files["items"]
+    last_step_file = vdir / next(iter(manifest["steps"][-1]["files"].values()))
+    sizes = bundle.index.codebook_sizes
     sids = np.asarray(catalog.sids)
     item_ids = catalog.item_ids
     if isinstance(item_ids, pa.ChunkedArray):
         item_ids = item_ids.combine_chunks()
-    if sids.ndim != 2 or sids.shape[1] != bundle.index.num_steps:
+    if sids.ndim != 2 or sids.shape[1] != bundle.index.num_steps or len(item_ids) != sids.shape[0]:
         raise BundleError(
-            f"{vdir / MANIFEST_NAME}: {bundle.index.num_steps} steps, catalog SIDs have shape {sids.shape}"
+            f"{vdir / MANIFEST_NAME}: {bundle.index.num_steps} steps, catalog SIDs have shape {sids.shape} "
+            f"and {len(item_ids)} item ids"
         )
-    sizes = tuple(getattr(catalog, "codebook_sizes", None) or ())
-    if sizes and not getattr(catalog, "codebook_inferred", False) and sizes != bundle.index.codebook_sizes:
+    catalog_sizes = tuple(getattr(catalog, "codebook_sizes", None) or ())
+    if catalog_sizes and not getattr(catalog, "codebook_inferred", False) and catalog_sizes != sizes:
         raise BundleError(
-            f"{vdir / MANIFEST_NAME}: codebook_sizes {list(bundle.index.codebook_sizes)}, "
-            f"catalog {list(sizes)}"
+            f"{vdir / MANIFEST_NAME}: codebook_sizes {list(sizes)}, catalog {list(catalog_sizes)}"
         )
-    leaf = leaf_of_sids(bundle, sids)
-    if (leaf < 0).any():
-        i = int(np.flatnonzero(leaf < 0)[0])
-        t = int(-leaf[i] - 1)
-        entry = manifest["steps"][t]
-        name = next(iter(entry["files"].values()))
+    for t, size in enumerate(sizes):
+        column = sids[:, t]
+        if column.size and (int(column.min()) < 0 or int(column.max()) >= size):
+            i = int(np.flatnonzero((column < 0) | (column >= size))[0])
+            raise BundleError(
+                f"{vdir / MANIFEST_NAME}: catalog row {i} (item {item_ids[i].as_py()!r}) token "
+                f"{int(column[i])} at step {t} is outside the bundle's codebook 0..{size - 1}"
+            )
+
+    catalog_keys = sid_sort_keys(sids, sizes)
+    order = np.argsort(catalog_keys, kind="stable")
+    sorted_keys = catalog_keys[order]
+    del catalog_keys
+    starts = np.ones(sorted_keys.shape[0], dtype=bool)
+    starts[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    distinct = sorted_keys[starts]
+    del sorted_keys
+    leaf_keys = leaf_sort_keys(bundle.index, sizes)
+    common = min(distinct.shape[0], leaf_keys.shape[0])
+    differ = np.flatnonzero(distinct[:common] != leaf_keys[:common])
+    if differ.size or distinct.shape[0] != leaf_keys.shape[0]:
+        # Name a catalog SID the bundle lacks if there is one, else a leaf the catalog lacks.
+        missing = np.flatnonzero(~_sorted_member(distinct, leaf_keys))
+        if missing.size:
+            i = int(order[np.flatnonzero(starts)[missing[0]]])
+            raise BundleError(
+                f"{last_step_file}: catalog row {i} (item {item_ids[i].as_py()!r}) SID {sids[i].tolist()} "
+                "is not in the bundle"
+            )
+        k = int(np.flatnonzero(~_sorted_member(leaf_keys, distinct))[0])
+        n_items = int(bundle.index.leaf_offsets[k + 1] - bundle.index.leaf_offsets[k])
         raise BundleError(
-            f"{vdir / name}: catalog row {i} (item {item_ids[i].as_py()!r}) SID {sids[i].tolist()} "
-            f"is not in the bundle (no such child at step {t})"
+            f"{offsets_path}: leaf {k} (SID {bundle.index.leaf_sids()[k].tolist()}) has {n_items} items, "
+            "the catalog 0 "
+            "(SID not in the catalog)"
         )
+    del distinct, leaf_keys
     offsets = np.asarray(bundle.index.leaf_offsets)
-    counts = np.bincount(leaf, minlength=bundle.index.num_leaves)
-    differ = counts != np.diff(offsets)
-    if differ.any():
-        j = int(np.flatnonzero(differ)[0])
-        sid = bundle.index.leaf_sids()[j].tolist()
+    run_starts = np.flatnonzero(starts)
+    counts = np.diff(np.append(run_starts, starts.shape[0]))
+    differ = np.flatnonzero(counts != np.diff(offsets))
+    if differ.size:
+        j = int(differ[0])
         raise BundleError(
-            f"{offsets_path}: leaf {j} (SID {sid}) has {np.diff(offsets)[j]} items, the catalog {counts[j]}"
+            f"{offsets_path}: leaf {j} has {np.diff(offsets)[j]} items, the catalog {counts[j]}"
         )
     items = bundle.items()
     if items.type != item_ids.type:
         raise BundleError(f"{items_path}: item_id type {items.type}, catalog {item_ids.type}")
-    order = np.argsort(leaf, kind="stable")
     expected = item_ids.take(pa.array(order, type=pa.int64()))
     in_order = expected.equals(items)
     if not in_order:
-        leaf_sorted = pa.array(leaf[order])
+        leaf_sorted = pa.array(np.cumsum(starts) - 1)
         got = pa.table({"leaf": leaf_sorted, "id": items}).sort_by(
             [("leaf", "ascending"), ("id", "ascending")]
         )
