@@ -347,3 +347,23 @@ def test_bad_config_files(tmp_path, text, message):
 def test_missing_config_file(tmp_path):
     with pytest.raises(InputError, match="config file not found"):
         load_settings(tmp_path / "nope.toml")
+
+
+@pytest.mark.gpu
+def test_build_streams_tables_to_the_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    make_catalog(tmp_path / "cat.parquet")
+    res = invoke(
+        "build", str(tmp_path / "cat.parquet"), "-o", str(tmp_path / "b"), "--codebook-sizes", "12,12,12",
+        "--device", "cuda:0", "--json",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    load = summary["device_load"]
+    manifest = json.loads((tmp_path / "b" / "v000001" / "manifest.json").read_text())
+    table_files = [name for step in manifest["steps"] for name in step["files"].values()]
+    table_files.append(manifest["leaves"]["files"]["offsets"])
+    npy_payload = sum(np.load(tmp_path / "b" / "v000001" / name).nbytes for name in table_files)
+    assert load["device"] == "cuda:0" and load["bytes"] == npy_payload
