@@ -422,3 +422,18 @@ def test_round_trip_matches_input(tmp_path_factory, n, length, vocab, layout, gr
     assert cat.codebook_sizes == tuple(int(v) + 1 for v in sids.max(axis=0))
     expected_dtype = np.uint8 if sids.max() < 256 else np.uint16 if sids.max() < 65536 else np.uint32
     assert cat.sids.dtype == expected_dtype
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_string_duplicate_check_through_hashes(monkeypatch, large):
+    import zerogr_build.catalog as catalog_module
+
+    monkeypatch.setattr(catalog_module, "NUMBA_MIN_ROWS", 1)  # the hashed path, as on large catalogs
+    values = [f"item-{i}" for i in range(3000)] + ["", "é", "e\u0301"]
+    ids = pa.array(values, pa.large_string() if large else pa.string())
+    assert first_duplicate_row(ids) == -1
+    assert first_duplicate_row(ids.slice(7)) == -1
+    with_dup = pa.array([*values, "item-17", "x"], ids.type)
+    assert first_duplicate_row(with_dup) == len(values)
+    assert first_duplicate_row(with_dup.slice(20)) == -1  # the twin of "item-17" is sliced away
+    assert first_duplicate_row(pa.array(["", "a", ""], ids.type)) == 2

@@ -11,6 +11,8 @@ Sorting 20M int64 ids costs ~2 s and Arrow's hash-based unique more. Two O(N) pa
   enough that each bucket's hash table stays in cache, then probe bucket by bucket. A repeat can only meet
   its twin inside one bucket, so checking buckets independently is exact.
 Only when a repeat exists is the (slower, row-exact) full hash table run to name the first repeated row.
+String ids are hashed to 64 bits (FNV-1a + splitmix64) and checked the same way: distinct hashes prove
+distinct strings; a repeated hash (a duplicate, or a ~N^2/2^65 collision) sends the caller to an exact check.
 """
 
 from __future__ import annotations
@@ -157,3 +159,19 @@ def first_repeat_int64(keys: np.ndarray) -> int:
     if not _has_repeat_partitioned(keys):
         return -1
     return _first_repeat_hash(keys)
+
+
+@njit(cache=True)
+def hash_strings(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """Arrow string buffers -> int64 [n] hashes. offsets int32|int64 [n+1] (already sliced to the array),
+    data uint8 [bytes]. Equal strings get equal hashes."""
+    n = offsets.shape[0] - 1
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        h = np.uint64(0xCBF29CE484222325)
+        lo = np.int64(offsets[i])
+        hi = np.int64(offsets[i + 1])
+        for k in range(lo, hi):
+            h = (h ^ np.uint64(data[k])) * np.uint64(0x100000001B3)
+        out[i] = np.int64(_mix(np.int64(h ^ np.uint64(hi - lo))))
+    return out

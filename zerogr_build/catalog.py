@@ -438,6 +438,15 @@ def _first_repeat_by_sort(values: np.ndarray) -> int:
     return int(order[1:][same].min()) if same.any() else -1
 
 
+def _string_buffers(ids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets [n+1], data uint8) of a string/large_string array without nulls, as numpy views."""
+    _, offsets_buf, data_buf = ids.buffers()
+    offset_type = np.int64 if pa.types.is_large_string(ids.type) else np.int32
+    offsets = np.frombuffer(offsets_buf, dtype=offset_type)[ids.offset : ids.offset + len(ids) + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return offsets, data
+
+
 def first_duplicate_row(ids: pa.Array) -> int:
     """Index of the first row whose item id already occurred in an earlier row, or -1 if all are distinct."""
     if len(ids) < 2:
@@ -453,7 +462,12 @@ def first_duplicate_row(ids: pa.Array) -> int:
         from ._catalog_kernels import first_repeat_int64  # numba compiles lazily (cached)
 
         return int(first_repeat_int64(keys))
-    if len(pc.unique(ids)) == len(ids):
+    if len(ids) >= NUMBA_MIN_ROWS:
+        from ._catalog_kernels import first_repeat_int64, hash_strings
+
+        if first_repeat_int64(hash_strings(*_string_buffers(ids))) == -1:
+            return -1  # distinct hashes: certainly distinct strings
+    elif len(pc.unique(ids)) == len(ids):
         return -1
     # Error path only: the earliest row whose id equals an earlier one. Stable sort keeps rows in order
     # within a run of equal ids, so every non-first member of a run is a repeat; take the smallest.
