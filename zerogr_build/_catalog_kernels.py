@@ -71,94 +71,111 @@ def _first_repeat_bitmap(keys: np.ndarray, lo: np.int64, span: np.uint64) -> int
 
 
 @njit(cache=True)
-def _has_repeat_partitioned(keys: np.ndarray) -> bool:
+def _bucket_starts(keys: np.ndarray, bits: int) -> np.ndarray:
+    """int64 [2**bits + 1]: exclusive prefix sum of keys per bucket (top `bits` bits of the hash)."""
+    shift = np.uint64(64 - bits)
+    starts = np.zeros((1 << bits) + 1, dtype=np.int64)
+    for i in range(keys.shape[0]):
+        starts[np.int64(_mix(keys[i]) >> shift) + 1] += 1
+    for b in range(1 << bits):
+        starts[b + 1] += starts[b]
+    return starts
+
+
+@njit(cache=True)
+def _scatter_hashes(keys: np.ndarray, bits: int, starts: np.ndarray, part: np.ndarray) -> None:
+    """part[starts[b]:starts[b+1]] = hashes of bucket b. The hash is a bijection of the key (xor-shifts and
+    odd multiplications), so equal hashes mean equal keys and the keys themselves are not needed."""
+    shift = np.uint64(64 - bits)
+    fill = starts[:-1].copy()
+    for i in range(keys.shape[0]):
+        h = _mix(keys[i])
+        b = np.int64(h >> shift)
+        part[fill[b]] = np.int64(h)
+        fill[b] += 1
+
+
+@njit(cache=True)
+def _probe_buckets(part: np.ndarray, starts: np.ndarray, table: np.ndarray, stamp: np.ndarray) -> bool:
+    """Open addressing per bucket on the hash's low bits; stamp[slot] == bucket + 1 marks slots used by the
+    current bucket, so the cache-sized table is never cleared between buckets."""
+    mask = np.int64(table.shape[0] - 1)
+    for b in range(starts.shape[0] - 1):
+        mark = b + 1
+        for i in range(starts[b], starts[b + 1]):
+            h = part[i]
+            slot = h & mask
+            while stamp[slot] == mark:
+                if table[slot] == h:
+                    return True
+                slot = (slot + 1) & mask
+            stamp[slot] = mark
+            table[slot] = h
+    return False
+
+
+def has_repeat_partitioned(keys: np.ndarray) -> bool:
+    """True when some key occurs twice. Buffers come from np.zeros here rather than from numba: numba's
+    allocations are touched page by page on first write and measured several times slower to fill."""
     n = keys.shape[0]
     bits = 0
     while (n >> bits) > _BUCKET_KEYS and bits < 24:
         bits += 1
-    shift = np.uint64(64 - bits) if bits else np.uint64(63)
-    n_buckets = 1 << bits
-    # 1. count keys per bucket (top bits of the hash), exclusive prefix sum -> bucket starts
-    starts = np.zeros(n_buckets + 1, dtype=np.int64)
-    for i in range(n):
-        b = np.int64(_mix(keys[i]) >> shift) if bits else 0
-        starts[b + 1] += 1
-    largest = 0
-    for b in range(n_buckets):
-        largest = max(largest, starts[b + 1])
-        starts[b + 1] += starts[b]
-    # 2. scatter keys into their buckets
-    part = np.empty(n, dtype=np.int64)
-    fill = starts[:-1].copy()
-    for i in range(n):
-        b = np.int64(_mix(keys[i]) >> shift) if bits else 0
-        part[fill[b]] = keys[i]
-        fill[b] += 1
-    # 3. per bucket, open addressing on the low hash bits; `stamp` marks slots used by this bucket,
-    #    so the table is never cleared between buckets
-    capacity = 1
-    while capacity < 2 * largest:
-        capacity *= 2
-    mask = np.uint64(capacity - 1)
-    table = np.empty(capacity, dtype=np.int64)
+    bits = max(bits, 1)
+    starts = _bucket_starts(keys, bits)
+    part = np.zeros(n, dtype=np.int64)
+    _scatter_hashes(keys, bits, starts, part)
+    largest = int((starts[1:] - starts[:-1]).max())
+    capacity = 1 << max(int(2 * largest - 1).bit_length(), 1)
+    table = np.zeros(capacity, dtype=np.int64)
     stamp = np.zeros(capacity, dtype=np.int32)
-    for b in range(n_buckets):
-        mark = b + 1
-        for i in range(starts[b], starts[b + 1]):
-            key = part[i]
-            slot = np.int64(_mix(key) & mask)
-            while stamp[slot] == mark:
-                if table[slot] == key:
-                    return True
-                slot = (slot + 1) & np.int64(mask)
-            stamp[slot] = mark
-            table[slot] = key
-    return False
+    return bool(_probe_buckets(part, starts, table, stamp))
 
 
 @njit(cache=True)
-def _first_repeat_hash(keys: np.ndarray) -> int:
-    """Row-exact but cache-unfriendly: one table of row numbers (+1, 0 = empty) over all keys."""
+def _first_repeat_hash(keys: np.ndarray, table: np.ndarray) -> int:
+    """Row-exact but cache-unfriendly: `table` (zeros, power-of-two length >= 2N) of row numbers + 1."""
     n = keys.shape[0]
-    capacity = 1
-    while capacity < 2 * n:
-        capacity *= 2
-    mask = np.uint64(capacity - 1)
-    table = np.zeros(capacity, dtype=np.int64)
+    mask = np.int64(table.shape[0] - 1)
     for i in range(n):
         key = keys[i]
-        slot = np.int64(_mix(key) & mask)
+        slot = np.int64(_mix(key)) & mask
         while True:
-            j = table[slot]
+            j = np.int64(table[slot])
             if j == 0:
                 table[slot] = i + 1
                 break
             if keys[j - 1] == key:
                 return i
-            slot = (slot + 1) & np.int64(mask)
+            slot = (slot + 1) & mask
     return -1
 
 
 @njit(cache=True)
+def _span(keys: np.ndarray) -> tuple[np.int64, np.uint64]:
+    """(min, max - min) of int64 keys; the unsigned difference is exact for any int64 lo <= hi."""
+    lo = keys[0]
+    hi = keys[0]
+    for i in range(keys.shape[0]):
+        lo = min(lo, keys[i])
+        hi = max(hi, keys[i])
+    return lo, np.uint64(hi) - np.uint64(lo)
+
+
 def first_repeat_int64(keys: np.ndarray) -> int:
     """keys int64 [N] -> index of the first element equal to an earlier one, or -1 when all are distinct."""
     n = keys.shape[0]
     if n < 2:
         return -1
-    lo = keys[0]
-    hi = keys[0]
-    for i in range(n):
-        if keys[i] < lo:
-            lo = keys[i]
-        if keys[i] > hi:
-            hi = keys[i]
-    # Unsigned difference is exact for any int64 lo <= hi (wraps modulo 2**64 into the true span).
-    span = np.uint64(hi) - np.uint64(lo)
-    if span < np.uint64(_BITMAP_BITS_PER_ITEM) * np.uint64(n):
-        return _first_repeat_bitmap(keys, lo, span)
-    if not _has_repeat_partitioned(keys):
+    lo, span = _span(keys)
+    if int(span) < _BITMAP_BITS_PER_ITEM * n:
+        return int(_first_repeat_bitmap(keys, lo, span))
+    if not has_repeat_partitioned(keys):
         return -1
-    return _first_repeat_hash(keys)
+    # Error path: name the first repeated row. int32 row numbers while they fit halve the table.
+    capacity = 1 << int(2 * n - 1).bit_length()
+    table = np.zeros(capacity, dtype=np.int32 if n < 2**31 - 1 else np.int64)
+    return int(_first_repeat_hash(keys, table))
 
 
 @njit(cache=True)

@@ -188,6 +188,16 @@ def _common_item_type(types: list[tuple[str, pa.DataType]], column: str) -> pa.D
 # --------------------------------------------------------------------------------------------------
 
 
+def _fresh(shape: int | tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A large output array that batches are copied into.
+
+    np.zeros, not np.empty: numpy marks big np.empty buffers for transparent huge pages, and copying batch
+    after batch into such untouched memory measured ~20x slower (0.5 s vs 0.025 s per 160 MB) than into a
+    calloc'ed np.zeros buffer, whose pages the kernel hands out zeroed on first write anyway.
+    """
+    return np.zeros(shape, dtype=dtype)
+
+
 def _unsigned_dtype_for(max_value: int) -> np.dtype:
     """Smallest unsigned dtype holding 0..max_value."""
     for dtype in (np.uint8, np.uint16, np.uint32):
@@ -228,7 +238,7 @@ class _Reader:
         self.step_max: np.ndarray | None = None  # int64 [L], running max token per step (inference)
         self.int_ids = pa.types.is_integer(item_type)
         self.id_values: np.ndarray | None = (
-            np.empty(total_rows, dtype=item_type.to_pandas_dtype()) if self.int_ids else None
+            _fresh(total_rows, item_type.to_pandas_dtype()) if self.int_ids else None
         )
         self.id_chunks: list[pa.Array] = []
         self.file_starts: list[int] = []  # global row of each file's first row
@@ -357,13 +367,13 @@ class _Reader:
             return
         if self.sids is None:
             assert self.num_steps is not None
-            self.sids = np.empty((self.total_rows, self.num_steps), dtype=self.dtype)
+            self.sids = _fresh((self.total_rows, self.num_steps), self.dtype)
         if self.codebook_sizes is None and self.step_max is not None:
             needed = _unsigned_dtype_for(int(self.step_max.max()))
             if needed.itemsize > self.sids.dtype.itemsize:
                 # Inferred sizes only: widen once when a larger token first shows up (rows so far are copied;
                 # with real catalogs this happens in the first batch, when nothing has been stored yet).
-                wider = np.empty(self.sids.shape, dtype=needed)
+                wider = _fresh(self.sids.shape, needed)
                 wider[:row] = self.sids[:row]
                 self.sids = wider
         self.sids[row : row + n] = block
