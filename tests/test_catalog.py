@@ -437,3 +437,17 @@ def test_string_duplicate_check_through_hashes(monkeypatch, large):
     assert first_duplicate_row(with_dup) == len(values)
     assert first_duplicate_row(with_dup.slice(20)) == -1  # the twin of "item-17" is sliced away
     assert first_duplicate_row(pa.array(["", "a", ""], ids.type)) == 2
+
+
+def test_prefetch_thread_stops_when_a_batch_is_rejected(tmp_path, monkeypatch):
+    import threading
+
+    import zerogr_build.catalog as catalog_module
+
+    monkeypatch.setattr(catalog_module, "BATCH_ROWS", 10)
+    sids, ids = random_catalog(500)
+    sids[25, 0] = 60  # rejected in the third batch while later ones are being decoded
+    path = write(tmp_path / "c.parquet", sids, ids, row_group_size=50)
+    with raises_input(r"row 25 .* token 60 at step 0 is >= codebook size 50"):
+        read_catalog(path, codebook_sizes=[50] * 3)
+    assert not [t for t in threading.enumerate() if t.name.startswith("zerogr-")]

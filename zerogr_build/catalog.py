@@ -11,6 +11,7 @@ Every rule a catalog can break raises `InputError` with one line naming the file
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
@@ -434,6 +435,50 @@ def _iter_batches(name: str, pf: pq.ParquetFile, columns: list[str]) -> Iterator
             yield batch
 
 
+def _prefetched(batches: Iterator[pa.RecordBatch], depth: int = 1) -> Iterator[pa.RecordBatch]:
+    """Decode the next batch on a helper thread while the caller validates and copies the current one
+    (Arrow releases the GIL while decoding). At most `depth` decoded batches wait, so memory stays bounded.
+    Exceptions (InputError for corrupt data) are re-raised in the caller at the batch where they occurred."""
+    import queue
+    import threading
+
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        slots.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            slots.put(done)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            slots.put(exc)
+
+    worker = threading.Thread(target=produce, name="zerogr-parquet-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = slots.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a producer waiting on a full queue, then let it finish
+            with contextlib.suppress(queue.Empty):
+                slots.get(timeout=0.1)
+        worker.join()
+
+
 # --------------------------------------------------------------------------------------------------
 # 4. Duplicate item ids (vectorised: numba for integers, Arrow hashing for strings)
 # --------------------------------------------------------------------------------------------------
@@ -552,8 +597,12 @@ def read_catalog(
         for name, rows in zip(files, file_rows, strict=True):
             reader.file_starts.append(row)
             file_row = 0
-            with _open(name) as pf:
-                for batch in _iter_batches(name, pf, columns):
+            # closing(): on an error the prefetch thread is stopped before the file is closed under it
+            with (
+                _open(name) as pf,
+                contextlib.closing(_prefetched(_iter_batches(name, pf, columns))) as batches,
+            ):
+                for batch in batches:
                     reader.add_batch(name, batch, file_row, row)
                     file_row += batch.num_rows
                     row += batch.num_rows
