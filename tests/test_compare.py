@@ -53,6 +53,8 @@ def brute_force(bundle, request_ids, biased=False):
     weights, _ = fn(bundle, request_ids)
     ranked = {"filter_first": [], "score_first": []}
     masses = [[] for _ in SIZES]
+    spreads = [[] for _ in SIZES]  # per step, per request: max - min of -log(1 - mass) over prefixes
+    gaps = {"filter_first": [], "score_first": []}  # per request: sorted totals
     for r in request_ids:
         totals = {"filter_first": np.zeros(len(leaves)), "score_first": np.zeros(len(leaves))}
         for t in range(len(SIZES)):
@@ -72,17 +74,23 @@ def brute_force(bundle, request_ids, biased=False):
             totals["filter_first"] += valid_lp[rows, leaves[:, t]]
             _, first = np.unique(leaves[:, :t], axis=0, return_index=True)
             probs = np.exp(all_lp[first])
-            masses[t].extend((probs * ~valid[first]).sum(axis=1).tolist())
+            mass = (probs * ~valid[first]).sum(axis=1)
+            masses[t].extend(mass.tolist())
+            if len(first) >= 2:
+                boost = -np.log1p(-mass)
+                spreads[t].append(boost.max() - boost.min())
         for order, tot in totals.items():
             ranked[order].append([items[j] for j in np.argsort(-tot, kind="stable")])
-    return ranked, [float(np.mean(m)) for m in masses]
+            gaps[order].append(np.sort(tot)[::-1])
+    spread = [float(np.mean(v)) if v else 0.0 for v in spreads]
+    return ranked, [float(np.mean(m)) for m in masses], spread, gaps
 
 
 @pytest.mark.parametrize("biased", [False, True])
 def test_compare_matches_brute_force(bundle, biased):
     ids = list(range(5))
     targets = [100, 105, None, 119, 111]
-    ranked, masses = brute_force(bundle, ids, biased)
+    ranked, masses, spread, gaps = brute_force(bundle, ids, biased)
     fn = model_fn_with_bias if biased else model_fn
     ks = [1, 5, 10, 20]
     report = compare_orders(bundle, fn, Requests(ids, targets), beam_width=32, ks=ks, batch_size=2)
@@ -102,6 +110,10 @@ def test_compare_matches_brute_force(bundle, biased):
     # The exhaustive beam holds every distinct prefix at every step, in both orders.
     for order in ("filter_first", "score_first"):
         assert report.invalid_mass[order] == pytest.approx(masses, abs=1e-5)
+        assert report.boost_spread[order] == pytest.approx(spread, abs=1e-4)
+        for k in ks:
+            expect = np.mean([g[0] - g[k - 1] for g in gaps[order]])
+            assert report.score_gap[order][k] == pytest.approx(expect, abs=1e-4)
     # A beam of 32 keeps all 32 codes unconstrained: 12 of them are not catalog SIDs.
     assert report.unconstrained_invalid_rate == pytest.approx(12 / 32)
     assert report.overlap[20] == pytest.approx(1.0)  # top-20 of a 20-item catalog is the whole catalog

@@ -60,6 +60,10 @@ class CompareReport:
     {order: [mean per step]} and invalid_mass_max {order: [max per step]} over the beams alive at each
     step (padded beams excluded); unconstrained_invalid_rate: share of unconstrained final beams that are
     not catalog SIDs; requests_differing {K: share of requests whose top-K lists differ as sets}.
+    The mechanism, in log-prob units (nats): filter-first adds boost = -log(1 - mass) to every candidate of
+    a beam. boost_spread {order: [per step]}: mean over requests of (max - min) boost among its alive
+    beams; score_gap {order: {K: mean over requests of score(beam 1) - score(beam K)}}. When boosts
+    differ between beams by more than the gaps between candidates, the two orders rank differently.
     """
 
     requests: int
@@ -71,6 +75,8 @@ class CompareReport:
     ndcg: dict[str, dict[int, float]]
     invalid_mass: dict[str, list[float]]
     invalid_mass_max: dict[str, list[float]]
+    boost_spread: dict[str, list[float]]
+    score_gap: dict[str, dict[int, float]]
     unconstrained_invalid_rate: float
     with_targets: int
     seconds: float
@@ -81,7 +87,7 @@ class CompareReport:
         out = asdict(self)
         for key in ("overlap", "requests_differing"):
             out[key] = {str(k): v for k, v in out[key].items()}
-        for key in ("recall", "ndcg"):
+        for key in ("recall", "ndcg", "score_gap"):
             out[key] = {o: {str(k): v for k, v in per.items()} for o, per in out[key].items()}
         return out
 
@@ -241,10 +247,11 @@ def valid_token_mask(table: Any, rows: np.ndarray) -> np.ndarray:
     return mask
 
 
-def invalid_mass(hidden: Any, weight: Any, bias: Any, valid: np.ndarray) -> np.ndarray:
-    """float64 [R]: probability of the full softmax over V_t on tokens where valid[r] is False (fp32 math).
+def invalid_mass(hidden: Any, weight: Any, bias: Any, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mass, boost), float64 [R] each: the full softmax's probability on tokens where valid[r] is False,
+    and filter-first's boost -log(1 - mass) = logsumexp(all logits) - logsumexp(valid logits) (fp32 math).
 
-    Computed as 1 - exp(logsumexp(valid logits) - logsumexp(all logits)) so it stays exact near 0.
+    Both come from the two logsumexps, so mass stays exact near 0 and boost near mass = 1.
     """
     import torch
 
@@ -255,20 +262,25 @@ def invalid_mass(hidden: Any, weight: Any, bias: Any, valid: np.ndarray) -> np.n
     lse_all = torch.logsumexp(logits, dim=1)
     lse_valid = torch.logsumexp(logits.masked_fill(~valid_t, float("-inf")), dim=1)
     mass = -torch.expm1(lse_valid - lse_all)
-    return mass.clamp(0.0, 1.0).double().cpu().numpy()
+    boost = (lse_all - lse_valid).clamp(min=0.0)
+    return mass.clamp(0.0, 1.0).double().cpu().numpy(), boost.double().cpu().numpy()
 
 
 def _run_order(dec: Any, step_fn: Callable, batch_size: int, beam_width: int, order: str, weights: list):
-    """One search in `order`; returns (result, per-step invalid masses of the beams alive at each step)."""
+    """One search in `order`; returns (result, per step: (invalid mass float64 [A_t], boost float64 [A_t],
+    request int64 [A_t]) of the A_t beams alive at that step)."""
     import torch
 
     state = dec.start(batch_size, beam_width, order)
     masses: list[list[np.ndarray]] = [[] for _ in range(dec.num_steps)]
+    boosts: list[list[np.ndarray]] = [[] for _ in range(dec.num_steps)]
+    owners: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in range(dec.num_steps)]
     for t in range(dec.num_steps):
         hidden = step_fn(t, state.prefixes, state.batch)
         if order in CONSTRAINED:
             rows = state.rows.detach().cpu().numpy()
             alive = rows >= 0
+            owners[t] = state.batch.detach().cpu().numpy()[alive]
             weight, bias = weights[t]
             h_all = torch.as_tensor(hidden).detach()
             h = h_all[torch.as_tensor(np.flatnonzero(alive), device=h_all.device)]
@@ -276,9 +288,26 @@ def _run_order(dec: Any, step_fn: Callable, batch_size: int, beam_width: int, or
             for lo in range(0, h.shape[0], MASS_CHUNK):  # bounded [chunk, V_t] logits for large codebooks
                 sel = slice(lo, lo + MASS_CHUNK)
                 mask = valid_token_mask(dec.index.steps[t], rows[alive][sel])
-                masses[t].append(invalid_mass(h[sel].cpu(), w, bias, mask))
+                mass, boost = invalid_mass(h[sel].cpu(), w, bias, mask)
+                masses[t].append(mass)
+                boosts[t].append(boost)
         state = dec.step(state, hidden)
-    return dec.finish(state), [np.concatenate(m) if m else np.zeros(0) for m in masses]
+    per_step = [
+        (np.concatenate(m) if m else np.zeros(0), np.concatenate(b) if b else np.zeros(0), o)
+        for m, b, o in zip(masses, boosts, owners, strict=True)
+    ]
+    return dec.finish(state), per_step
+
+
+def _boost_spread(boost: np.ndarray, owner: np.ndarray, batch_size: int) -> tuple[float, int]:
+    """Sum over requests with >= 2 alive beams of (max - min) of the filter-first boost -log(1 - mass)
+    among its beams, and the number of such requests."""
+    hi = np.full(batch_size, -np.inf)
+    lo = np.full(batch_size, np.inf)
+    np.maximum.at(hi, owner, boost)
+    np.minimum.at(lo, owner, boost)
+    several = np.bincount(owner, minlength=batch_size) >= 2
+    return float((hi - lo)[several].sum()), int(several.sum())
 
 
 def compare_orders(
@@ -312,6 +341,10 @@ def compare_orders(
     mass_sum = {o: np.zeros(len(sizes)) for o in CONSTRAINED}
     mass_max = {o: np.zeros(len(sizes)) for o in CONSTRAINED}
     mass_count = {o: np.zeros(len(sizes)) for o in CONSTRAINED}
+    spread_sum = {o: np.zeros(len(sizes)) for o in CONSTRAINED}
+    spread_count = {o: np.zeros(len(sizes)) for o in CONSTRAINED}
+    gap_sum = {o: dict.fromkeys(ks, 0.0) for o in ORDERS}
+    gap_count = {o: dict.fromkeys(ks, 0) for o in ORDERS}
     unconstrained_beams = unconstrained_invalid = 0
     k_max = max(ks)
     progress.stage("compare", n)
@@ -326,11 +359,21 @@ def compare_orders(
         for order in ORDERS:
             res, masses = _run_order(dec, step_fn, len(ids), m, order, weights)
             lists[order].extend(top_k_items(dec.items(res), k_max))
-            for t, mass in enumerate(masses):
+            for t, (mass, boost, owner) in enumerate(masses):
                 if mass.size:
                     mass_sum[order][t] += mass.sum()
                     mass_count[order][t] += mass.size
                     mass_max[order][t] = max(mass_max[order][t], float(mass.max()))
+                    spread, count = _boost_spread(boost, owner, len(ids))
+                    spread_sum[order][t] += spread
+                    spread_count[order][t] += count
+            scores = res.scores.detach().cpu().numpy()
+            for k in ks:
+                if k <= m:
+                    gap = scores[:, 0] - scores[:, k - 1]
+                    ok = np.isfinite(gap)
+                    gap_sum[order][k] += float(gap[ok].sum())
+                    gap_count[order][k] += int(ok.sum())
             if order == "unconstrained":
                 real = np.isfinite(res.scores.detach().cpu().numpy())
                 unconstrained_beams += int(real.sum())
@@ -364,6 +407,10 @@ def compare_orders(
         ndcg=ndcg,
         invalid_mass={o: (mass_sum[o] / np.maximum(mass_count[o], 1)).tolist() for o in CONSTRAINED},
         invalid_mass_max={o: mass_max[o].tolist() for o in CONSTRAINED},
+        boost_spread={o: (spread_sum[o] / np.maximum(spread_count[o], 1)).tolist() for o in CONSTRAINED},
+        score_gap={
+            o: {k: gap_sum[o][k] / gap_count[o][k] for k in ks if gap_count[o][k]} for o in CONSTRAINED
+        },
         unconstrained_invalid_rate=unconstrained_invalid / max(unconstrained_beams, 1),
         with_targets=with_targets,
         seconds=time.perf_counter() - started,
@@ -404,6 +451,11 @@ def report_rows(report: CompareReport) -> list[list[str]]:
     rows.append(
         ["requests with different top-K"] + [f"{100 * report.requests_differing[k]:.2f}%" for k in report.ks]
     )
+    for order in CONSTRAINED:
+        if order in report.score_gap:
+            gaps = report.score_gap[order]
+            cells = [f"{gaps[k]:.3f}" if k in gaps else "-" for k in report.ks]
+            rows.append([f"score gap beam 1..K (nats) {order}"] + cells)
     for metric, values in (("Recall", report.recall), ("NDCG", report.ndcg)):
         for order in ORDERS:
             if order in values:
@@ -417,4 +469,5 @@ def mass_rows(report: CompareReport) -> list[list[str]]:
     for order in CONSTRAINED:
         rows.append([order, "mean"] + [f"{v:.4f}" for v in report.invalid_mass[order]])
         rows.append([order, "max"] + [f"{v:.4f}" for v in report.invalid_mass_max[order]])
+        rows.append([order, "boost spread (nats)"] + [f"{v:.3f}" for v in report.boost_spread[order]])
     return rows
