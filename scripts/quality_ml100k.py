@@ -34,7 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from zerogr_build.compare import Requests, compare_orders, mass_rows, parse_ks, report_rows  # noqa: E402
 from zerogr_build.quality.data import DEFAULT_CACHE_DIR, fetch_ml100k, leave_one_out  # noqa: E402
 from zerogr_build.quality.model import ModelConfig, set_determinism, train_model  # noqa: E402
-from zerogr_build.quality.pipeline import build_bundle, make_sids, model_fn_for, write_catalog  # noqa: E402
+from zerogr_build.quality.pipeline import (  # noqa: E402
+    build_bundle,
+    make_sids,
+    model_fn_for,
+    save_run,
+    write_catalog,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         ids=[int(u) for u in split.user_ids],
         targets=[int(split.item_ids[i]) for i in split.test_targets],
     )
+    targets = {
+        int(u): int(split.item_ids[i]) for u, i in zip(split.user_ids, split.test_targets, strict=True)
+    }
+    save_run(work, model, catalog.sids, histories, targets)
     report = compare_orders(
         bundle,
         model_fn_for(model, histories, catalog.sids),
@@ -117,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         markup=False,
     )
     console.print(f"command: {command}", markup=False)
+    console.print(
+        f"same measurement through the CLI: ZEROGR_ML100K_RUN={work} zerogr compare {bundle.path} "
+        f"--model zerogr_build.quality.ml100k:model_fn --requests {work / 'requests.parquet'} "
+        f"--beam-width {args.beam_width} --k {args.k}",
+        markup=False,
+    )
     if args.json:
         out = report.to_dict()
         out["extra"] = {

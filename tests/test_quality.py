@@ -193,3 +193,27 @@ def test_training_is_deterministic_and_step_fn_paths_agree():
     assert torch.allclose(alone[0], packed[0], atol=1e-5)
     weights = a.output_weights()
     assert [tuple(w.shape) for w in weights] == [(v, cfg.d_model) for v in sizes]
+
+
+def test_saved_run_reloads_for_zerogr_compare(tmp_path, monkeypatch):
+    from zerogr_build.quality import ml100k
+    from zerogr_build.quality.model import train_model
+    from zerogr_build.quality.pipeline import model_fn_for, save_run
+
+    split, sids, sizes, cfg = _tiny_setup()
+    model = train_model(split.train_sequences, sids, sizes, cfg)
+    histories = {int(u): h for u, h in zip(split.user_ids, split.test_histories, strict=True)}
+    _, requests = save_run(tmp_path, model, sids, histories, {int(split.user_ids[0]): 5})
+    monkeypatch.setenv("ZEROGR_ML100K_RUN", str(tmp_path))
+    ids = [int(u) for u in split.user_ids[:3]]
+    w_new, fn_new = ml100k.model_fn(None, ids)
+    w_old, fn_old = model_fn_for(model, histories, sids)(None, ids)
+    for x, y in zip(w_new, w_old, strict=True):
+        assert torch.equal(x, y)
+    prefixes, batch = torch.as_tensor(sids[:3, :1]), torch.tensor([0, 1, 2])
+    assert torch.equal(fn_new(1, prefixes, batch), fn_old(1, prefixes, batch))
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(requests).to_pydict()
+    assert table["request_id"] == [int(u) for u in split.user_ids]
+    assert table["target_item"][0] == 5 and table["target_item"][1] is None

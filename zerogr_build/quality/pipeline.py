@@ -102,3 +102,46 @@ def model_fn_for(model: Any, histories: dict[Any, np.ndarray], sids: np.ndarray)
         return weights, encoder.step_fn
 
     return model_fn
+
+
+def save_run(
+    path: str | Path, model: Any, sids: np.ndarray, histories: dict[Any, np.ndarray], targets: dict[Any, Any]
+) -> tuple[Path, Path]:
+    """Save a trained run so `zerogr compare` can load it: model.pt (config, weights, SIDs, histories) and
+    requests.parquet (request_id, target_item). Returns both paths."""
+    import dataclasses
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    blob = {
+        "config": dataclasses.asdict(model.cfg),
+        "codebook_sizes": list(model.codebook_sizes),
+        "state_dict": model.state_dict(),
+        "sids": torch.as_tensor(np.asarray(sids, dtype=np.int64)),
+        "histories": {k: torch.as_tensor(np.asarray(v, dtype=np.int64)) for k, v in histories.items()},
+    }
+    torch.save(blob, path / "model.pt")
+    ids = list(histories)
+    pq.write_table(
+        pa.table({"request_id": pa.array(ids), "target_item": pa.array([targets.get(r) for r in ids])}),
+        path / "requests.parquet",
+    )
+    return path / "model.pt", path / "requests.parquet"
+
+
+def load_run_model_fn(path: str | Path):
+    """The `zerogr compare` model function of a run saved by save_run (path: its directory)."""
+    import torch
+
+    from .model import ModelConfig, TigerLike
+
+    blob = torch.load(Path(path) / "model.pt", weights_only=False)
+    model = TigerLike(blob["codebook_sizes"], ModelConfig(**blob["config"]))
+    model.load_state_dict(blob["state_dict"])
+    model.eval()
+    histories = {k: v.numpy() for k, v in blob["histories"].items()}
+    return model_fn_for(model, histories, blob["sids"].numpy())
