@@ -323,8 +323,8 @@ def compare_orders(
 ) -> CompareReport:
     """Decode every request in all three orders and compare (see the module docstring).
 
-    bundle: an opened Bundle (open_bundle). beam_width: M (default max(ks); must be >= max(ks) so a top-K
-    list can be full). batch_size: requests per model_fn call / search.
+    bundle: an opened Bundle (open_bundle). beam_width: M (default max(ks); with M < K a top-K list holds
+    at most the items of M SIDs). batch_size: requests per model_fn call / search.
     """
     from .runtime.decoder import Decoder
 
