@@ -74,7 +74,10 @@ def _stderr() -> Console:
 
 
 def _stdout() -> Console:
-    return Console(soft_wrap=True, highlight=False)
+    console = Console(soft_wrap=True, highlight=False)
+    if not console.is_terminal:  # piped or logged: rich would assume 80 columns and truncate table cells
+        console = Console(soft_wrap=True, highlight=False, width=200)
+    return console
 
 
 @contextlib.contextmanager
