@@ -21,7 +21,6 @@ The catalog comes from scripts/make_catalog.py's skewed generator (the same proc
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -123,22 +122,20 @@ class NaiveFilterFirst:
 
 
 def timer(device: torch.device):
+    """time_once(fn) -> ms of one call, synchronising the device around it."""
+
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def measure(fn, repeats: int) -> float:
-        fn()  # warm-up
+    def time_once(fn) -> float:
         sync()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times) * 1e3
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return (time.perf_counter() - t0) * 1e3
 
-    return measure
+    return time_once
 
 
 def variants(device: torch.device) -> list[tuple[str, str, str | None]]:
@@ -155,21 +152,23 @@ def variants(device: torch.device) -> list[tuple[str, str, str | None]]:
     return rows
 
 
-def bench_one(index, sizes, args, device, measure, per_step: bool):
-    """{label: {"steps": [ms per step], "search": ms}} for every variant, plus the naive baseline."""
+def bench_one(index, sizes, args, device, time_once):
+    """{label: {"steps": [ms per step], "search": ms}} for every variant plus the naive baseline.
+
+    Rounds are interleaved (every variant once per round, round 0 = warm-up) and each number is the best
+    of `repeats` rounds, so a burst of load on a shared machine hits every variant alike instead of
+    skewing whichever happened to run during it."""
     g = torch.Generator().manual_seed(args.seed)
     dtype = DTYPES[args.dtype]
     weights = [(torch.randn(v, args.dim, generator=g) / args.dim**0.5).to(dtype) for v in sizes]
     step_fn = SeededStepFn(sizes, args.dim, args.batch, device, dtype, seed=args.seed)
     dec = Decoder(index, weights, device=device)
     naive = NaiveFilterFirst(dec)
-    results: dict[str, dict] = {}
+    plans = []  # (label, step(state, hidden), search(), [(state_t, hidden_t)])
     with torch.no_grad():
         for label, order, mode in [*variants(device), ("naive filter_first", "filter_first", "naive")]:
             if mode == "naive":
-
-                def run_step(state, hidden):
-                    return naive.step(state, hidden)
+                run_step = naive.step
 
                 def run_search():
                     return naive.search(step_fn, args.batch, args.beam)
@@ -181,16 +180,27 @@ def bench_one(index, sizes, args, device, measure, per_step: bool):
                 def run_search(order=order, mode=mode):
                     return dec.search(step_fn, args.batch, args.beam, mode=mode, order=order)
 
-            steps = []
-            if per_step:
-                state = dec.start(args.batch, args.beam, order)
-                for t in range(dec.num_steps):
-                    hidden = step_fn(t, state.prefixes, state.batch)
-                    steps.append(measure(lambda s=state, h=hidden: run_step(s, h), args.repeats))
-                    state = run_step(state, hidden)
-            results[label] = {"steps": steps, "search": measure(run_search, args.repeats)}
+            inputs = []
+            state = dec.start(args.batch, args.beam, order)
+            for t in range(dec.num_steps):
+                hidden = step_fn(t, state.prefixes, state.batch)
+                inputs.append((state, hidden))
+                state = run_step(state, hidden)
+            plans.append((label, run_step, run_search, inputs))
+        best: dict[str, dict] = {
+            label: {"steps": [float("inf")] * dec.num_steps, "search": float("inf")} for label, *_ in plans
+        }
+        for round_ in range(args.repeats + 1):
+            for label, run_step, run_search, inputs in plans:
+                for t, (state, hidden) in enumerate(inputs):
+                    ms = time_once(lambda s=state, h=hidden, f=run_step: f(s, h))
+                    if round_:
+                        best[label]["steps"][t] = min(best[label]["steps"][t], ms)
+                ms = time_once(run_search)
+                if round_:
+                    best[label]["search"] = min(best[label]["search"], ms)
     modes = [dec.mode_for(t, args.batch) for t in range(dec.num_steps)]
-    return results, dec, modes
+    return best, dec, modes
 
 
 def index_summary(index, dec) -> str:
@@ -221,7 +231,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", default="2048,4096,8192,16384", help="codebook sizes ('' to skip)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    measure = timer(device)
+    time_once = timer(device)
 
     sizes = [args.codebook] * args.steps
     t0 = time.perf_counter()
@@ -232,9 +242,9 @@ def main(argv=None) -> int:
         f"{args.beam}, {args.dtype}, {device}, torch threads {torch.get_num_threads()} "
         f"(catalog+index {time.perf_counter() - t0:.1f} s)"
     )
-    results, dec, modes = bench_one(index, sizes, args, device, measure, per_step=True)
+    results, dec, modes = bench_one(index, sizes, args, device, time_once)
     print(index_summary(index, dec))
-    print(f"filter_first/auto modes per step: {modes}\n")
+    print(f"filter_first/auto modes per step: {modes}; times: best of {args.repeats} interleaved rounds\n")
     head = "".join(f"{'step ' + str(t) + ' ms':>12}" for t in range(args.steps))
     print(f"{'order/mode':<28}{head}{'search ms':>12}{'vs score_first':>16}")
     base = results["score_first/full"]
@@ -263,7 +273,7 @@ def main(argv=None) -> int:
         for v in sweep:
             vs = [v] * args.steps
             idx = build_index(make_sids(args.items, vs, args.seed, None), vs)
-            r, d2, _ = bench_one(idx, vs, args, device, measure, per_step=True)
+            r, d2, _ = bench_one(idx, vs, args, device, time_once)
             sf, ff = r["score_first/full"], r["filter_first/selective"]
             auto, nv = r["filter_first/auto"], r["naive filter_first"]
             print(
