@@ -86,11 +86,15 @@ def kmeans(x: np.ndarray, k: int, *, iters: int = 50, seed: int = 0) -> tuple[np
         dist = _sq_dists(x, centroids)
         new = dist.argmin(axis=1)
         counts = np.bincount(new, minlength=k)
+        # k <= n, so while a cluster is empty another holds >= 2 points: move the point farthest from its
+        # centroid among those, which never empties its old cluster.
         for c in np.flatnonzero(counts == 0):
-            far = int(dist[np.arange(n), new].argmax())
+            own = dist[np.arange(n), new]
+            own[counts[new] < 2] = -1.0
+            far = int(own.argmax())
+            counts[new[far]] -= 1
             new[far] = c
-            dist[far] = 0.0
-            counts = np.bincount(new, minlength=k)
+            counts[c] += 1
         if np.array_equal(new, labels):
             break
         labels = new
