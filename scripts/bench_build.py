@@ -157,17 +157,30 @@ def _cli_command(catalog: Path, out: Path, codebook: int, steps: int) -> list[st
     ]
 
 
+# Runs argv[2:] as a child and writes its peak RSS (bytes) to the file argv[1]. Linux carries a process's
+# RSS high-water mark across fork + exec, so a child started straight from this (large) benchmark process
+# would report our own footprint; started from this small, fresh interpreter it reports only its own.
+_PEAK_RSS_REAPER = """
+import os, subprocess, sys
+proc = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(proc.pid, 0)
+open(sys.argv[1], "w").write(str(usage.ru_maxrss * 1024))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def _run_measured(command: list[str]) -> tuple[float, int, int, str, str]:
-    """Run a command; (wall seconds, peak RSS bytes of that child, return code, stdout, stderr)."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    """Run a command; (wall seconds, peak RSS bytes of that command alone, return code, stdout, stderr)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryDirectory() as d:
+        peak_file = Path(d) / "peak_rss"
+        reaper = [sys.executable, "-c", _PEAK_RSS_REAPER, str(peak_file)]
         started = time.perf_counter()
-        proc = subprocess.Popen(command, stdout=out, stderr=err, cwd=REPO)
-        _, status, usage = os.wait4(proc.pid, 0)
+        proc = subprocess.run([*reaper, *command], stdout=out, stderr=err, cwd=REPO)
         wall = time.perf_counter() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return wall, usage.ru_maxrss * 1024, proc.returncode, out.read().decode(), err.read().decode()
+        peak = int(peak_file.read_text()) if peak_file.exists() else 0
+        return wall, peak, proc.returncode, out.read().decode(), err.read().decode()
 
 
 def bench_end_to_end(items: int, steps: int, codebook: int, workdir: Path) -> EndToEndResult:
