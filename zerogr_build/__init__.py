@@ -1,7 +1,13 @@
 """zerogr: per-step constrained-decoding indexes for generative recommenders.
 
 Public API (everything else is internal):
-    build_index(sids, codebook_sizes)  -> SidIndex        the step tables, in memory
+    build_index(sids, codebook_sizes) -> SidIndex       the step tables, in memory (pure numpy/numba)
+    read_catalog(path, ...) -> Catalog                  a Parquet SID catalog, validated
+    publish_bundle / open_bundle / verify_bundle        the versioned on-disk bundle (docs/bundle-format.md)
+    Decoder(index_or_bundle, weights, device, order, plan)   filter-first constrained beam search (torch)
+    tune_bundle / find_plan                             per-step scoring plans measured on a device
+    HotSwap, load_arrays_to_device                      double-buffered loading and version swaps on a GPU
+Nothing here imports torch, cupy or CUDA at import time.
 """
 
 from .bundle import Bundle, add_bundle_files, open_bundle, publish_bundle, resolve_bundle, verify_bundle
