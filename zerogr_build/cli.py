@@ -274,6 +274,22 @@ def _check_device(device: str) -> None:
         raise InputError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) present")
 
 
+def _catalog_column_overrides(
+    sid_column: str | None, sid_columns: str | None, item_column: str | None
+) -> dict[str, Any]:
+    """Settings overrides of the catalog column options shared by `build` and `verify --catalog`."""
+    from .config import parse_name_list
+
+    if sid_column is not None and sid_columns is not None:
+        raise InputError("--sid-column and --sid-columns are mutually exclusive")
+    overrides: dict[str, Any] = {"sid_column": sid_column, "item_column": item_column}
+    if sid_columns is not None:
+        overrides["sid_columns"] = parse_name_list(sid_columns)
+    elif sid_column is not None:
+        overrides["sid_columns"] = ()  # --sid-column on the command line beats sid_columns in a config
+    return overrides
+
+
 # -------------------------------------------------------------------------------------------- build
 
 ConfigOpt = Annotated[
@@ -360,14 +376,11 @@ def build(
     line naming file, column, row and item id; nothing is published then.
     """
     with cli_errors():
-        from .config import load_settings, parse_int_list, parse_name_list
+        from .config import load_settings, parse_int_list
 
-        if sid_column is not None and sid_columns is not None:
-            raise InputError("--sid-column and --sid-columns are mutually exclusive")
         overrides: dict[str, Any] = {
+            **_catalog_column_overrides(sid_column, sid_columns, item_column),
             "out": out,
-            "sid_column": sid_column,
-            "item_column": item_column,
             "workers": workers,
             "step_formats": step_formats,
             "device": device,
@@ -376,10 +389,6 @@ def build(
         }
         if codebook_sizes is not None:
             overrides["codebook_sizes"] = parse_int_list(codebook_sizes, "--codebook-sizes")
-        if sid_columns is not None:
-            overrides["sid_columns"] = parse_name_list(sid_columns)
-        elif sid_column is not None:
-            overrides["sid_columns"] = ()  # --sid-column on the command line beats sid_columns in a config
         settings = load_settings(config, overrides)
         summary = run_build(catalog, settings, quiet=quiet)
         _print_build_summary(summary, json_out=json_out, quiet=quiet)
@@ -617,14 +626,9 @@ def verify(
     with cli_errors():
         from .bundle import load_manifest, resolve_bundle, verify_bundle
         from .catalog import read_catalog
-        from .config import load_settings, parse_name_list
+        from .config import load_settings
 
-        overrides: dict[str, Any] = {"sid_column": sid_column, "item_column": item_column}
-        if sid_columns is not None:
-            overrides["sid_columns"] = parse_name_list(sid_columns)
-        elif sid_column is not None:
-            overrides["sid_columns"] = ()
-        settings = load_settings(config, overrides)
+        settings = load_settings(config, _catalog_column_overrides(sid_column, sid_columns, item_column))
         version_dir = resolve_bundle(bundle if bundle is not None else settings.out)
         cat = None
         if catalog is not None:
