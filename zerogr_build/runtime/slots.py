@@ -159,7 +159,7 @@ def fill_slots(step: DeviceStep, start: torch.Tensor, count: torch.Tensor, width
     rank = torch.arange(width, device=start.device)
     used = rank[None, :] < count[:, None]
     flat = (start[:, None] + rank[None, :]).clamp(max=step.nnz - 1)
-    return torch.where(used, step.tokens[flat], torch.full_like(step.tokens[flat], -1))
+    return torch.where(used, step.tokens[flat], -1)
 
 
 def lane_count(num_heavy: int) -> int:

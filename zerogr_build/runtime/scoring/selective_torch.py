@@ -78,7 +78,7 @@ def selective_scores(
             tile = tile.float()
         torch.sum(tile * hidden32[lo:hi, None, :], dim=-1, out=out[lo:hi])
     if bias is not None:
-        out += bias.float()[safe]
+        out += bias[safe].float()  # gather [R, K] first: no fp32 copy of the whole [V] bias per call
     return out.masked_fill_(~valid, float("-inf"))
 
 
