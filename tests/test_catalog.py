@@ -437,6 +437,10 @@ def test_string_duplicate_check_through_hashes(monkeypatch, large):
     assert first_duplicate_row(with_dup) == len(values)
     assert first_duplicate_row(with_dup.slice(20)) == -1  # the twin of "item-17" is sliced away
     assert first_duplicate_row(pa.array(["", "a", ""], ids.type)) == 2
+    as_bytes = pa.array(
+        [v.encode() for v in with_dup.to_pylist()], pa.large_binary() if large else pa.binary()
+    )
+    assert first_duplicate_row(as_bytes) == len(values)  # offsets read at the binary type's width
 
 
 def test_prefetch_thread_stops_when_a_batch_is_rejected(tmp_path, monkeypatch):

@@ -484,26 +484,36 @@ def _prefetched(batches: Iterator[pa.RecordBatch], depth: int = 1) -> Iterator[p
 # --------------------------------------------------------------------------------------------------
 
 
-def _first_repeat_by_sort(values: np.ndarray) -> int:
-    """numpy version for small arrays: a stable sort keeps rows in order within a run of equal ids, so every
+def _earliest_repeat(order: np.ndarray, same: np.ndarray) -> int:
+    """First repeated row from a stable sort: order int [n] (stable argsort of the ids), same bool [n-1]
+    (sorted ids k and k+1 are equal). A stable sort keeps rows in order within a run of equal ids, so every
     non-first member of a run repeats an earlier row; the first repeated row is the smallest of those."""
-    order = np.argsort(values, kind="stable")
-    ordered = values[order]
-    same = ordered[1:] == ordered[:-1]
     return int(order[1:][same].min()) if same.any() else -1
 
 
 def _string_buffers(ids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets [n+1], data uint8) of a string/large_string array without nulls, as numpy views."""
+    """(offsets [n+1], data uint8) of a string/binary array (large or not) without nulls, as numpy views."""
     _, offsets_buf, data_buf = ids.buffers()
-    offset_type = np.int64 if pa.types.is_large_string(ids.type) else np.int32
-    offsets = np.frombuffer(offsets_buf, dtype=offset_type)[ids.offset : ids.offset + len(ids) + 1]
+    large = pa.types.is_large_string(ids.type) or pa.types.is_large_binary(ids.type)
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if large else np.int32)
+    offsets = offsets[ids.offset : ids.offset + len(ids) + 1]
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
     return offsets, data
 
 
+def _has_string_buffers(tp: pa.DataType) -> bool:
+    """string, large_string, binary, large_binary: an offsets buffer and a data buffer."""
+    return (
+        pa.types.is_string(tp)
+        or pa.types.is_large_string(tp)
+        or pa.types.is_binary(tp)
+        or pa.types.is_large_binary(tp)
+    )
+
+
 def first_duplicate_row(ids: pa.Array) -> int:
-    """Index of the first row whose item id already occurred in an earlier row, or -1 if all are distinct."""
+    """Index of the first row whose item id already occurred in an earlier row, or -1 if all are distinct.
+    ids: pyarrow Array without nulls (integers and strings take the fast paths; any other type works)."""
     if len(ids) < 2:
         return -1
     if pa.types.is_integer(ids.type):
@@ -512,24 +522,29 @@ def first_duplicate_row(ids: pa.Array) -> int:
         if bool(np.all(values[1:] > values[:-1])):
             return -1
         if len(values) < NUMBA_MIN_ROWS:
-            return _first_repeat_by_sort(values)
+            order = np.argsort(values, kind="stable")
+            ordered = values[order]
+            return _earliest_repeat(order, ordered[1:] == ordered[:-1])
         keys = values.view(np.int64) if values.dtype == np.uint64 else values.astype(np.int64, copy=False)
         from ._catalog_kernels import first_repeat_int64  # numba compiles lazily (cached)
 
         return int(first_repeat_int64(keys))
-    if len(ids) >= NUMBA_MIN_ROWS:
+    if len(ids) >= NUMBA_MIN_ROWS and _has_string_buffers(ids.type):
         from ._catalog_kernels import first_repeat_int64, hash_strings
 
         if first_repeat_int64(hash_strings(*_string_buffers(ids))) == -1:
             return -1  # distinct hashes: certainly distinct strings
     elif len(pc.unique(ids)) == len(ids):
         return -1
-    # Error path only: the earliest row whose id equals an earlier one. Stable sort keeps rows in order
-    # within a run of equal ids, so every non-first member of a run is a repeat; take the smallest.
-    order = pc.array_sort_indices(ids).to_numpy()
+    # Error path only (or a hash collision): the exact first repeated row.
+    order = pc.array_sort_indices(ids).to_numpy()  # Arrow's sort_indices is stable
     sorted_ids = ids.take(pa.array(order))
-    same = pc.equal(sorted_ids[1:], sorted_ids[:-1]).to_numpy(zero_copy_only=False)
-    return int(order[1:][same].min())
+    return _earliest_repeat(order, pc.equal(sorted_ids[1:], sorted_ids[:-1]).to_numpy(zero_copy_only=False))
+
+
+def first_row_with_id(ids: pa.Array, row: int) -> int:
+    """The first row holding the same id as `row` (== row when no earlier row holds it)."""
+    return int(np.flatnonzero(pc.equal(ids[: row + 1], ids[row]).to_numpy(zero_copy_only=False))[0])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -618,8 +633,7 @@ def read_catalog(
         if dup >= 0:
             name, file_row = reader.locate(dup)
             item = item_ids[dup]
-            first = int(np.flatnonzero(pc.equal(item_ids[:dup], item).to_numpy(zero_copy_only=False))[0])
-            first_name, first_row = reader.locate(first)
+            first_name, first_row = reader.locate(first_row_with_id(item_ids, dup))
             raise InputError(
                 f"{name}: column {item_column!r}, {_where(file_row, item)}: duplicate item id "
                 f"(first seen at row {first_row} of {first_name})"

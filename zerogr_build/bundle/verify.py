@@ -140,20 +140,15 @@ def check_leaf_offsets(offsets: np.ndarray, n_items: int, path: Path) -> None:
 
 
 def check_unique_items(items, path: Path) -> None:
-    """No item id twice. Integers: sort and compare neighbours; others: dictionary-encode (both measured
-    several times faster than pc.count_distinct on millions of ids)."""
-    import pyarrow as pa
+    """No item id twice (the catalog reader's duplicate check, so both name the first repeat alike)."""
+    from ..catalog import first_duplicate_row, first_row_with_id
 
-    if len(items) < 2:
-        return
-    if pa.types.is_integer(items.type):
-        ordered = np.sort(items.to_numpy())
-        same = ordered[1:] == ordered[:-1]
-        duplicates = int(same.sum())
-    else:
-        duplicates = len(items) - len(items.dictionary_encode().dictionary)
-    if duplicates:
-        raise BundleError(f"{path}: {duplicates} duplicate item ids")
+    dup = first_duplicate_row(items)
+    if dup >= 0:
+        raise BundleError(
+            f"{path}: item id {items[dup].as_py()!r} at position {dup} repeats position "
+            f"{first_row_with_id(items, dup)}"
+        )
 
 
 def sid_sort_keys(sids: np.ndarray, codebook_sizes) -> np.ndarray:
