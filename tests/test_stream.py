@@ -241,6 +241,23 @@ def test_step_tables_widened_like_the_decoder_expects():
     assert widen_on_device("tokens", big).tolist() == [0, 1, 32767, 32768, 65535]
 
 
+def test_decoder_tables_stream_only_the_step_tables():
+    """The Decoder keeps leaf offsets on the host: loading its tables moves only the step tables' bytes."""
+    from zerogr_build.runtime.stream import step_tables_on_device
+
+    index = _small_index()
+    sink = FakeDeviceSink(64)
+    tables = step_tables_on_device(index, "fake", sink=sink)
+    assert {name for name, *_ in sink.writes} == {
+        f"step{t.step}.{role}" for t in index.steps for role in t.arrays()
+    }
+    assert sum(nbytes for _, _, nbytes, _ in sink.writes) == index.index_bytes
+    for table, resident in zip(index.steps, tables, strict=True):
+        assert set(resident) == set(table.arrays())
+        for role, array in table.arrays().items():
+            assert np.array_equal(resident[role].numpy(), array)
+
+
 def test_auto_chunk_size_bounds():
     from zerogr_build.runtime.stream import DEFAULT_CHUNK_BYTES, MIN_AUTO_CHUNK_BYTES, auto_chunk_bytes
 

@@ -402,12 +402,17 @@ def load_arrays_to_device(
     return result
 
 
-def bundle_arrays(index: Any) -> Iterator[tuple[str, np.ndarray]]:
-    """The arrays of a SidIndex under their bundle names: "step{t}.{role}" per step table
-    (role indptr/tokens/next) and "leaves.offsets". Small tables first is not attempted: bundle order."""
+def step_arrays(index: Any) -> Iterator[tuple[str, np.ndarray]]:
+    """The step tables of a SidIndex under their bundle names: "step{t}.{role}" (role indptr/tokens/next)."""
     for table in index.steps:
         for role, array in table.arrays().items():
             yield f"step{table.step}.{role}", array
+
+
+def bundle_arrays(index: Any) -> Iterator[tuple[str, np.ndarray]]:
+    """The arrays of a SidIndex under their bundle names: its step_arrays, then "leaves.offsets". Small
+    tables first is not attempted: bundle order."""
+    yield from step_arrays(index)
     yield "leaves.offsets", index.leaf_offsets
 
 
@@ -473,17 +478,21 @@ def step_tables_on_device(
     *,
     low_priority: bool = False,
     chunk_bytes: int | None = None,
+    sink: Sink | None = None,
 ) -> list[dict[str, torch.Tensor]]:
-    """Per step, {role: tensor} on `device` in the Decoder's dtypes (see widen_on_device): every table is
-    streamed in its stored (narrow) dtype through the double-buffered loader, then widened on the device,
-    so the PCIe copy moves the bundle's bytes, not the widened ones."""
-    resident = index_to_device(index, device, chunk_bytes=chunk_bytes, low_priority=low_priority)
+    """Per step, {role: tensor} on `device` in the Decoder's dtypes (see widen_on_device): every step table
+    is streamed in its stored (narrow) dtype through the double-buffered loader, then widened on the device,
+    so the PCIe copy moves the bundle's bytes, not the widened ones. Leaf offsets stay on the host (the
+    Decoder maps leaves to items there). `sink` overrides the device's sink (tests pass a FakeDeviceSink)."""
+    resident = load_arrays_to_device(
+        dict(step_arrays(index)), device, chunk_bytes=chunk_bytes, low_priority=low_priority, sink=sink
+    )
     out = []
     for table in index.steps:
-        arrays = resident.step(table.step)
-        out.append({role: widen_on_device(role, t) for role, t in arrays.items()})
-        for name in [f"step{table.step}.{role}" for role in arrays]:
-            del resident.tables[name]  # free the narrow copy as soon as its wide one exists
+        # pop: free each narrow copy as soon as its wide one exists
+        out.append(
+            {role: widen_on_device(role, resident.pop(f"step{table.step}.{role}")) for role in table.arrays()}
+        )
     return out
 
 
