@@ -641,40 +641,22 @@ class TunedPlan:
     def dtypes(self) -> tuple[str, ...]:
         return tuple(sorted({e["dtype"] for e in self.data["entries"]}))
 
-    def entry_for(self, step: int, batch_size: int, dtype: str) -> dict | None:
-        """The entry of `step` and `dtype` at the measured batch size nearest to `batch_size` (in log scale,
-        as batch sizes are geometric; a tie goes to the larger), or None if the plan has no such entry."""
-        candidates = [e for e in self.data["entries"] if e["step"] == step and e["dtype"] == dtype]
-        if not candidates:
-            return None
-        target = math.log(max(1, batch_size))
-        return min(candidates, key=lambda e: (abs(math.log(e["batch_size"]) - target), -e["batch_size"]))
-
     def mode_for(
         self, step: int, batch_size: int, dtype: str, available: Sequence[str] | None = None
     ) -> str | None:
-        """The planned mode; if it is not in `available` (e.g. the kernel backend failed to load here),
-        the fastest measured mode that is; None when the plan has nothing for this step/dtype."""
-        entry = self.entry_for(step, batch_size, dtype)
-        if entry is None:
-            return None
-        if available is None or entry["mode"] in available:
-            return entry["mode"]
-        usable = {m: v for m, v in entry["timings_ms"].items() if m in available}
-        return fastest(usable) if usable else None
+        """The planned mode of the entry of `step` and `dtype` at the measured batch size nearest to
+        `batch_size` (log scale, ties to the larger: the Decoder's rule, runtime.plan.planned_mode); if it is
+        not in `available` (e.g. the kernel backend failed to load here), the fastest measured mode that is;
+        None when the plan has nothing usable for this step/dtype."""
+        from .runtime.plan import planned_mode
+
+        mode = planned_mode(self.data, step, batch_size, dtype, available)
+        return None if mode is None or (available is not None and mode not in available) else mode
 
     def kernel_files(self) -> list[str]:
         """Bundle-relative names of the compiled kernels shipped with this plan (may be empty)."""
         kernels = self.data.get("kernels") or {}
         return list(kernels.get("files") or [])
-
-
-def dtype_name(torch_dtype_value: Any) -> str:
-    """torch.float32 -> "fp32" (and fp16, bf16); ValueError for anything else."""
-    for short, long in DTYPE_NAMES.items():
-        if str(torch_dtype_value).endswith(long):
-            return short
-    raise ValueError(f"no plan dtype for {torch_dtype_value}")
 
 
 def find_plan(bundle: Any, device: str) -> TunedPlan | None:
@@ -752,7 +734,6 @@ __all__ = [
     "current_device_key",
     "device_info",
     "device_key",
-    "dtype_name",
     "find_plan",
     "load_bundle_kernels",
     "load_tune_settings",
