@@ -289,9 +289,11 @@ def test_bundle_items_and_plans(tmp_path):
     published = publish_bundle(index, ids, tmp_path / "bundles")
     bundle = open_bundle(published.path)
     model = SeededModel(sizes, 2, batch_size=2, bias=False)
-    plan = {"entries": [{"step": t, "batch_size": 4, "dtype": "fp32", "mode": "full"} for t in range(3)]}
+    # the plan says "selective" where the heuristic says "full", so following the plan is observable
+    assert [Decoder(index, model.layers()).mode_for(t, 2) for t in range(3)] == ["full"] * 3
+    plan = {"entries": [{"step": t, "batch_size": 4, "dtype": "fp32", "mode": "selective"} for t in range(3)]}
     dec = Decoder(bundle, model.layers(), plan=plan)
-    assert [dec.mode_for(t, 2) for t in range(3)] == ["full"] * 3
+    assert [dec.mode_for(t, 2) for t in range(3)] == ["selective"] * 3
     res = dec.search(model.step_fn, 2, 5)
     _, leaves, leaf_items = reference_steps(sids)
     items = dec.items(res)
@@ -299,7 +301,7 @@ def test_bundle_items_and_plans(tmp_path):
         for m in range(5):
             leaf = int(res.leaves[b, m])
             assert items[b][m] == [f"sku-{i}" for i in leaf_items[leaf]]
-    forced = Decoder(index, model.layers()).search(model.step_fn, 2, 5, mode="full")
+    forced = Decoder(index, model.layers()).search(model.step_fn, 2, 5, mode="selective")
     assert torch.equal(forced.sids, res.sids) and torch.allclose(forced.scores, res.scores)
 
 
