@@ -132,6 +132,18 @@ def test_inferred_codebook_sizes_warn_loudly(tmp_path):
     assert json.loads(res.stdout)["codebook_inferred"] is True
 
 
+def test_build_bundle_is_a_library_call(tmp_path):
+    from zerogr_build.bundle import open_bundle
+    from zerogr_build.pipeline import CodebookInferredWarning, build_bundle
+
+    make_catalog(tmp_path / "cat.parquet")
+    with pytest.warns(CodebookInferredWarning, match="inferred 12,12,12"):
+        summary = build_bundle(str(tmp_path / "cat.parquet"), BuildSettings(out=str(tmp_path / "b")))
+    bundle = open_bundle(tmp_path / "b")
+    assert summary["bundle"] == str(bundle.path) and summary["version"] == bundle.version == 1
+    assert summary["items"] == bundle.index.num_items == 400 and summary["codebook_inferred"]
+
+
 def test_quiet_prints_only_the_bundle_path(tmp_path):
     make_catalog(tmp_path / "cat.parquet")
     res = invoke(

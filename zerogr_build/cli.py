@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -205,28 +206,25 @@ def _progress(quiet: bool) -> RichProgress | LineProgress | _QuietProgress:
     return RichProgress(console) if console.is_terminal else LineProgress()
 
 
+@contextlib.contextmanager
+def _warnings_on_stderr() -> Iterator[None]:
+    """Show the library's warnings (e.g. inferred codebook sizes) as they happen, one line on stderr."""
+
+    def show(message: Warning | str, *_: object, **__: object) -> None:
+        _stderr().print(f"WARNING: {message}", style="bold yellow", markup=False)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        yield
+
+
 def _human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"  # pragma: no cover
-
-
-def _step_rows(index: Any) -> list[dict[str, Any]]:
-    return [
-        {
-            "step": t.step,
-            "format": t.format,
-            "codebook_size": t.codebook_size,
-            "rows": t.rows,
-            "nnz": t.nnz,
-            "max_slots": t.max_slots,
-            "valid_share": t.valid_share,
-            "bytes": t.nbytes,
-        }
-        for t in index.steps
-    ]
 
 
 def _steps_table(title: str, steps: list[dict[str, Any]]) -> Table:
@@ -245,33 +243,6 @@ def _steps_table(title: str, steps: list[dict[str, Any]]) -> Table:
             _human_bytes(s["bytes"]),
         )
     return table
-
-
-def _leaf_sharing(leaf_offsets: Any) -> dict[str, int]:
-    """How many items share a SID: `collisions` = items beyond the first of each SID; `shared_sids` = SIDs
-    holding more than one item; `items_in_shared_sids` = items on those SIDs."""
-    import numpy as np
-
-    per_leaf = np.diff(np.asarray(leaf_offsets, dtype=np.int64))
-    shared = per_leaf > 1
-    return {
-        "collisions": int(per_leaf.sum() - per_leaf.shape[0]),
-        "shared_sids": int(shared.sum()),
-        "items_in_shared_sids": int(per_leaf[shared].sum()),
-    }
-
-
-def _check_device(device: str) -> None:
-    """Fail before any work when a CUDA device was asked for but is not there."""
-    if device == "cpu":
-        return
-    import torch
-
-    index = int(device.split(":", 1)[1]) if ":" in device else 0
-    if not torch.cuda.is_available():
-        raise InputError(f"--device {device}: no CUDA device is available on this machine")
-    if index >= torch.cuda.device_count():
-        raise InputError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) present")
 
 
 def _catalog_column_overrides(
@@ -371,12 +342,13 @@ def build(
 ) -> None:
     """Build the per-step index of a Parquet SID catalog and publish it as the next bundle version.
 
-    Reads CATALOG (streamed by row group), validates it, builds every step table on all cores and
+    Reads CATALOG (streamed by row group), validates it, builds every step table (--workers threads) and
     publishes OUT/vNNNNNN atomically, then points OUT/LATEST at it. Bad input exits with code 2 and one
     line naming file, column, row and item id; nothing is published then.
     """
     with cli_errors():
         from .config import load_settings, parse_int_list
+        from .pipeline import build_bundle
 
         overrides: dict[str, Any] = {
             **_catalog_column_overrides(sid_column, sid_columns, item_column),
@@ -390,105 +362,9 @@ def build(
         if codebook_sizes is not None:
             overrides["codebook_sizes"] = parse_int_list(codebook_sizes, "--codebook-sizes")
         settings = load_settings(config, overrides)
-        summary = run_build(catalog, settings, quiet=quiet)
+        with _progress(quiet) as progress, _warnings_on_stderr():
+            summary = build_bundle(catalog, settings, progress=progress)
         _print_build_summary(summary, json_out=json_out, quiet=quiet)
-
-
-def run_build(catalog_path: str, settings: Any, *, quiet: bool = False) -> dict[str, Any]:
-    """read_catalog -> build_index -> publish_bundle (-> stream to a GPU), with progress on stderr.
-    Returns the summary printed by `build` (also its --json object)."""
-    from .bundle import publish_bundle
-    from .catalog import read_catalog
-    from .index import FormatPolicy, build_index, parse_step_formats
-
-    _check_device(settings.device)
-    if settings.codebook_sizes:  # fail fast on a bad --step-formats when L is already known
-        parse_step_formats(settings.step_formats, len(settings.codebook_sizes))
-    started = time.perf_counter()
-    timings: dict[str, float] = {}
-    with _progress(quiet) as progress:
-        t = time.perf_counter()
-        catalog = read_catalog(
-            catalog_path,
-            sid_column=settings.sid_column,
-            sid_columns=settings.sid_columns or None,
-            item_column=settings.item_column,
-            codebook_sizes=settings.codebook_sizes or None,
-            progress=progress,
-        )
-        timings["read"] = time.perf_counter() - t
-        if catalog.codebook_inferred:
-            sizes = ",".join(map(str, catalog.codebook_sizes))
-            _stderr().print(
-                f"WARNING: codebook sizes were not given; inferred {sizes} from the data (max token + 1 "
-                "per step). If the model's output layers are larger, dense steps will not line up with them: "
-                "pass --codebook-sizes or set codebook_sizes in the config.",
-                style="bold yellow",
-                markup=False,
-            )
-        parse_step_formats(settings.step_formats, catalog.num_steps)  # bad spec: exit 2 before the build
-        t = time.perf_counter()
-        progress.stage("sort/tables")
-        index = build_index(
-            catalog.sids,
-            catalog.codebook_sizes,
-            step_formats=settings.step_formats,
-            policy=FormatPolicy(settings.dense_min_share, settings.dense_max_bytes),
-            workers=settings.workers or None,
-        )
-        timings["build"] = time.perf_counter() - t
-        catalog_info = {
-            "path": catalog.path,
-            "fingerprint": catalog.fingerprint,
-            "rows": catalog.rows,
-            "distinct_sids": index.num_leaves,
-            "files": len(catalog.files),
-            "codebook_inferred": catalog.codebook_inferred,
-        }
-        item_ids = catalog.item_ids
-        del catalog  # the [N, L] SIDs are in the index now; free them before publishing
-        t = time.perf_counter()
-        published = publish_bundle(
-            index,
-            item_ids,
-            settings.out,
-            manifest_fields={
-                "model_version": settings.model_version or None,
-                "catalog": catalog_info,
-                "settings": settings.manifest_dict(),
-            },
-            keep=settings.keep or None,
-            progress=progress,
-        )
-        timings["publish"] = time.perf_counter() - t
-        device_load = None
-        if settings.device != "cpu":
-            from .runtime.stream import index_to_device
-
-            t = time.perf_counter()
-            progress.stage(f"to {settings.device}")
-            resident = index_to_device(index, settings.device)
-            timings["to_device"] = time.perf_counter() - t
-            device_load = {"device": settings.device, **vars(resident.stats)}
-            del resident
-    seconds = time.perf_counter() - started
-    return {
-        "bundle": str(published.path),
-        "version": published.version,
-        "items": index.num_items,
-        "distinct_sids": index.num_leaves,
-        **_leaf_sharing(index.leaf_offsets),
-        "index_bytes": index.index_bytes,
-        "seconds": round(seconds, 3),
-        "items_per_second": round(index.num_items / seconds) if seconds > 0 else None,
-        "timings": {k: round(v, 3) for k, v in timings.items()},
-        "codebook_sizes": list(index.codebook_sizes),
-        "codebook_inferred": catalog_info["codebook_inferred"],
-        "catalog": catalog_info,
-        "model_version": settings.model_version or None,
-        "steps": _step_rows(index),
-        "device_load": device_load,
-    }
 
 
 def _print_build_summary(summary: dict[str, Any], *, json_out: bool, quiet: bool) -> None:
@@ -548,6 +424,7 @@ def inspect(
     with cli_errors():
         from .bundle import open_bundle, resolve_bundle
         from .index.static_layout import static_layout_bytes
+        from .pipeline import leaf_sharing, step_rows
 
         opened = open_bundle(resolve_bundle(_bundle_path(bundle, config)), verify_checksums=False)
         index = opened.index
@@ -565,8 +442,8 @@ def inspect(
             "codebook_sizes": list(index.codebook_sizes),
             "items": index.num_items,
             "distinct_sids": index.num_leaves,
-            **_leaf_sharing(index.leaf_offsets),
-            "steps": _step_rows(index),
+            **leaf_sharing(index.leaf_offsets),
+            "steps": step_rows(index),
             "index_bytes": index.index_bytes,
             "leaf_offsets_bytes": int(index.leaf_offsets.nbytes),
             "static_bytes": static,
@@ -705,8 +582,7 @@ def tune(
     """Time every scoring mode per step x batch size x dtype on this device and write the fastest into the
     bundle as plans/<device-key>.json (plus compiled kernels under kernels/<arch>/ on a GPU)."""
     with cli_errors():
-        import warnings
-
+        from .config import check_device
         from .tune import load_tune_settings, parse_device, plan_table, tune_bundle
 
         overrides = {
@@ -720,7 +596,7 @@ def tune(
         }
         settings, config_device = load_tune_settings(config, overrides)
         dev = parse_device(gpu, device if device is not None or gpu is not None else config_device)
-        _check_device(dev)
+        check_device(dev)
         with _progress(quiet) as progress, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = tune_bundle(_bundle_path(bundle, config), dev, settings, progress=progress)
@@ -774,8 +650,9 @@ def compare(
     lists (overlap@K, Recall@K, NDCG@K, invalid probability mass per step)."""
     with cli_errors():
         from .compare import mass_rows, parse_ks, report_rows, run_compare
+        from .config import check_device
 
-        _check_device(device)
+        check_device(device)
         with _progress(json_out) as progress:
             report = run_compare(
                 _bundle_path(bundle, config), model, requests, beam_width=beam_width, ks=parse_ks(k),

@@ -119,6 +119,19 @@ def _check_values(s: BuildSettings, where: str) -> None:
         raise InputError(f"{where}: sid_columns names a column twice: {list(s.sid_columns)}")
 
 
+def check_device(device: str) -> None:
+    """Fail before any work when a CUDA device was asked for but is not there (torch imported only then)."""
+    if device == "cpu":
+        return
+    import torch
+
+    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    if not torch.cuda.is_available():
+        raise InputError(f"--device {device}: no CUDA device is available on this machine")
+    if index >= torch.cuda.device_count():
+        raise InputError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) present")
+
+
 def read_config_table(config_file: str | Path, table: str) -> dict[str, Any]:
     """The `[table]` of a TOML config file ({} when absent). Raises InputError for a missing or invalid file
     and for unknown tables."""

@@ -1,0 +1,157 @@
+"""The `zerogr build` pipeline as one library call: read_catalog -> build_index -> publish_bundle
+(-> stream the tables to a GPU), plus the per-step summary rows that `build` and `inspect` report.
+
+Library code: never prints. Inferred codebook sizes are reported with `warnings.warn` (the CLI shows it on
+stderr as soon as the catalog is read); long work reports through `progress`.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+
+from .config import BuildSettings, check_device
+from .progress import NULL_PROGRESS, Progress
+
+
+class CodebookInferredWarning(UserWarning):
+    """Codebook sizes were inferred from the data (max token + 1); dense steps may not line up with the
+    model's output layers."""
+
+
+def step_rows(index: Any) -> list[dict[str, Any]]:
+    """One JSON-ready dict per step table of a SidIndex: step, format, codebook_size, rows, nnz, max_slots,
+    valid_share, bytes."""
+    return [
+        {
+            "step": t.step,
+            "format": t.format,
+            "codebook_size": t.codebook_size,
+            "rows": t.rows,
+            "nnz": t.nnz,
+            "max_slots": t.max_slots,
+            "valid_share": t.valid_share,
+            "bytes": t.nbytes,
+        }
+        for t in index.steps
+    ]
+
+
+def leaf_sharing(leaf_offsets: Any) -> dict[str, int]:
+    """How many items share a SID (leaf_offsets int [n_leaves + 1]): `collisions` = items beyond the first
+    of each SID; `shared_sids` = SIDs holding more than one item; `items_in_shared_sids` = items on those."""
+    per_leaf = np.diff(np.asarray(leaf_offsets, dtype=np.int64))
+    shared = per_leaf > 1
+    return {
+        "collisions": int(per_leaf.sum() - per_leaf.shape[0]),
+        "shared_sids": int(shared.sum()),
+        "items_in_shared_sids": int(per_leaf[shared].sum()),
+    }
+
+
+def build_bundle(
+    catalog_path: str, settings: BuildSettings, *, progress: Progress = NULL_PROGRESS
+) -> dict[str, Any]:
+    """Read and validate the catalog, build every step table, publish the next version under
+    settings.out (and, with settings.device = cuda:N, stream the tables to that GPU).
+
+    Returns the JSON-ready summary `zerogr build --json` prints: bundle, version, items, distinct_sids,
+    leaf_sharing counts, index_bytes, seconds, items_per_second, timings per stage, codebook_sizes,
+    codebook_inferred, catalog, model_version, steps (step_rows), device_load (None on cpu).
+    Bad input raises InputError before anything is published; inferred codebook sizes warn with
+    CodebookInferredWarning.
+    """
+    from .bundle import publish_bundle
+    from .catalog import read_catalog
+    from .index import FormatPolicy, build_index, parse_step_formats
+
+    check_device(settings.device)
+    if settings.codebook_sizes:  # fail fast on a bad --step-formats when L is already known
+        parse_step_formats(settings.step_formats, len(settings.codebook_sizes))
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    catalog = read_catalog(
+        catalog_path,
+        sid_column=settings.sid_column,
+        sid_columns=settings.sid_columns or None,
+        item_column=settings.item_column,
+        codebook_sizes=settings.codebook_sizes or None,
+        progress=progress,
+    )
+    timings["read"] = time.perf_counter() - t
+    if catalog.codebook_inferred:
+        sizes = ",".join(map(str, catalog.codebook_sizes))
+        warnings.warn(
+            f"codebook sizes were not given; inferred {sizes} from the data (max token + 1 per step). If the "
+            "model's output layers are larger, dense steps will not line up with them: pass --codebook-sizes "
+            "or set codebook_sizes in the config.",
+            CodebookInferredWarning,
+            stacklevel=2,
+        )
+    parse_step_formats(settings.step_formats, catalog.num_steps)  # bad spec: InputError before the build
+    t = time.perf_counter()
+    progress.stage("sort/tables")
+    index = build_index(
+        catalog.sids,
+        catalog.codebook_sizes,
+        step_formats=settings.step_formats,
+        policy=FormatPolicy(settings.dense_min_share, settings.dense_max_bytes),
+        workers=settings.workers or None,
+    )
+    timings["build"] = time.perf_counter() - t
+    catalog_info = {
+        "path": catalog.path,
+        "fingerprint": catalog.fingerprint,
+        "rows": catalog.rows,
+        "distinct_sids": index.num_leaves,
+        "files": len(catalog.files),
+        "codebook_inferred": catalog.codebook_inferred,
+    }
+    item_ids = catalog.item_ids
+    del catalog  # the [N, L] SIDs are in the index now; free them before publishing
+    t = time.perf_counter()
+    published = publish_bundle(
+        index,
+        item_ids,
+        settings.out,
+        manifest_fields={
+            "model_version": settings.model_version or None,
+            "catalog": catalog_info,
+            "settings": settings.manifest_dict(),
+        },
+        keep=settings.keep or None,
+        progress=progress,
+    )
+    timings["publish"] = time.perf_counter() - t
+    device_load = None
+    if settings.device != "cpu":
+        from .runtime.stream import index_to_device
+
+        t = time.perf_counter()
+        progress.stage(f"to {settings.device}")
+        resident = index_to_device(index, settings.device)
+        timings["to_device"] = time.perf_counter() - t
+        device_load = {"device": settings.device, **vars(resident.stats)}
+        del resident
+    seconds = time.perf_counter() - started
+    return {
+        "bundle": str(published.path),
+        "version": published.version,
+        "items": index.num_items,
+        "distinct_sids": index.num_leaves,
+        **leaf_sharing(index.leaf_offsets),
+        "index_bytes": index.index_bytes,
+        "seconds": round(seconds, 3),
+        "items_per_second": round(index.num_items / seconds) if seconds > 0 else None,
+        "timings": {k: round(v, 3) for k, v in timings.items()},
+        "codebook_sizes": list(index.codebook_sizes),
+        "codebook_inferred": catalog_info["codebook_inferred"],
+        "catalog": catalog_info,
+        "model_version": settings.model_version or None,
+        "steps": step_rows(index),
+        "device_load": device_load,
+    }
