@@ -315,6 +315,9 @@ def test_bad_inputs_raise_input_error():
         Decoder(index, [torch.zeros(5, DIM)] + model.layers()[1:])
     with pytest.raises(InputError):
         Decoder(index, model.layers(), order="static")
+    for caps in ([4, 4], [4, 4, 4, 4]):  # per-step sequences must name every step, no more
+        with pytest.raises(InputError, match="slot_caps"):
+            Decoder(index, model.layers(), slot_caps=caps)
     dec = Decoder(index, model.layers())
     state = dec.start(1, 4)
     with pytest.raises(InputError):
@@ -323,6 +326,9 @@ def test_bad_inputs_raise_input_error():
         dec.step(state, torch.zeros(1, DIM), mode="selective_cuda")  # not on CPU
     with pytest.raises(InputError):
         dec.finish(state)
+    for modes in (["full", "full"], ["full"] * 4):
+        with pytest.raises(InputError, match="mode"):
+            dec.search(model.step_fn, 1, 4, mode=modes)
 
 
 @pytest.mark.gpu

@@ -198,7 +198,10 @@ class Decoder:
         if isinstance(mode, Mapping):
             requested = mode.get(step)
         elif mode is not None and not isinstance(mode, str):
-            requested = list(mode)[step]
+            modes = list(mode)
+            if len(modes) != self.num_steps:
+                raise InputError(f"mode: {len(modes)} entries for SIDs of length {self.num_steps}")
+            requested = modes[step]
         if requested is not None:
             get_mode(requested, self.device)  # raises for unknown / unavailable
             return requested

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..errors import InputError
 from ..index import SidIndex, StepTable
 
 MIN_CAP = 4
@@ -135,6 +136,8 @@ def index_to_device(
         per_step = [caps.get(t) for t in range(index.num_steps)]
     else:
         per_step = list(caps)
+        if len(per_step) != index.num_steps:
+            raise InputError(f"slot_caps: {len(per_step)} entries for SIDs of length {index.num_steps}")
     resident: list = [None] * index.num_steps
     if torch.device(device).type == "cuda":
         from .stream import step_tables_on_device
