@@ -17,13 +17,16 @@
 #   0  built, verified and tuned: the printed version is ready to serve.
 #   2  bad input or usage (catalog, option, config): nothing was published. Fix the input; do not retry.
 #   3  build failed otherwise (disk full, out of memory, crash): nothing was published. Retry later.
-#   4  the new version failed verification: do NOT serve it. LATEST already names it, so serving processes
-#      must stay on (pin) the previous version; alert a human.
+#   4  the new version failed verification: do NOT serve it; alert a human. LATEST is pointed back at the
+#      version it named before the build (atomically under the OUT lock, and only if nothing has moved
+#      LATEST since; the log line says whether it was). If it could not be (first version in OUT, that
+#      version pruned by --keep, LATEST moved on), LATEST still names the bad version: pin the previous one.
+#      Between build and verify LATEST names the new version, so a process following LATEST may see it.
 #   5  tune failed: the version is valid and LATEST names it, but it has no plan for this device; decoders
 #      fall back to the heuristic mode choice (correct, maybe slower). Rerun `zerogr tune VERSION --gpu N`.
 #   6  the zerogr command could not be found or started.
 # Environment: ZEROGR = the command that runs zerogr (default: `zerogr` on PATH, else this checkout's cli.py
-# with $PYTHON, default python).
+# with $PYTHON, default python). $PYTHON also reads and restores LATEST with this checkout's zerogr_build.
 
 set -u -o pipefail
 
@@ -57,6 +60,7 @@ elif command -v zerogr >/dev/null 2>&1; then
 else
     ZG=("$PY" "$HERE/cli.py")
 fi
+zg_python() { PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$@"; }  # this checkout's zerogr_build
 "${ZG[@]}" --help >/dev/null 2>&1 || { log "cannot run zerogr as: ${ZG[*]}"; exit 6; }
 
 if [[ ${#TUNE_DEVICE[@]} -eq 0 ]]; then
@@ -66,6 +70,49 @@ if [[ ${#TUNE_DEVICE[@]} -eq 0 ]]; then
         TUNE_DEVICE=(--device cpu)
     fi
 fi
+
+# Options verify must share with build (the catalog must be read the way build read it), and where build
+# publishes (--out / --config), to remember what LATEST names before the build.
+VERIFY_ARGS=(--catalog "$CATALOG")
+OUT_OPT=""
+CONFIG_OPT=""
+for ((i = 0; i < ${#BUILD_ARGS[@]}; i++)); do
+    case ${BUILD_ARGS[i]} in
+        --config | -c | --sid-column | --sid-columns | --item-column)
+            [[ ${BUILD_ARGS[i]} == --config || ${BUILD_ARGS[i]} == -c ]] && CONFIG_OPT=${BUILD_ARGS[i + 1]:-}
+            VERIFY_ARGS+=("${BUILD_ARGS[i]}" "${BUILD_ARGS[i + 1]:-}"); ((i++)) ;;
+        --out | -o) OUT_OPT=${BUILD_ARGS[i + 1]:-}; ((i++)) ;;
+    esac
+done
+# Two lines: the OUT dir build will publish into (resolved) and the version LATEST names there now (may be
+# empty). Nothing at all when the settings cannot be read (build then reports why).
+mapfile -t BEFORE < <(zg_python -c '
+import sys
+from pathlib import Path
+from zerogr_build.bundle.writer import read_latest
+from zerogr_build.config import load_settings
+out = Path(load_settings(sys.argv[1] or None, {"out": sys.argv[2] or None}).out).resolve()
+print(out)
+print(read_latest(out) or "")' "$CONFIG_OPT" "$OUT_OPT" 2>/dev/null)
+PREV_OUT=${BEFORE[0]:-}
+PREV_LATEST=${BEFORE[1]:-}
+
+# After a failed verify: point LATEST back at PREV_LATEST if it still names this build's version.
+# Sets ROLLBACK to what happened, for the exit-4 message.
+rollback_latest() {
+    if [[ -z $PREV_LATEST || ${VERSION_DIR%/*} != "$PREV_OUT" || $PREV_LATEST == "$VERSION" ]]; then
+        ROLLBACK="LATEST still names it (it named no earlier version in this OUT): pin the previous version"
+    elif zg_python -c '
+import sys
+from zerogr_build.bundle.writer import restore_latest
+sys.exit(0 if restore_latest(sys.argv[1], sys.argv[2], replacing=sys.argv[3]) else 1)' \
+        "${VERSION_DIR%/*}" "$PREV_LATEST" "$VERSION"; then
+        ROLLBACK="LATEST points back at $PREV_LATEST"
+    else
+        ROLLBACK="LATEST still names it (could not go back to $PREV_LATEST: pruned, or LATEST moved on)"
+        ROLLBACK+=": pin the previous version"
+    fi
+}
 
 # ---- build -------------------------------------------------------------------------------------------
 log "build ${CATALOG} ${BUILD_ARGS[*]}"
@@ -85,16 +132,10 @@ VERSION=$(basename "$VERSION_DIR")
 log "built $VERSION_DIR"
 
 # ---- verify ------------------------------------------------------------------------------------------
-VERIFY_ARGS=(--catalog "$CATALOG")
-for ((i = 0; i < ${#BUILD_ARGS[@]}; i++)); do  # the catalog must be read the way build read it
-    case ${BUILD_ARGS[i]} in
-        --config | -c | --sid-column | --sid-columns | --item-column)
-            VERIFY_ARGS+=("${BUILD_ARGS[i]}" "${BUILD_ARGS[i + 1]:-}"); ((i++)) ;;
-    esac
-done
 log "verify $VERSION"
 if ! "${ZG[@]}" verify "$VERSION_DIR" "${VERIFY_ARGS[@]}" --quiet; then
-    log "VERIFY FAILED for $VERSION_DIR: do not serve it (LATEST names it; pin the previous version)"
+    rollback_latest
+    log "VERIFY FAILED for $VERSION_DIR: do not serve it; $ROLLBACK"
     exit 4
 fi
 
@@ -106,7 +147,8 @@ if ! "${ZG[@]}" tune "$VERSION_DIR" "${TUNE_DEVICE[@]}" "${TUNE_ARGS[@]}" --quie
     exit 5
 fi
 if ! "${ZG[@]}" verify "$VERSION_DIR" --quiet; then  # the plan files were added to the manifest
-    log "VERIFY FAILED after tune for $VERSION_DIR"
+    rollback_latest
+    log "VERIFY FAILED after tune for $VERSION_DIR: do not serve it; $ROLLBACK"
     exit 4
 fi
 

@@ -68,3 +68,33 @@ def test_rebuild_exit_codes(catalog, tmp_path):
     assert bad_tune.returncode == 5 and bad_tune.stdout == ""
     assert (out / "v000001" / "manifest.json").is_file()  # published and verified, just not tuned
     assert _run(catalog, cwd=tmp_path, env={"ZEROGR": "/nonexistent/zerogr"}).returncode == 6
+
+
+def test_failed_verify_points_latest_back_at_the_previous_version(catalog, tmp_path):
+    """A zerogr whose build output gets corrupted before verify: exit 4 and LATEST back where it was."""
+    out = tmp_path / "bundles"
+    cli = Path(__file__).resolve().parent.parent / "cli.py"
+    corrupting = tmp_path / "zerogr_corrupting_build.sh"
+    corrupting.write_text(
+        f'"{sys.executable}" "{cli}" "$@" || exit $?\n'
+        'if [ "$1" = build ]; then\n'
+        f'    printf x >> "{out}/$(cat "{out}/LATEST")/items.parquet"\n'
+        "fi\n"
+    )
+    args = [catalog, "--out", out, "--device", "cpu", "--tune-args", TUNE_ARGS]
+    bad_env = {"ZEROGR": f"bash {corrupting}"}
+
+    first_bad = _run(*args, cwd=tmp_path, env=bad_env)  # nothing to go back to
+    assert first_bad.returncode == 4 and first_bad.stdout == "", first_bad.stderr
+    assert (out / "LATEST").read_text() == "v000001\n"
+    assert "LATEST still names it" in first_bad.stderr
+
+    good = _run(*args, cwd=tmp_path)
+    assert good.returncode == 0, good.stderr
+    assert (out / "LATEST").read_text() == "v000002\n"
+
+    bad = _run(*args, cwd=tmp_path, env=bad_env)
+    assert bad.returncode == 4 and bad.stdout == "", bad.stderr
+    assert (out / "v000003").is_dir()  # published, then verify found the corrupted file
+    assert (out / "LATEST").read_text() == "v000002\n"
+    assert "LATEST points back at v000002" in bad.stderr

@@ -295,6 +295,23 @@ def prune_versions(out: Path, keep: int) -> list[str]:
     return removed
 
 
+def restore_latest(out_dir: str | Path, previous: str, *, replacing: str) -> bool:
+    """Point LATEST back at version dir `previous`, but only while it still names `replacing`.
+
+    For rolling back a version that failed verification. Under the OUT lock, LATEST is replaced the way
+    publish_bundle replaces it (temp file + rename). Returns False, changing nothing, when LATEST has moved
+    on (a newer publish, or a person pinning it) or `previous` is no longer a version dir in OUT (pruned).
+    """
+    out = Path(out_dir)
+    if parse_version_dir(previous) is None:
+        raise InputError(f"{previous!r} is not a version dir name (vNNNNNN)")
+    with out_lock(out):
+        if read_latest(out) != replacing or not (out / previous).is_dir():
+            return False
+        atomic_replace_bytes(out / LATEST_NAME, f"{previous}\n".encode())
+    return True
+
+
 # ------------------------------------------------------------------------------------ add_bundle_files
 
 
