@@ -329,25 +329,22 @@ class _Reader:
         offending row only when a bound is broken. Also keeps the running per-step max (for inference)."""
         if block.size == 0:
             return
+        signed = block
         if block.dtype == np.uint64 and int(block.max()) > np.iinfo(np.int64).max:
-            block = np.minimum(block, np.uint64(np.iinfo(np.int64).max)).astype(np.int64)  # error path only
+            # Clipped for the checks only: such a token breaks every codebook bound anyway.
+            signed = np.minimum(block, np.uint64(np.iinfo(np.int64).max)).astype(np.int64)
         if block.shape[0] >= NUMBA_MIN_ROWS:
             from ._catalog_kernels import step_min_max  # numba: compiled on first use, cached
 
-            lo, hi = step_min_max(np.ascontiguousarray(block))
+            lo, hi = step_min_max(np.ascontiguousarray(signed))
         else:
-            lo, hi = block.min(axis=0).astype(np.int64), block.max(axis=0).astype(np.int64)
+            lo, hi = signed.min(axis=0).astype(np.int64), signed.max(axis=0).astype(np.int64)
         sizes = self.codebook_sizes or (MAX_CODEBOOK_SIZE,) * block.shape[1]
         limit = np.asarray(sizes, dtype=np.int64)
         if lo.min() < 0 or (hi >= limit).any():
-            bad_rows = []
-            for t in range(block.shape[1]):
-                column = block[:, t].astype(np.int64)
-                broken = (column < 0) | (column >= limit[t])
-                if broken.any():
-                    bad_rows.append((int(np.flatnonzero(broken)[0]), t))
-            row, t = min(bad_rows)
-            token = int(block[row, t])
+            wide = signed.astype(np.int64, copy=False)
+            row, t = (int(i) for i in np.argwhere((wide < 0) | (wide >= limit))[0])  # lowest row, then step
+            token = int(block[row, t])  # as written, not clipped
             rule = "is negative" if token < 0 else f"is >= codebook size {sizes[t]}"
             raise InputError(
                 f"{name}: {self._column_at(t)}, {_where(file_row + row, items[row])}: "
