@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.scripts import load_script
 
-def _load_script(name: str):
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_zerogr_scripts_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-make_catalog = _load_script("make_catalog")
+make_catalog = load_script("make_catalog")
 
 
 @pytest.mark.parametrize("mode", ["skewed", "uniform"])

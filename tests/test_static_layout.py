@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.scripts import load_script
 from zerogr_build.index import build_index
 from zerogr_build.index.static_layout import static_layout_bytes
 
-
-def _load_script(name: str):
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_zerogr_scripts_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-static_baseline = _load_script("static_baseline")
+static_baseline = load_script("static_baseline")
 
 
 @st.composite
