@@ -337,12 +337,11 @@ class Decoder:
         leaves = res.leaves.detach().cpu().numpy()
         flat_leaves = leaves.reshape(-1)
         real = flat_leaves >= 0
-        lo = np.where(real, self.leaf_offsets[np.clip(flat_leaves, 0, None)], 0)
-        hi = np.where(real, self.leaf_offsets[np.clip(flat_leaves, 0, None) + 1], 0)
-        counts = hi - lo
-        positions = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(
-            counts.sum()
-        )
+        safe = np.clip(flat_leaves, 0, None)
+        lo = np.where(real, self.leaf_offsets[safe], 0)
+        counts = np.where(real, self.leaf_offsets[safe + 1], 0) - lo
+        ends = np.cumsum(counts)  # beam i's items are values[ends[i] - counts[i] : ends[i]]
+        positions = np.repeat(lo - (ends - counts), counts) + np.arange(int(counts.sum()))
         order = self.index.item_order
         if items is not None:
             if order is None:
@@ -359,17 +358,9 @@ class Decoder:
             values = np.asarray(order)[positions].tolist()
         else:
             values = positions.tolist()
-        out: list[list[list[Any]]] = []
-        cursor = 0
-        it = iter(counts.tolist())
-        for _b in range(leaves.shape[0]):
-            row = []
-            for _m in range(leaves.shape[1]):
-                n = next(it)
-                row.append(values[cursor : cursor + n])
-                cursor += n
-            out.append(row)
-        return out
+        per_beam = [values[end - n : end] for n, end in zip(counts.tolist(), ends.tolist(), strict=True)]
+        m = leaves.shape[1]
+        return [per_beam[b * m : (b + 1) * m] for b in range(leaves.shape[0])]
 
     # ------------------------------------------------------------------ the two step kinds
     def _select(self, state: BeamState, candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
