@@ -31,6 +31,7 @@ from rich.progress import (
 from rich.table import Table
 
 from .errors import InputError, ZerogrError
+from .progress import NullProgress
 
 app = typer.Typer(
     name="zerogr",
@@ -185,17 +186,13 @@ class LineProgress:
         self._done += n
 
 
-class _QuietProgress:
+class _QuietProgress(NullProgress):
+    """NullProgress usable as a context manager, like the other two."""
+
     def __enter__(self) -> _QuietProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        pass
-
-    def stage(self, name: str, total: float | None = None) -> None:
-        pass
-
-    def advance(self, n: float = 1) -> None:
         pass
 
 
@@ -422,33 +419,9 @@ def inspect(
     """Show a bundle's step tables (format, rows, nnz, max_slots, valid share, bytes) and how its index size
     compares with STATIC's layout for the same catalog."""
     with cli_errors():
-        from .bundle import open_bundle, resolve_bundle
-        from .index.static_layout import static_layout_bytes
-        from .pipeline import leaf_sharing, step_rows
+        from .pipeline import inspect_bundle
 
-        opened = open_bundle(resolve_bundle(_bundle_path(bundle, config)), verify_checksums=False)
-        index = opened.index
-        manifest = opened.manifest
-        try:
-            static = static_layout_bytes(index)
-        except ValueError:  # STATIC has no layout for 1-token SIDs
-            static = None
-        report = {
-            "bundle": str(opened.path),
-            "version": opened.version,
-            "created_at": manifest.get("created_at"),
-            "model_version": manifest.get("model_version"),
-            "catalog": manifest.get("catalog"),
-            "codebook_sizes": list(index.codebook_sizes),
-            "items": index.num_items,
-            "distinct_sids": index.num_leaves,
-            **leaf_sharing(index.leaf_offsets),
-            "steps": step_rows(index),
-            "index_bytes": index.index_bytes,
-            "leaf_offsets_bytes": int(index.leaf_offsets.nbytes),
-            "static_bytes": static,
-            "ratio_to_static": (index.index_bytes / static["total"]) if static else None,
-        }
+        report = inspect_bundle(_bundle_path(bundle, config))
         if json_out:
             sys.stdout.write(json.dumps(report, default=str) + "\n")
             return
@@ -463,10 +436,11 @@ def inspect(
             markup=False,
         )
         line = f"index bytes: {report['index_bytes']:,} ({_human_bytes(report['index_bytes'])})"
-        if static:
+        if report["static_bytes"]:
+            static_total = report["static_bytes"]["total"]
             line += (
-                f"; STATIC layout for the same catalog: {static['total']:,} "
-                f"({_human_bytes(static['total'])}), ours = {report['ratio_to_static']:.2f}x"
+                f"; STATIC layout for the same catalog: {static_total:,} "
+                f"({_human_bytes(static_total)}), ours = {report['ratio_to_static']:.2f}x"
             )
         console.print(line, markup=False)
 

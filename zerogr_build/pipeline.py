@@ -1,5 +1,6 @@
-"""The `zerogr build` pipeline as one library call: read_catalog -> build_index -> publish_bundle
-(-> stream the tables to a GPU), plus the per-step summary rows that `build` and `inspect` report.
+"""`zerogr build` and `zerogr inspect` as library calls: build_bundle (read_catalog -> build_index ->
+publish_bundle -> optionally stream the tables to a GPU) and inspect_bundle, with the per-step summary rows
+both report.
 
 Library code: never prints. Inferred codebook sizes are reported with `warnings.warn` (the CLI shows it on
 stderr as soon as the catalog is read); long work reports through `progress`.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -154,4 +156,36 @@ def build_bundle(
         "model_version": settings.model_version or None,
         "steps": step_rows(index),
         "device_load": device_load,
+    }
+
+
+def inspect_bundle(path: str | Path | None = None) -> dict[str, Any]:
+    """The JSON-ready report `zerogr inspect --json` prints for a bundle (a version dir, or an OUT dir via
+    LATEST): manifest facts, step_rows, leaf_sharing, index bytes, and STATIC's bytes for the same catalog
+    (static_bytes / ratio_to_static None for 1-token SIDs, which STATIC has no layout for). Checksums are
+    not read (`verify` does that)."""
+    from .bundle import open_bundle
+    from .index.static_layout import static_layout_bytes
+
+    opened = open_bundle(path, verify_checksums=False)
+    index, manifest = opened.index, opened.manifest
+    try:
+        static = static_layout_bytes(index)
+    except ValueError:
+        static = None
+    return {
+        "bundle": str(opened.path),
+        "version": opened.version,
+        "created_at": manifest.get("created_at"),
+        "model_version": manifest.get("model_version"),
+        "catalog": manifest.get("catalog"),
+        "codebook_sizes": list(index.codebook_sizes),
+        "items": index.num_items,
+        "distinct_sids": index.num_leaves,
+        **leaf_sharing(index.leaf_offsets),
+        "steps": step_rows(index),
+        "index_bytes": index.index_bytes,
+        "leaf_offsets_bytes": int(index.leaf_offsets.nbytes),
+        "static_bytes": static,
+        "ratio_to_static": (index.index_bytes / static["total"]) if static else None,
     }
