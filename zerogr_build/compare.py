@@ -280,6 +280,7 @@ def _run_order(dec: Any, step_fn: Callable, batch_size: int, beam_width: int, or
         if order in CONSTRAINED:
             rows = state.rows.detach().cpu().numpy()
             alive = rows >= 0
+            alive_rows = rows[alive]
             owners[t] = state.batch.detach().cpu().numpy()[alive]
             weight, bias = weights[t]
             h_all = torch.as_tensor(hidden).detach()
@@ -287,7 +288,7 @@ def _run_order(dec: Any, step_fn: Callable, batch_size: int, beam_width: int, or
             w = weight.cpu()
             for lo in range(0, h.shape[0], MASS_CHUNK):  # bounded [chunk, V_t] logits for large codebooks
                 sel = slice(lo, lo + MASS_CHUNK)
-                mask = valid_token_mask(dec.index.steps[t], rows[alive][sel])
+                mask = valid_token_mask(dec.index.steps[t], alive_rows[sel])
                 mass, boost = invalid_mass(h[sel].cpu(), w, bias, mask)
                 masses[t].append(mass)
                 boosts[t].append(boost)
@@ -343,8 +344,8 @@ def compare_orders(
     mass_count = {o: np.zeros(len(sizes)) for o in CONSTRAINED}
     spread_sum = {o: np.zeros(len(sizes)) for o in CONSTRAINED}
     spread_count = {o: np.zeros(len(sizes)) for o in CONSTRAINED}
-    gap_sum = {o: dict.fromkeys(ks, 0.0) for o in ORDERS}
-    gap_count = {o: dict.fromkeys(ks, 0) for o in ORDERS}
+    gap_sum = {o: dict.fromkeys(ks, 0.0) for o in CONSTRAINED}
+    gap_count = {o: dict.fromkeys(ks, 0) for o in CONSTRAINED}
     unconstrained_beams = unconstrained_invalid = 0
     k_max = max(ks)
     progress.stage("compare", n)
@@ -368,14 +369,15 @@ def compare_orders(
                     spread_sum[order][t] += spread
                     spread_count[order][t] += count
             scores = res.scores.detach().cpu().numpy()
-            for k in ks:
-                if k <= m:
-                    gap = scores[:, 0] - scores[:, k - 1]
-                    ok = np.isfinite(gap)
-                    gap_sum[order][k] += float(gap[ok].sum())
-                    gap_count[order][k] += int(ok.sum())
-            if order == "unconstrained":
-                real = np.isfinite(res.scores.detach().cpu().numpy())
+            if order in CONSTRAINED:
+                for k in ks:
+                    if k <= m:
+                        gap = scores[:, 0] - scores[:, k - 1]
+                        ok = np.isfinite(gap)
+                        gap_sum[order][k] += float(gap[ok].sum())
+                        gap_count[order][k] += int(ok.sum())
+            else:
+                real = np.isfinite(scores)
                 unconstrained_beams += int(real.sum())
                 unconstrained_invalid += int((real & ~res.valid.detach().cpu().numpy()).sum())
         progress.advance(len(ids))
