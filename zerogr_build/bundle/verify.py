@@ -151,6 +151,11 @@ def check_unique_items(items, path: Path) -> None:
         )
 
 
+def _key_field_bits(codebook_sizes) -> list[int]:
+    """Bits of each step's field in a packed SID key (at least 1, so V = 1 still takes a field)."""
+    return [max(1, (int(v) - 1).bit_length()) for v in codebook_sizes]
+
+
 def sid_sort_keys(sids: np.ndarray, codebook_sizes) -> np.ndarray:
     """One sortable key per SID row whose order is the lexicographic SID order.
 
@@ -158,7 +163,7 @@ def sid_sort_keys(sids: np.ndarray, codebook_sizes) -> np.ndarray:
     otherwise void [N] of big-endian uint64 tokens, which NumPy compares bytewise, i.e. lexicographically.
     Tokens must already be within their codebooks.
     """
-    bits = [max(1, (int(v) - 1).bit_length()) for v in codebook_sizes]
+    bits = _key_field_bits(codebook_sizes)
     if sum(bits) <= 64:
         keys = np.zeros(sids.shape[0], dtype=np.uint64)
         for t, width in enumerate(bits):
@@ -176,7 +181,7 @@ def leaf_sort_keys(index, codebook_sizes) -> np.ndarray:
     children of step t in flat order are the rows of step t+1 (row numbering rule, already verified), so
     key(row of t+1) = key(parent row) << bits_t | token, with parents read in ascending order.
     """
-    bits = [max(1, (int(v) - 1).bit_length()) for v in codebook_sizes]
+    bits = _key_field_bits(codebook_sizes)
     if sum(bits) > 64:
         return sid_sort_keys(index.leaf_sids(), codebook_sizes)
     keys = np.zeros(1, dtype=np.uint64)
@@ -263,8 +268,7 @@ def check_against_catalog(bundle: Bundle, catalog: Any) -> dict:
         n_items = int(bundle.index.leaf_offsets[k + 1] - bundle.index.leaf_offsets[k])
         raise BundleError(
             f"{offsets_path}: leaf {k} (SID {bundle.index.leaf_sids()[k].tolist()}) has {n_items} items, "
-            "the catalog 0 "
-            "(SID not in the catalog)"
+            "the catalog 0 (SID not in the catalog)"
         )
     del distinct, leaf_keys
     offsets = np.asarray(bundle.index.leaf_offsets)
