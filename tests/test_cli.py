@@ -42,6 +42,15 @@ def invoke(*args: str):
     return runner.invoke(app, list(args))
 
 
+def build(tmp_path: Path, out: Path, *args: str):
+    """`zerogr build` of tmp_path/cat.parquet (V = 12 per step) into `out`; asserts success."""
+    res = invoke(
+        "build", str(tmp_path / "cat.parquet"), "-o", str(out), "--codebook-sizes", "12,12,12", *args
+    )
+    assert res.exit_code == 0, res.output
+    return res
+
+
 def stderr_lines(result) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.strip()]
 
@@ -92,18 +101,7 @@ def test_build_inspect_verify_end_to_end(tmp_path):
     assert res.stdout.startswith("OK ")
 
     # a second build publishes the next version; --keep 1 prunes the first
-    res = invoke(
-        "build",
-        str(tmp_path / "cat.parquet"),
-        "-o",
-        str(out),
-        "--codebook-sizes",
-        "12,12,12",
-        "-q",
-        "--keep",
-        "1",
-    )
-    assert res.exit_code == 0, res.output
+    res = build(tmp_path, out, "-q", "--keep", "1")
     assert res.stdout.strip() == str(out / "v000002")
     assert not (out / "v000001").exists()
 
@@ -146,32 +144,14 @@ def test_build_bundle_is_a_library_call(tmp_path):
 
 def test_quiet_prints_only_the_bundle_path(tmp_path):
     make_catalog(tmp_path / "cat.parquet")
-    res = invoke(
-        "build",
-        str(tmp_path / "cat.parquet"),
-        "--out",
-        str(tmp_path / "b"),
-        "--codebook-sizes",
-        "12,12,12",
-        "-q",
-    )
-    assert res.exit_code == 0
+    res = build(tmp_path, tmp_path / "b", "-q")
     assert res.stdout == f"{tmp_path / 'b' / 'v000001'}\n"
     assert res.stderr == ""
 
 
 def test_progress_goes_to_stderr_not_stdout(tmp_path):
     make_catalog(tmp_path / "cat.parquet")
-    res = invoke(
-        "build",
-        str(tmp_path / "cat.parquet"),
-        "--out",
-        str(tmp_path / "b"),
-        "--codebook-sizes",
-        "12,12,12",
-        "--json",
-    )
-    assert res.exit_code == 0
+    res = build(tmp_path, tmp_path / "b", "--json")
     json.loads(res.stdout)  # stdout is exactly one JSON object
     assert "read" in res.stderr and "write" in res.stderr
 
@@ -254,12 +234,7 @@ def test_usage_errors_exit_2(tmp_path):
 def test_corrupt_bundle_exits_1_naming_the_file(tmp_path):
     make_catalog(tmp_path / "cat.parquet")
     out = tmp_path / "b"
-    assert (
-        invoke(
-            "build", str(tmp_path / "cat.parquet"), "-o", str(out), "--codebook-sizes", "12,12,12", "-q"
-        ).exit_code
-        == 0
-    )
+    build(tmp_path, out, "-q")
     manifest = json.loads((out / "v000001" / "manifest.json").read_text())
     name = next(iter(manifest["steps"][-1]["files"].values()))
     victim = out / "v000001" / name
@@ -276,12 +251,7 @@ def test_verify_against_a_different_catalog_fails(tmp_path):
     make_catalog(tmp_path / "cat.parquet", seed=0)
     make_catalog(tmp_path / "other.parquet", seed=1)
     out = tmp_path / "b"
-    assert (
-        invoke(
-            "build", str(tmp_path / "cat.parquet"), "-o", str(out), "--codebook-sizes", "12,12,12", "-q"
-        ).exit_code
-        == 0
-    )
+    build(tmp_path, out, "-q")
     res = invoke("verify", str(out), "--catalog", str(tmp_path / "other.parquet"))
     assert res.exit_code == 1
     errors = [line for line in stderr_lines(res) if line.startswith("error:")]
