@@ -27,11 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from rich.console import Console
-from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from zerogr_build.compare import Requests, compare_orders, mass_rows, parse_ks, report_rows  # noqa: E402
+from zerogr_build.compare import Requests, compare_orders, parse_ks, report_tables  # noqa: E402
 from zerogr_build.quality.data import DEFAULT_CACHE_DIR, fetch_ml100k, leave_one_out  # noqa: E402
 from zerogr_build.quality.model import ModelConfig, set_determinism, train_model  # noqa: E402
 from zerogr_build.quality.pipeline import (  # noqa: E402
@@ -88,10 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         ids=[int(u) for u in split.user_ids],
         targets=[int(split.item_ids[i]) for i in split.test_targets],
     )
-    targets = {
-        int(u): int(split.item_ids[i]) for u, i in zip(split.user_ids, split.test_targets, strict=True)
-    }
-    save_run(work, model, catalog.sids, histories, targets)
+    save_run(work, model, catalog.sids, histories, dict(zip(requests.ids, requests.targets, strict=True)))
     report = compare_orders(
         bundle,
         model_fn_for(model, histories, catalog.sids),
@@ -101,26 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size,
     )
 
-    table = Table(title=f"MovieLens-100K, {report.requests} test users, beam {report.beam_width}")
-    table.add_column("metric")
-    for k in report.ks:
-        table.add_column(f"K={k}", justify="right")
-    for row in report_rows(report):
-        table.add_row(*row)
-    console.print(table)
-    mass = Table(title="invalid probability mass per step (full softmax over V_t, beams alive at the step)")
-    mass.add_column("order")
-    mass.add_column("")
-    for t, v in enumerate(catalog.codebook_sizes):
-        mass.add_column(f"step {t} (V={v})", justify="right")
-    for row in mass_rows(report):
-        mass.add_row(*row)
-    console.print(mass)
-    console.print(
-        f"unconstrained decoding: {100 * report.unconstrained_invalid_rate:.2f}% of final beams "
-        "name no catalog SID",
-        markup=False,
-    )
+    for renderable in report_tables(
+        report, f"MovieLens-100K, {report.requests} test users, beam {report.beam_width}"
+    ):
+        console.print(renderable)
     console.print(
         f"model: d={cfg.d_model}, {cfg.enc_layers}+{cfg.dec_layers} layers, {cfg.epochs} epochs, "
         f"trained in {train_s:.0f} s on {torch.get_num_threads()} threads; compare {report.seconds:.0f} s",
@@ -139,7 +119,6 @@ def main(argv: list[str] | None = None) -> int:
             "command": command,
             "catalog": str(catalog_path),
             "bundle": str(bundle.path),
-            "codebook_sizes": list(catalog.codebook_sizes),
             "train_seconds": train_s,
             "model": cfg.__dict__,
         }

@@ -80,6 +80,7 @@ class CompareReport:
     unconstrained_invalid_rate: float
     with_targets: int
     seconds: float
+    codebook_sizes: list[int] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -416,6 +417,7 @@ def compare_orders(
         unconstrained_invalid_rate=unconstrained_invalid / max(unconstrained_beams, 1),
         with_targets=with_targets,
         seconds=time.perf_counter() - started,
+        codebook_sizes=list(sizes),
     )
 
 
@@ -447,8 +449,32 @@ def run_compare(
     return report
 
 
+def report_tables(report: CompareReport, title: str) -> list[Any]:
+    """The report as rich renderables, printed by `zerogr compare` and scripts/quality_ml100k.py alike:
+    the metric table (`title`, a column per K), the invalid-mass table (a column per step) and a line
+    with the unconstrained invalid-SID rate."""
+    from rich.table import Table
+    from rich.text import Text
+
+    metrics = Table(title=title)
+    metrics.add_column("metric")
+    for k in report.ks:
+        metrics.add_column(f"K={k}", justify="right")
+    for row in report_rows(report):
+        metrics.add_row(*row)
+    mass = Table(title="invalid probability mass per step (full softmax over V_t; beams alive at the step)")
+    mass.add_column("order")
+    mass.add_column("")
+    for t, v in enumerate(report.codebook_sizes):
+        mass.add_column(f"step {t} (V={v})", justify="right")
+    for row in mass_rows(report):
+        mass.add_row(*row)
+    rate = 100 * report.unconstrained_invalid_rate
+    return [metrics, mass, Text(f"unconstrained decoding: {rate:.2f}% of final beams name no catalog SID")]
+
+
 def report_rows(report: CompareReport) -> list[list[str]]:
-    """Table rows [metric, value per K...] for rendering (CLI and scripts share this layout)."""
+    """Rows [metric, value per K...] of the metric table."""
     rows = [["overlap (ff top-K in sf top-K)"] + [f"{100 * report.overlap[k]:.2f}%" for k in report.ks]]
     rows.append(
         ["requests with different top-K"] + [f"{100 * report.requests_differing[k]:.2f}%" for k in report.ks]
