@@ -623,7 +623,7 @@ def compare(
     """Decode the requests filter-first, score-first and unconstrained with your model and compare top-K
     lists (overlap@K, Recall@K, NDCG@K, invalid probability mass per step)."""
     with cli_errors():
-        from .compare import mass_rows, parse_ks, report_rows, run_compare
+        from .compare import parse_ks, report_tables, run_compare
         from .config import check_device
 
         check_device(device)
@@ -638,25 +638,8 @@ def compare(
             return
         console = _stdout()
         title = f"{report.requests} requests, beam {report.beam_width}: filter-first vs score-first"
-        table = Table(title=title)
-        table.add_column("metric")
-        for cutoff in report.ks:
-            table.add_column(f"K={cutoff}", justify="right")
-        for row in report_rows(report):
-            table.add_row(*row)
-        console.print(table)
-        mass = Table(title="invalid probability mass per step (mean / max over beams)")
-        mass.add_column("order")
-        mass.add_column("")
-        for t in range(len(report.invalid_mass["filter_first"])):
-            mass.add_column(f"step {t}", justify="right")
-        for row in mass_rows(report):
-            mass.add_row(*row)
-        console.print(mass)
-        console.print(
-            f"unconstrained: {100 * report.unconstrained_invalid_rate:.2f}% of final beams not in catalog",
-            markup=False,
-        )
+        for renderable in report_tables(report, title):
+            console.print(renderable)
 
 
 def main(argv: list[str] | None = None) -> None:
