@@ -452,8 +452,12 @@ class Decoder:
         num_heavy, heaviest = (int(x) for x in torch.stack([heavy.sum(), count.max()]).tolist())  # one sync
         lanes = lane_count(num_heavy)
         if lanes:
-            lane_beam = torch.full((lanes,), -1, dtype=torch.int64, device=self.device)
-            lane_beam[:num_heavy] = torch.nonzero(heavy).squeeze(1)
+            # Heavy beam j (in beam order) -> lane j, -1 = unused lane. A scatter by running count instead of
+            # torch.nonzero, which would be a second device->host sync; light beams land in a discarded slot.
+            target = torch.where(heavy, torch.cumsum(heavy, 0) - 1, lanes)
+            all_beams = torch.arange(state.num_beams, device=self.device)
+            lane_beam = torch.full((lanes + 1,), -1, dtype=torch.int64, device=self.device)
+            lane_beam = lane_beam.scatter_(0, target, all_beams)[:lanes]
             lane_alive = lane_beam >= 0
             lb = lane_beam.clamp(min=0)
             width = lane_width(heaviest, table.max_slots)
