@@ -40,15 +40,17 @@ from zerogr_build.runtime.slots import child_counts  # noqa: E402
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def make_sids(items: int, sizes: list[int], seed: int, catalog: Path | None) -> np.ndarray:
-    """SIDs from a Parquet catalog, or drawn with make_catalog.py's skewed generator."""
+def make_sids(items: int, sizes: list[int], seed: int, catalog: Path | None) -> tuple[np.ndarray, list[int]]:
+    """(SIDs, codebook sizes): a Parquet catalog's (its own sizes), or `items` SIDs of `sizes` drawn with
+    make_catalog.py's skewed generator."""
     if catalog is not None:
         from zerogr_build.catalog import read_catalog
 
-        return read_catalog(catalog).sids
+        read = read_catalog(catalog)
+        return read.sids, [int(v) for v in read.codebook_sizes]
     from make_catalog import generate_sids
 
-    return generate_sids(items, sizes, seed=seed, mode="skewed")
+    return generate_sids(items, sizes, seed=seed, mode="skewed"), sizes
 
 
 class SeededStepFn:
@@ -233,25 +235,25 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     time_once = timer(device)
 
-    sizes = [args.codebook] * args.steps
     t0 = time.perf_counter()
-    sids = make_sids(args.items, sizes, args.seed, args.catalog)
+    sids, sizes = make_sids(args.items, [args.codebook] * args.steps, args.seed, args.catalog)
     index = build_index(sids, sizes)
+    num_steps = len(sizes)
     print(
-        f"# {len(sids)} items, L={args.steps}, V={args.codebook}, d={args.dim}, batch {args.batch} x beam "
-        f"{args.beam}, {args.dtype}, {device}, torch threads {torch.get_num_threads()} "
-        f"(catalog+index {time.perf_counter() - t0:.1f} s)"
+        f"# {len(sids)} items, L={num_steps}, V={','.join(map(str, sizes))}, d={args.dim}, "
+        f"batch {args.batch} x beam {args.beam}, {args.dtype}, {device}, "
+        f"torch threads {torch.get_num_threads()} (catalog+index {time.perf_counter() - t0:.1f} s)"
     )
     results, dec, modes = bench_one(index, sizes, args, device, time_once)
     print(index_summary(index, dec))
     print(f"filter_first/auto modes per step: {modes}; times: best of {args.repeats} interleaved rounds\n")
-    head = "".join(f"{'step ' + str(t) + ' ms':>12}" for t in range(args.steps))
+    head = "".join(f"{'step ' + str(t) + ' ms':>12}" for t in range(num_steps))
     print(f"{'order/mode':<28}{head}{'search ms':>12}{'vs score_first':>16}")
     base = results["score_first/full"]
     for label, r in results.items():
         cells = "".join(f"{ms:>12.2f}" for ms in r["steps"])
         print(f"{label:<28}{cells}{r['search']:>12.2f}{base['search'] / r['search']:>15.2f}x")
-    last = args.steps - 1
+    last = num_steps - 1
     sel = results["filter_first/selective"]["steps"][last]
     last_speedup = base["steps"][last] / sel
     whole = base["search"] / results["filter_first/auto"]["search"]
@@ -272,7 +274,7 @@ def main(argv=None) -> int:
         )
         for v in sweep:
             vs = [v] * args.steps
-            idx = build_index(make_sids(args.items, vs, args.seed, None), vs)
+            idx = build_index(make_sids(args.items, vs, args.seed, None)[0], vs)
             r, d2, _ = bench_one(idx, vs, args, device, time_once)
             sf, ff = r["score_first/full"], r["filter_first/selective"]
             auto, nv = r["filter_first/auto"], r["naive filter_first"]
