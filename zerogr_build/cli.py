@@ -475,30 +475,19 @@ def verify(
     """Check a bundle: every file's sha256, the structural invariants of every step table and the leaf map,
     and with --catalog exact equality with the catalog. Exits non-zero naming the first bad file."""
     with cli_errors():
-        from .bundle import load_manifest, resolve_bundle, verify_bundle
-        from .catalog import read_catalog
         from .config import load_settings
+        from .pipeline import verify_with_catalog
 
         settings = load_settings(config, _catalog_column_overrides(sid_column, sid_columns, item_column))
-        version_dir = resolve_bundle(bundle if bundle is not None else settings.out)
-        cat = None
-        if catalog is not None:
-            manifest = load_manifest(version_dir)
-            with _progress(quiet or json_out) as progress:
-                cat = read_catalog(
-                    catalog,
-                    sid_column=settings.sid_column,
-                    sid_columns=settings.sid_columns or None,
-                    item_column=settings.item_column,
-                    codebook_sizes=manifest["codebook_sizes"],
-                    progress=progress,
-                )
-        report = verify_bundle(version_dir, catalog=cat)
+        with _progress(quiet or json_out or catalog is None) as progress:  # only reading has stages
+            report = verify_with_catalog(
+                bundle if bundle is not None else settings.out, catalog, settings, progress=progress
+            )
         if json_out:
             sys.stdout.write(json.dumps(report, default=str) + "\n")
         elif not quiet:
             what = "checksums and invariants"
-            if cat is not None:
+            if catalog is not None:
                 what += f", equal to catalog {catalog}"
             _stdout().print(
                 f"OK {report['bundle']} (version {report['version']}): {report['files']} files, "

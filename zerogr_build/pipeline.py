@@ -1,6 +1,6 @@
-"""`zerogr build` and `zerogr inspect` as library calls: build_bundle (read_catalog -> build_index ->
-publish_bundle -> optionally stream the tables to a GPU) and inspect_bundle, with the per-step summary rows
-both report.
+"""`zerogr build`, `inspect` and `verify` as library calls: build_bundle (read_catalog -> build_index ->
+publish_bundle -> optionally stream the tables to a GPU), inspect_bundle and verify_with_catalog, plus the
+per-step summary rows that build and inspect report.
 
 Library code: never prints. Inferred codebook sizes are reported with `warnings.warn` (the CLI shows it on
 stderr as soon as the catalog is read); long work reports through `progress`.
@@ -11,12 +11,15 @@ from __future__ import annotations
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .config import BuildSettings, check_device
 from .progress import NULL_PROGRESS, Progress
+
+if TYPE_CHECKING:
+    from .catalog import Catalog
 
 
 class CodebookInferredWarning(UserWarning):
@@ -54,6 +57,20 @@ def leaf_sharing(leaf_offsets: Any) -> dict[str, int]:
     }
 
 
+def _read_catalog(path: str, settings: BuildSettings, codebook_sizes: Any, progress: Progress) -> Catalog:
+    """read_catalog with the column settings of `settings`."""
+    from .catalog import read_catalog
+
+    return read_catalog(
+        path,
+        sid_column=settings.sid_column,
+        sid_columns=settings.sid_columns or None,
+        item_column=settings.item_column,
+        codebook_sizes=codebook_sizes,
+        progress=progress,
+    )
+
+
 def build_bundle(
     catalog_path: str, settings: BuildSettings, *, progress: Progress = NULL_PROGRESS
 ) -> dict[str, Any]:
@@ -67,7 +84,6 @@ def build_bundle(
     CodebookInferredWarning.
     """
     from .bundle import publish_bundle
-    from .catalog import read_catalog
     from .index import FormatPolicy, build_index, parse_step_formats
 
     check_device(settings.device)
@@ -76,14 +92,7 @@ def build_bundle(
     started = time.perf_counter()
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    catalog = read_catalog(
-        catalog_path,
-        sid_column=settings.sid_column,
-        sid_columns=settings.sid_columns or None,
-        item_column=settings.item_column,
-        codebook_sizes=settings.codebook_sizes or None,
-        progress=progress,
-    )
+    catalog = _read_catalog(catalog_path, settings, settings.codebook_sizes or None, progress)
     timings["read"] = time.perf_counter() - t
     if catalog.codebook_inferred:
         sizes = ",".join(map(str, catalog.codebook_sizes))
@@ -189,3 +198,24 @@ def inspect_bundle(path: str | Path | None = None) -> dict[str, Any]:
         "static_bytes": static,
         "ratio_to_static": (index.index_bytes / static["total"]) if static else None,
     }
+
+
+def verify_with_catalog(
+    path: str | Path,
+    catalog_path: str | None = None,
+    settings: BuildSettings | None = None,
+    *,
+    progress: Progress = NULL_PROGRESS,
+) -> dict[str, Any]:
+    """`zerogr verify`: bundle.verify_bundle of a version dir (or an OUT dir via LATEST), and with
+    `catalog_path` exact equality with that catalog, read with the column settings of `settings` and the
+    bundle's own codebook sizes. Returns verify_bundle's report."""
+    from .bundle import load_manifest, resolve_bundle, verify_bundle
+
+    version_dir = resolve_bundle(path)
+    catalog = None
+    if catalog_path is not None:
+        sizes = load_manifest(version_dir)["codebook_sizes"]
+        catalog = _read_catalog(catalog_path, settings or BuildSettings(), sizes, progress)
+        progress.stage("verify")
+    return verify_bundle(version_dir, catalog=catalog)
