@@ -174,13 +174,14 @@ class Decoder:
         )
         self.leaf_offsets = np.asarray(self.index.leaf_offsets, dtype=np.int64)
         self.available_modes = available_modes(self.device)
-        if isinstance(plan, str) and plan == "auto":
+        auto_plan = isinstance(plan, str) and plan == "auto"
+        if auto_plan:
             self.plan = find_bundle_plan(self.bundle, self.device)
         else:
             self.plan = load_plan(plan) if plan is not None else None
         self._warned: set[tuple[int, str]] = set()
         self.kernels = None  # compiled selective_cuda kernels loaded from the bundle (plan="auto", CUDA)
-        if plan == "auto" and self.bundle is not None and self.device.type == "cuda":
+        if auto_plan and self.bundle is not None and self.device.type == "cuda":
             from ..tune import load_bundle_kernels
 
             self.kernels = load_bundle_kernels(self.bundle, self.device)
