@@ -188,8 +188,8 @@ def train_model(
     model.train()
     for epoch in range(cfg.epochs):
         started, total_loss, total_targets = time.perf_counter(), 0.0, 0
+        chosen = rng.permutation(len(windows))
         for b in range(steps_per_epoch):
-            chosen = rng.permutation(len(windows)) if b == 0 else chosen  # noqa: F821 -- set at b == 0
             batch = [windows[i] for i in chosen[b * cfg.batch_windows : (b + 1) * cfg.batch_windows]]
             loss, n = _batch_loss(model, batch, sid_table)
             opt.zero_grad(set_to_none=True)
