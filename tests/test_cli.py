@@ -305,6 +305,7 @@ def test_overrides_beat_the_file_and_none_means_not_given(tmp_path):
     config.write_text('[build]\nout = "x"\nworkers = 3\ncodebook_sizes = [4, 5]\n')
     s = load_settings(config, {"workers": 1, "out": None})
     assert (s.out, s.workers, s.codebook_sizes) == ("x", 1, (4, 5))
+    assert load_settings(None, {"sid_columns": " c0, c1,,c2"}).sid_columns == ("c0", "c1", "c2")
 
 
 @pytest.mark.parametrize(

@@ -62,10 +62,6 @@ class BuildSettings:
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
 
 
-def setting_names() -> list[str]:
-    return [f.name for f in fields(BuildSettings)]
-
-
 def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
     """Check a value against its default's type; lists become tuples. Raises InputError naming the key."""
     if isinstance(default, bool):
@@ -80,7 +76,7 @@ def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
     elif isinstance(default, tuple):
         item_type = int if key == "codebook_sizes" else str
         if isinstance(value, str) and key == "sid_columns":
-            value = [p.strip() for p in value.split(",") if p.strip()]
+            value = parse_name_list(value)
         ok = isinstance(value, list | tuple) and all(
             isinstance(v, item_type) and not isinstance(v, bool) for v in value
         )
