@@ -215,8 +215,11 @@ def catalog_table(sids: np.ndarray, item_ids, *, sid_type: str = "auto", fixed_s
     if sid_type not in SID_TYPES:
         raise ValueError(f"sid type must be one of {SID_TYPES}, got {sid_type!r}")
     n, num_steps = sids.shape
+    top = int(sids.max()) if sids.size else 0
     if sid_type == "auto":
-        sid_type = "uint16" if sids.size == 0 or int(sids.max()) <= 65535 else "int32"
+        sid_type = "uint16" if top <= 65535 else "int32"
+    if top > np.iinfo(np.dtype(sid_type)).max:  # the cast below would wrap tokens around silently
+        raise ValueError(f"token {top} does not fit sid type {sid_type}")
     flat = pa.array(np.ascontiguousarray(sids, dtype=np.dtype(sid_type)).reshape(-1))
     if fixed_size_list:
         column = pa.FixedSizeListArray.from_arrays(flat, num_steps)

@@ -105,3 +105,12 @@ def test_uint16_tokens_and_cli(tmp_path):
     assert table.schema.field("sid").type == pa.list_(pa.uint16())
     back = np.array(table.column("sid").combine_chunks().flatten()).reshape(300, 3)
     assert np.array_equal(back, make_catalog.generate_sids(300, [8192] * 3, seed=7))
+
+
+def test_sid_type_too_narrow_is_refused():
+    sids = np.array([[3, 65536]], dtype=np.uint32)
+    ids = make_catalog.make_item_ids(1)
+    with pytest.raises(ValueError, match="token 65536 does not fit sid type uint16"):
+        make_catalog.catalog_table(sids, ids, sid_type="uint16")
+    column = make_catalog.catalog_table(sids, ids, sid_type="int32").column("sid")
+    assert column.to_pylist() == [[3, 65536]]
