@@ -449,6 +449,7 @@ def test_add_bundle_files_refuses_index_files_and_escapes(bundle_dir, name):
 def test_add_bundle_files_refuses_symlinked_dir_out(bundle_dir, tmp_path):
     (tmp_path / "elsewhere").mkdir()
     os.symlink(tmp_path / "elsewhere", bundle_dir / "plans")
-    with pytest.raises(BundleError, match="outside"):
-        add_bundle_files(bundle_dir, {"plans/cpu.json": b"{}"})
-    assert not list((tmp_path / "elsewhere").iterdir())
+    for name in ("plans/cpu.json", "plans/deeper/cpu.json"):
+        with pytest.raises(BundleError, match="outside"):
+            add_bundle_files(bundle_dir, {name: b"{}"})
+        assert not list((tmp_path / "elsewhere").iterdir())  # nothing written there, not even a dir

@@ -371,10 +371,18 @@ def _index_file_names(manifest: dict) -> set[str]:
 
 
 def _safe_target(vdir: Path, name: str) -> Path:
-    """vdir/name, with parent dirs created, refusing any path that a symlink would lead out of vdir."""
+    """vdir/name, with parent dirs created, refusing any path that a symlink would lead out of vdir.
+
+    The deepest existing (or symlinked) ancestor is checked before anything is created, so a symlinked dir
+    on the way cannot make mkdir create directories outside the bundle."""
     target = vdir / name
-    target.parent.mkdir(parents=True, exist_ok=True)
     root = vdir.resolve()
+    existing = target.parent
+    while not (existing.exists() or existing.is_symlink()):
+        existing = existing.parent
+    if not existing.resolve().is_relative_to(root):
+        raise BundleError(f"{name}: path leads outside the bundle dir {vdir}")
+    target.parent.mkdir(parents=True, exist_ok=True)
     if not target.parent.resolve().is_relative_to(root) or target.is_symlink():
         raise BundleError(f"{name}: path leads outside the bundle dir {vdir}")
     return target
