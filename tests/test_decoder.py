@@ -188,11 +188,59 @@ def test_heavy_rows_take_the_overflow_path_exactly(order, mode):
     assert dec.slot_caps[2] == MIN_CAP < index.steps[2].max_slots == 40  # the cap really binds
     res = dec.search(model.step_fn, 2, index.num_leaves + 5, mode=mode)
     check_exhaustive(res, model, sids, order, 2, atol=1e-4)
-    # narrow beam that must be filled from a heavy row: the model prefers prefix (0, 1) strongly
+    # a narrow search (lanes cut to M: see test_narrow_step_keeps_the_top_m_children_of_all_beams)
     narrow = dec.search(model.step_fn, 2, 4, mode=mode)
     wide = res
     for b in range(2):  # a narrow beam's best score can never beat the exhaustive optimum
         assert float(narrow.scores[b, 0]) <= float(wide.scores[b, 0]) + 1e-5
+
+
+def _push(model: SeededModel, step: int, token: int, request: int, prefix: tuple[int, ...]) -> None:
+    """Make `token` the clear favourite of `request` at `step` after `prefix` (weight row += hidden dir)."""
+    h = model.step_fn(step, torch.tensor([prefix], dtype=torch.int64), torch.tensor([request]))[0]
+    model.weights[step][token] += 6 * h / h.norm()
+
+
+@pytest.mark.parametrize("order", ["filter_first", "score_first"])
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_narrow_step_keeps_the_top_m_children_of_all_beams(order, mode):
+    """Each step keeps exactly the best M of all children of a request's live beams, also when they come
+    from a heavy row cut to M inside its overflow lane (M = 4 < lane width 64: the cut really binds)."""
+    sids, sizes = heavy_catalog()
+    index = build_index(sids, sizes, step_formats="sparse")
+    model = SeededModel(sizes, 7, batch_size=2, bias=True)
+    _push(model, 0, 0, 0, ())
+    _push(model, 1, 1, 0, (0,))  # request 0 -> prefix (0, 1): 40 children at the last step
+    children: dict[tuple, set] = {}
+    for sid in {tuple(row) for row in sids.tolist()}:
+        for t in range(len(sid)):
+            children.setdefault(sid[:t], set()).add(sid[t])
+    dec = Decoder(index, model.layers(), order=order)
+    beam = 4
+    state = dec.start(2, beam)
+    for t in range(len(sizes)):
+        hidden = model.step_fn(t, state.prefixes, state.batch)
+        new = dec.step(state, hidden, mode=mode)
+        weight, bias = model.weights[t].double(), model.biases[t].double()
+        logits = (hidden.double() @ weight.T + bias).numpy()
+        for request in range(2):
+            candidates = []
+            for r in torch.nonzero(state.batch == request).flatten().tolist():
+                if not np.isfinite(float(state.scores[r])):
+                    continue
+                prefix = tuple(state.prefixes[r].tolist())
+                allowed = sorted(children[prefix])
+                norm = np.logaddexp.reduce(logits[r][allowed] if order == "filter_first" else logits[r])
+                for v in allowed:
+                    candidates.append((float(state.scores[r]) + logits[r, v] - norm, (*prefix, v)))
+            want = sorted(candidates, reverse=True)[:beam]
+            mine = torch.nonzero(new.batch == request).flatten().tolist()
+            got = [(float(new.scores[i]), tuple(new.prefixes[i].tolist())) for i in mine]
+            got = [g for g in got if np.isfinite(g[0])]
+            assert [sid for _, sid in got] == [sid for _, sid in want]
+            np.testing.assert_allclose([s for s, _ in got], [s for s, _ in want], atol=1e-4)
+        state = new
+    assert (state.prefixes[:beam, :2] == torch.tensor([0, 1])).all()  # request 0 ended in the heavy row
 
 
 def test_overflow_lanes_hold_a_whole_request():
