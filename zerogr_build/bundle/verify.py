@@ -77,16 +77,7 @@ def check_sparse_step(table, indptr_path: Path, tokens_path: Path) -> None:
     """indptr: starts at 0, ends at nnz, strictly increasing (every row is a real prefix, so it has at
     least one child), largest gap = max_slots. tokens: in 0..V-1 and strictly ascending within each row."""
     indptr = np.asarray(table.indptr, dtype=np.int64)
-    if indptr[0] != 0 or indptr[-1] != table.nnz:
-        raise BundleError(
-            f"{indptr_path}: must start at 0 and end at nnz {table.nnz}, got {indptr[0]}..{indptr[-1]}"
-        )
-    counts = np.diff(indptr)
-    if (counts < 1).any():
-        row = int(np.flatnonzero(counts < 1)[0])
-        raise BundleError(
-            f"{indptr_path}: row {row} has {counts[row]} children (indptr must strictly increase)"
-        )
+    counts = _check_offsets(indptr, table.nnz, f"nnz {table.nnz}", indptr_path, "row", "children", "indptr")
     if int(counts.max()) != table.max_slots:
         raise BundleError(
             f"{indptr_path}: largest row has {counts.max()} children, manifest max_slots {table.max_slots}"
@@ -129,14 +120,20 @@ def check_dense_step(table, next_path: Path) -> None:
 
 def check_leaf_offsets(offsets: np.ndarray, n_items: int, path: Path) -> None:
     """leaf_offsets: 0 first, n_items last, strictly increasing (every leaf has at least one item)."""
-    if offsets[0] != 0 or offsets[-1] != n_items:
-        raise BundleError(
-            f"{path}: must start at 0 and end at {n_items} items, got {offsets[0]}..{offsets[-1]}"
-        )
-    gaps = np.diff(offsets)
-    if (gaps < 1).any():
-        leaf = int(np.flatnonzero(gaps < 1)[0])
-        raise BundleError(f"{path}: leaf {leaf} has {gaps[leaf]} items (offsets must strictly increase)")
+    _check_offsets(offsets, n_items, f"{n_items} items", path, "leaf", "items", "offsets")
+
+
+def _check_offsets(
+    offsets: np.ndarray, end: int, end_text: str, path: Path, part: str, members: str, array: str
+) -> np.ndarray:
+    """CSR offsets [k+1]: 0 first, `end` last, strictly increasing (no empty `part`). Returns the sizes."""
+    if offsets[0] != 0 or offsets[-1] != end:
+        raise BundleError(f"{path}: must start at 0 and end at {end_text}, got {offsets[0]}..{offsets[-1]}")
+    sizes = np.diff(offsets)
+    if (sizes < 1).any():
+        k = int(np.flatnonzero(sizes < 1)[0])
+        raise BundleError(f"{path}: {part} {k} has {sizes[k]} {members} ({array} must strictly increase)")
+    return sizes
 
 
 def check_unique_items(items, path: Path) -> None:
