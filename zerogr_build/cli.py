@@ -260,6 +260,7 @@ def _catalog_column_overrides(
 
 # -------------------------------------------------------------------------------------------- build
 
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
 ConfigOpt = Annotated[
     Path | None,
     typer.Option(
@@ -330,9 +331,7 @@ def build(
             "--keep", help="Keep only the newest N versions after publishing [config: 0 = keep all]"
         ),
     ] = None,
-    json_out: Annotated[
-        bool, typer.Option("--json", help="Print one JSON summary object on stdout.")
-    ] = False,
+    json_out: JsonOpt = False,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No progress or table; print only the bundle path.")
     ] = False,
@@ -414,7 +413,7 @@ def _bundle_path(bundle: str | None, config: Path | None) -> str:
 def inspect(
     bundle: BundleArg = None,
     config: ConfigOpt = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Show a bundle's step tables (format, rows, nnz, max_slots, valid share, bytes) and how its index size
     compares with STATIC's layout for the same catalog."""
@@ -469,7 +468,7 @@ def verify(
     item_column: Annotated[
         str | None, typer.Option("--item-column", help="Item id column of --catalog")
     ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+    json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")] = False,
 ) -> None:
     """Check a bundle: every file's sha256, the structural invariants of every step table and the leaf map,
@@ -539,7 +538,7 @@ def tune(
         int | None, typer.Option("--iters", help="Timed calls per mode, median kept [config: 10]")
     ] = None,
     config: ConfigOpt = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+    json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the plan path")] = False,
 ) -> None:
     """Time every scoring mode per step x batch size x dtype on this device and write the fastest into the
@@ -607,7 +606,7 @@ def compare(
     request_column: Annotated[str, typer.Option("--request-column")] = "request_id",
     target_column: Annotated[str, typer.Option("--target-column")] = "target_item",
     config: ConfigOpt = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Decode the requests filter-first, score-first and unconstrained with your model and compare top-K
     lists (overlap@K, Recall@K, NDCG@K, invalid probability mass per step)."""
