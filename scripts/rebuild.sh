@@ -81,7 +81,11 @@ for ((i = 0; i < ${#BUILD_ARGS[@]}; i++)); do
         --config | -c | --sid-column | --sid-columns | --item-column)
             [[ ${BUILD_ARGS[i]} == --config || ${BUILD_ARGS[i]} == -c ]] && CONFIG_OPT=${BUILD_ARGS[i + 1]:-}
             VERIFY_ARGS+=("${BUILD_ARGS[i]}" "${BUILD_ARGS[i + 1]:-}"); ((i++)) ;;
+        --config=* | --sid-column=* | --sid-columns=* | --item-column=*)
+            [[ ${BUILD_ARGS[i]} == --config=* ]] && CONFIG_OPT=${BUILD_ARGS[i]#--config=}
+            VERIFY_ARGS+=("${BUILD_ARGS[i]}") ;;
         --out | -o) OUT_OPT=${BUILD_ARGS[i + 1]:-}; ((i++)) ;;
+        --out=*) OUT_OPT=${BUILD_ARGS[i]#--out=} ;;
     esac
 done
 # Two lines: the OUT dir build will publish into (resolved) and the version LATEST names there now (may be
