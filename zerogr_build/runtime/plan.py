@@ -120,29 +120,14 @@ def heuristic_mode(
 
 
 def find_bundle_plan(bundle: Any, device: torch.device) -> dict[str, Any] | None:
-    """plan="auto": the bundle's plan measured on this device class, or None (with a warning).
-
-    Asks zerogr_build.tune.find_plan (plans are keyed by tune's device_key); bundles without a `plans()`
-    method are searched in <bundle.path>/plans/*.json for a plan whose device_key matches.
-    """
+    """plan="auto": the bundle's plan measured on this device class (tune.find_plan), or None (warns)."""
     if bundle is None:
         warnings.warn("plan='auto' needs a Bundle; using the heuristic", stacklevel=3)
         return None
-    try:
-        from .. import tune
-    except Exception as exc:  # noqa: BLE001 - tune unavailable: no plan
-        warnings.warn(
-            f"plan='auto': cannot import zerogr_build.tune ({exc}); using the heuristic", stacklevel=3
-        )
+    from ..tune import find_plan  # tune imports the runtime: resolve at call time
+
+    found = find_plan(bundle, str(device))
+    if found is None:
+        warnings.warn(f"plan='auto': no plan for {device} in the bundle; using the heuristic", stacklevel=3)
         return None
-    if callable(getattr(bundle, "plans", None)):
-        found = tune.find_plan(bundle, str(device))
-        if found is not None:
-            return dict(found.data)
-    else:
-        key = tune.current_device_key(str(device))
-        path = Path(getattr(bundle, "path", ".")) / "plans" / f"{key}.json"
-        if path.is_file():
-            return load_plan(path)
-    warnings.warn(f"plan='auto': no plan for {device} in the bundle; using the heuristic", stacklevel=3)
-    return None
+    return dict(found.data)
