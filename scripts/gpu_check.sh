@@ -184,12 +184,12 @@ fi
 # ---- summary (last) -------------------------------------------------------------------------------------
 failed=0
 for i in "${!NAMES[@]}"; do
-    case ${STATUS[$i]} in PASS | SKIP | NO-TESTS) ;; *) failed=1 ;; esac
+    case ${STATUS[$i]} in PASS | SKIP) ;; *) failed=1 ;; esac
 done
 if ((failed)); then
     for i in "${!NAMES[@]}"; do
         case ${STATUS[$i]} in
-        PASS | SKIP | NO-TESTS) ;;
+        PASS | SKIP) ;;
         *)
             echo
             echo "---- last lines of ${NAMES[$i]} (${STATUS[$i]}) ----"
