@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import InputError
+from .errors import InputError, one_line
 from .progress import NULL_PROGRESS, Progress
 
 #: Rows per record batch while streaming. Bounds the Arrow-side memory of the read (a few MB per batch).
@@ -129,7 +129,7 @@ def _open(name: str) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(name)
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"{name}: not a readable Parquet file ({_one_line(exc)})") from None
+        raise InputError(f"{name}: not a readable Parquet file ({one_line(exc)})") from None
 
 
 def _field(name: str, schema: pa.Schema, column: str) -> pa.Field:
@@ -205,10 +205,6 @@ def _unsigned_dtype_for(max_value: int) -> np.dtype:
         if max_value <= np.iinfo(dtype).max:
             return np.dtype(dtype)
     return np.dtype(np.uint64)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 class _Reader:
@@ -382,7 +378,7 @@ class _Reader:
         except pa.ArrowInvalid as exc:
             raise InputError(
                 f"{name}: column {self.item_column!r}, rows {file_row}..{file_row + len(items) - 1}: "
-                f"item ids do not fit {self.item_type} shared with the other files ({_one_line(exc)})"
+                f"item ids do not fit {self.item_type} shared with the other files ({one_line(exc)})"
             ) from None
 
     # -- results ---------------------------------------------------------------------------------
@@ -427,7 +423,7 @@ def _iter_batches(name: str, pf: pq.ParquetFile, columns: list[str]) -> Iterator
                 break
             except (pa.ArrowException, OSError, ValueError) as exc:
                 raise InputError(
-                    f"{name}: unreadable Parquet data in row group {group} ({_one_line(exc)})"
+                    f"{name}: unreadable Parquet data in row group {group} ({one_line(exc)})"
                 ) from None
             yield batch
 

@@ -30,7 +30,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from .errors import InputError, ZerogrError
+from .errors import InputError, ZerogrError, one_line
 from .progress import NullProgress
 
 app = typer.Typer(
@@ -96,7 +96,7 @@ def cli_errors() -> Iterator[None]:
     except ZerogrError as exc:
         if os.environ.get(DEBUG_ENV):
             traceback.print_exc()
-        sys.stderr.write(f"error: {_one_line(exc)}\n")
+        sys.stderr.write(f"error: {one_line(exc)}\n")
         raise typer.Exit(exc.exit_code) from None
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
         if os.environ.get(DEBUG_ENV):
@@ -104,12 +104,8 @@ def cli_errors() -> Iterator[None]:
             hint = ""
         else:
             hint = f" (set {DEBUG_ENV}=1 for a traceback)"
-        sys.stderr.write(f"error: {type(exc).__name__}: {_one_line(exc)}{hint}\n")
+        sys.stderr.write(f"error: {type(exc).__name__}: {one_line(exc)}{hint}\n")
         raise typer.Exit(1) from None
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 class RichProgress:

@@ -22,3 +22,8 @@ class BundleError(ZerogrError):
     """A bundle on disk is missing, corrupt, or disagrees with its manifest. Names the offending file."""
 
     exit_code = 1
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (whitespace collapsed), or its type name when it has none."""
+    return " ".join(str(exc).split()) or type(exc).__name__
