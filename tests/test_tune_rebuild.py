@@ -98,3 +98,22 @@ def test_failed_verify_points_latest_back_at_the_previous_version(catalog, tmp_p
     assert (out / "v000003").is_dir()  # published, then verify found the corrupted file
     assert (out / "LATEST").read_text() == "v000002\n"
     assert "LATEST points back at v000002" in bad.stderr
+
+
+def test_restore_latest_only_replaces_the_version_it_was_asked_to(tmp_path):
+    from zerogr_build.bundle import publish_bundle
+    from zerogr_build.bundle.writer import restore_latest
+    from zerogr_build.index import build_index
+
+    sids = np.array([[0, 1], [1, 0], [1, 1]])
+    out = tmp_path / "bundles"
+    for _ in range(3):
+        publish_bundle(build_index(sids, (2, 2)), pa.array([10, 11, 12]), out)
+    latest = out / "LATEST"
+    assert not restore_latest(out, "v000001", replacing="v000002")  # LATEST has moved on to v000003
+    assert latest.read_text() == "v000003\n"
+    assert not restore_latest(out, "v000009", replacing="v000003")  # no such version
+    assert latest.read_text() == "v000003\n"
+    assert restore_latest(out, "v000001", replacing="v000003")
+    assert latest.read_text() == "v000001\n"
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".tmp-")]
