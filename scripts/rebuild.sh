@@ -3,7 +3,7 @@
 #
 #   scripts/rebuild.sh CATALOG [--gpu N | --device cpu|cuda:N] [--tune-args "--batch-sizes 1,32 ..."]
 #                      [any `zerogr build` option: --out DIR --config FILE --codebook-sizes ... --model-version
-#                       TAG --keep N ...]
+#                       TAG --keep N (0 or >= 2) ...]
 #
 #   scripts/rebuild.sh data/catalog.parquet --out /srv/bundles --model-version "$MODEL_TAG" --gpu 0
 #
@@ -47,6 +47,15 @@ while [[ $# -gt 0 ]]; do
         --device) [[ $# -ge 2 ]] || usage; TUNE_DEVICE=(--device "$2"); shift 2 ;;
         --tune-args) [[ $# -ge 2 ]] || usage; TUNE_EXTRA=$2; shift 2 ;;
         --json | --quiet | -q) shift ;;  # this script decides how build reports
+        --keep | --keep=*)
+            # build prunes before verify runs: keeping one version would delete the rollback target.
+            keep=${1#--keep}; keep=${keep#=}
+            if [[ -z $keep ]]; then [[ $# -ge 2 ]] || usage; keep=$2; BUILD_ARGS+=("$1"); shift; fi
+            if [[ ! $keep =~ ^[0-9]+$ || $keep == 1 ]]; then
+                log "--keep must be 0 (keep all) or at least 2, so a version failing verify can be rolled back"
+                exit 2
+            fi
+            BUILD_ARGS+=("$1"); shift ;;
         *) BUILD_ARGS+=("$1"); shift ;;
     esac
 done

@@ -70,6 +70,15 @@ def test_rebuild_exit_codes(catalog, tmp_path):
     assert _run(catalog, cwd=tmp_path, env={"ZEROGR": "/nonexistent/zerogr"}).returncode == 6
 
 
+@pytest.mark.parametrize("keep", [["--keep", "1"], ["--keep=1"], ["--keep", "x"]])
+def test_keep_below_two_is_refused_before_anything_is_built(catalog, tmp_path, keep):
+    """build prunes before verify: --keep 1 would delete the version a failed verify rolls back to."""
+    out = tmp_path / "bundles"
+    done = _run(catalog, "--out", out, "--device", "cpu", *keep, cwd=tmp_path)
+    assert done.returncode == 2 and "--keep must be 0" in done.stderr
+    assert not out.exists()
+
+
 def test_failed_verify_points_latest_back_at_the_previous_version(catalog, tmp_path):
     """A zerogr whose build output gets corrupted before verify: exit 4 and LATEST back where it was."""
     out = tmp_path / "bundles"
