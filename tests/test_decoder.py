@@ -281,6 +281,56 @@ def test_unconstrained_is_exhaustive_over_all_codes(sizes, n, seed):
             assert leaf == -1
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(catalogs, st.sampled_from([1, 2]), st.integers(1, 6))
+def test_static_shapes_give_the_same_beams_as_dynamic_lanes(catalog, cap, beam):
+    """One max_slots-wide lane per beam (static_shapes) must pick exactly what sized-to-fit lanes pick."""
+    sizes, n, seed, formats = catalog
+    sids = make_catalog(sizes, n, seed)
+    index = build_index(sids, sizes, step_formats=dict(enumerate(formats)))
+    model = SeededModel(sizes, seed, batch_size=2, bias=True)
+    for order, mode in itertools.product(("filter_first", "score_first"), ("full", "selective")):
+        dynamic = Decoder(index, model.layers(), order=order, slot_caps=cap)
+        static = Decoder(index, model.layers(), order=order, slot_caps=cap, static_shapes=True)
+        for width in (beam, index.num_leaves + 2):
+            a = dynamic.search(model.step_fn, 2, width, mode=mode)
+            b = static.search(model.step_fn, 2, width, mode=mode)
+            torch.testing.assert_close(b.scores, a.scores, rtol=0, atol=1e-5)
+            real = torch.isfinite(a.scores)
+            assert torch.equal(b.leaves[real], a.leaves[real]) and torch.equal(b.sids[real], a.sids[real])
+
+
+@pytest.mark.parametrize("order", ["filter_first", "score_first"])
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_static_shapes_read_nothing_back_to_the_host(order, mode, monkeypatch):
+    """With static_shapes no step turns a tensor into a Python value (a device->host sync on CUDA),
+    heavy rows included; the exhaustive result still equals brute force."""
+    sids, sizes = heavy_catalog()
+    index = build_index(sids, sizes, step_formats="sparse")
+    model = SeededModel(sizes, 5, batch_size=2, bias=True)
+    dec = Decoder(index, model.layers(), order=order, static_shapes=True)
+    assert dec.slot_caps[2] < index.steps[2].max_slots  # heavy beams exist: the lanes are used
+    hiddens, state = [], dec.start(2, index.num_leaves + 3)
+    states = [state]
+    for t in range(len(sizes)):  # hidden vectors first: step_fn itself may read values
+        hiddens.append(model.step_fn(t, state.prefixes, state.batch))
+        state = dec.step(state, hiddens[-1], mode=mode)
+        states.append(state)
+
+    def no_host_read(*args, **kwargs):
+        raise AssertionError("a decoding step read a tensor value back to the host")
+
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero"):
+        monkeypatch.setattr(torch.Tensor, name, no_host_read)
+    monkeypatch.setattr(torch, "nonzero", no_host_read)
+    replayed = states[0]
+    for t in range(len(sizes)):
+        replayed = dec.step(replayed, hiddens[t], mode=mode)
+    monkeypatch.undo()
+    assert torch.equal(replayed.prefixes, states[-1].prefixes)
+    check_exhaustive(dec.finish(replayed), model, sids, order, 2, atol=1e-4)
+
+
 def test_step_returns_new_state_and_never_mutates_input():
     sids, sizes = heavy_catalog()
     index = build_index(sids, sizes)
@@ -400,3 +450,32 @@ def test_cuda_search_matches_brute_force_in_every_mode():
             res = dec.search(cuda_model.step_fn, 2, index.num_leaves + 2, mode=mode)
             cpu = type(res)(res.sids.cpu(), res.scores.cpu(), res.leaves.cpu(), res.order)
             check_exhaustive(cpu, model, sids, order, 2, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("order", ["filter_first", "score_first"])
+def test_cuda_graph_replays_a_static_shapes_step(order):
+    """static_shapes: a sparse step with heavy beams captures in a CUDA graph and replays exactly."""
+    sids, sizes = heavy_catalog()
+    index = build_index(sids, sizes, step_formats="sparse")
+    model = SeededModel(sizes, 3, batch_size=2, bias=True)
+    layers = [(w.cuda(), None if b is None else b.cuda()) for w, b in model.layers()]
+    dec = Decoder(index, layers, device="cuda:0", order=order, static_shapes=True)
+    state = dec.start(2, 16)
+    for t in range(2):
+        state = dec.step(state, model.step_fn(t, state.prefixes.cpu(), state.batch.cpu()).cuda())
+    hidden = model.step_fn(2, state.prefixes.cpu(), state.batch.cpu()).cuda()
+    eager = dec.step(state, hidden)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the graph (allocator, kernels)
+        dec.step(state, hidden)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = dec.step(state, hidden)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured.prefixes, eager.prefixes)
+    torch.testing.assert_close(captured.scores, eager.scores)

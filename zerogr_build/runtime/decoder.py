@@ -140,6 +140,11 @@ class Decoder:
     low_priority: on CUDA, stream the tables on low-priority copy streams (loading a new version beside
         a live one, see hotswap.py). With plan="auto" on CUDA the bundle's compiled kernels for this
         architecture (written by tune) are loaded instead of compiling with NVRTC.
+    static_shapes: give every beam its own max_slots-wide overflow lane at sparse steps whose largest row
+        exceeds the cap, instead of sizing lanes from the heavy beams present. Every tensor shape then
+        depends only on (step, batch, beam width) and no step reads anything back to the host, so a step
+        can be captured in a CUDA graph. The lanes of light beams are empty slots, which the CUDA kernel
+        skips (-inf, no weight read); on CPU the default (dynamic lanes) is faster.
     """
 
     def __init__(
@@ -152,6 +157,7 @@ class Decoder:
         *,
         slot_caps: int | Sequence[int | None] | Mapping[int, int] | None = None,
         low_priority: bool = False,
+        static_shapes: bool = False,
     ) -> None:
         if isinstance(index_or_bundle, SidIndex):
             self.bundle = None
@@ -165,6 +171,7 @@ class Decoder:
             raise InputError(f"unknown order {order!r} ({', '.join(ORDERS)})")
         self.device = torch.device(device)
         self.order = order
+        self.static_shapes = bool(static_shapes)
         self.codebook_sizes = tuple(int(v) for v in self.index.codebook_sizes)
         self.num_steps = len(self.codebook_sizes)
         self.weights = _normalize_weights(weights, self.codebook_sizes, self.device)
@@ -450,25 +457,38 @@ class Decoder:
             return raw - (lse if rows is None else lse[rows])[:, None]
 
         main = (state.scores[:, None] + log_probs(None, main_tokens)).view(b, per * k)
-        num_heavy, heaviest = (int(x) for x in torch.stack([heavy.sum(), count.max()]).tolist())  # one sync
-        lanes = lane_count(num_heavy)
+        if self.static_shapes:
+            # Lane r is beam r, max_slots wide (empty unless the beam is heavy): shapes depend on the step
+            # alone and nothing is read back to the host, so the step can be captured in a CUDA graph.
+            lanes = state.num_beams if table.max_slots > k else 0
+            lane_beam = torch.where(heavy, torch.arange(lanes, device=self.device), -1) if lanes else None
+            width = table.max_slots
+        else:
+            # The one device->host sync of a step: how many lanes, how wide.
+            num_heavy, heaviest = (int(x) for x in torch.stack([heavy.sum(), count.max()]).tolist())
+            lanes = lane_count(num_heavy)
+            width = lane_width(heaviest, table.max_slots)
+            if lanes:
+                # Heavy beam j (in beam order) -> lane j, -1 = unused lane. A scatter by running count, not
+                # torch.nonzero (a second device->host sync); light beams land in a discarded slot.
+                target = torch.where(heavy, torch.cumsum(heavy, 0) - 1, lanes)
+                all_beams = torch.arange(state.num_beams, device=self.device)
+                lane_beam = torch.full((lanes + 1,), -1, dtype=torch.int64, device=self.device)
+                lane_beam = lane_beam.scatter_(0, target, all_beams)[:lanes]
         if lanes:
-            # Heavy beam j (in beam order) -> lane j, -1 = unused lane. A scatter by running count instead of
-            # torch.nonzero, which would be a second device->host sync; light beams land in a discarded slot.
-            target = torch.where(heavy, torch.cumsum(heavy, 0) - 1, lanes)
-            all_beams = torch.arange(state.num_beams, device=self.device)
-            lane_beam = torch.full((lanes + 1,), -1, dtype=torch.int64, device=self.device)
-            lane_beam = lane_beam.scatter_(0, target, all_beams)[:lanes]
             lane_alive = lane_beam >= 0
             lb = lane_beam.clamp(min=0)
-            width = lane_width(heaviest, table.max_slots)
             lane_tokens = fill_slots(table, start[lb], torch.where(lane_alive, count[lb], 0), width)
             lane_totals = state.scores[lb][:, None] + log_probs(lb, lane_tokens)
             lane_keep = min(m, width)
             lane_values, lane_slot = torch.topk(lane_totals, lane_keep, dim=1, sorted=False)
-            extra = main.new_full((b, lanes, lane_keep), NEG_INF)
-            extra[state.batch[lb], torch.arange(lanes, device=self.device)] = lane_values
-            candidates = torch.cat([main, extra.view(b, lanes * lane_keep)], dim=1)
+            if self.static_shapes:  # a request's lanes are its own beams, in order
+                extra = lane_values.view(b, per * lane_keep)
+            else:
+                extra = main.new_full((b, lanes, lane_keep), NEG_INF)
+                extra[state.batch[lb], torch.arange(lanes, device=self.device)] = lane_values
+                extra = extra.view(b, lanes * lane_keep)
+            candidates = torch.cat([main, extra], dim=1)
         else:
             candidates = main
         values, cols = self._select(state, candidates)
@@ -479,8 +499,10 @@ class Decoder:
         beam = torch.arange(b, device=self.device)[:, None] * per + main_cols // k
         slot = main_cols % k
         if lanes:
-            extra_cols = (cols - num_main).clamp(min=0, max=lanes * lane_keep - 1)
+            extra_cols = (cols - num_main).clamp(min=0, max=extra.shape[1] - 1)
             lane, rank = extra_cols // lane_keep, extra_cols % lane_keep
+            if self.static_shapes:
+                lane = torch.arange(b, device=self.device)[:, None] * per + lane
             beam = torch.where(is_main, beam, lb[lane])
             slot = torch.where(is_main, slot, lane_slot[lane, rank])
         flat = (start[beam] + slot).clamp(max=table.nnz - 1)

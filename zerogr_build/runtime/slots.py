@@ -19,8 +19,8 @@ beams rounded up to a power of two (>= MIN_LANES), width = the largest row among
 rounded up to a power of two (<= max_slots) - so a step whose heavy beams sit on rows of 11 children pays
 for 16-wide lanes, not for the catalog's 343-child row - and only a handful of distinct shapes ever occur.
 With K near p99 about 1% of beams are heavy. Both numbers come from one device->host sync per sparse
-step; a captured CUDA graph would instead fix them (tune-chosen bounds: lanes, width = max_slots), which
-this layout allows.
+step. `Decoder(static_shapes=True)` fixes them instead - one lane per beam, max_slots wide, empty unless
+its beam is heavy - so no step syncs and a step can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
