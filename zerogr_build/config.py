@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -155,20 +155,36 @@ def load_settings(
     flags that were not given leave the file's value). Unknown keys and wrong types raise InputError."""
     defaults = BuildSettings()
     known = {f.name: getattr(defaults, f.name) for f in fields(BuildSettings)}
-    values: dict[str, Any] = {}
+    values, where = layered_values(
+        "build", config_file, overrides, known, lambda key, value, at: _coerce(key, value, known[key], at)
+    )
+    settings = dataclasses.replace(defaults, **values)
+    _check_values(settings, where)
+    return settings
+
+
+def layered_values(
+    section: str,
+    config_file: str | Path | None,
+    overrides: Mapping[str, Any] | None,
+    known: Collection[str],
+    coerce: Callable[[str, Any, str], Any],
+) -> tuple[dict[str, Any], str]:
+    """The settings given for one [section]: the config file's table, then `overrides` on top (None values
+    ignored, so CLI flags that were not given leave the file's value), each checked by coerce(key, value,
+    where). Returns (values, where they came from). Unknown keys raise InputError naming the layer."""
     layers: list[tuple[str, Mapping[str, Any]]] = []
     if config_file is not None:
-        layers.append((f"{config_file} [build]", read_config_table(config_file, "build")))
+        layers.append((f"{config_file} [{section}]", read_config_table(config_file, section)))
     if overrides:
         layers.append(("command line", {k: v for k, v in overrides.items() if v is not None}))
+    values: dict[str, Any] = {}
     for where, layer in layers:
         for key, value in layer.items():
             if key not in known:
                 raise InputError(f"{where}: unknown setting {key!r} (known: {', '.join(known)})")
-            values[key] = _coerce(key, value, known[key], f"{where}")
-    settings = dataclasses.replace(defaults, **values)
-    _check_values(settings, "settings" if not layers else " + ".join(w for w, _ in layers))
-    return settings
+            values[key] = coerce(key, value, where)
+    return values, " + ".join(where for where, _ in layers) or "settings"
 
 
 def parse_int_list(text: str, option: str) -> tuple[int, ...]:

@@ -35,10 +35,11 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from . import config
 from .errors import InputError, ZerogrError
 from .progress import NULL_PROGRESS, Progress
 
@@ -90,25 +91,13 @@ def load_tune_settings(config_file: str | Path | None = None, overrides: Mapping
     (None values ignored, so CLI flags not given keep the file's value). Keys: the TuneSettings fields plus
     `device` ("" = not set: the command line must name it). Lists may be TOML arrays or "1,8,32" strings;
     an empty dtypes / weights means "not set". Unknown keys and bad values raise InputError."""
-    from .config import read_config_table
+    from .config import layered_values
 
     defaults = TuneSettings()
-    known = {f: getattr(defaults, f) for f in defaults.__dataclass_fields__} | {"device": None}
-    layers: list[tuple[str, Mapping[str, Any]]] = []
-    if config_file is not None:
-        layers.append((f"{config_file} [tune]", read_config_table(config_file, "tune")))
-    if overrides:
-        layers.append(("command line", {k: v for k, v in overrides.items() if v is not None}))
-    values: dict[str, Any] = {}
-    for where, layer in layers:
-        for key, value in layer.items():
-            if key not in known:
-                raise InputError(f"{where}: unknown tune setting {key!r} (known: {', '.join(sorted(known))})")
-            values[key] = _coerce_tune(key, value, where)
+    known = [*defaults.__dataclass_fields__, "device"]
+    values, _ = layered_values("tune", config_file, overrides, known, _coerce_tune)
     device = values.pop("device", None) or None
-    import dataclasses
-
-    return dataclasses.replace(defaults, **values), device
+    return replace(defaults, **values), device
 
 
 def _coerce_tune(key: str, value: Any, where: str) -> Any:
@@ -247,11 +236,8 @@ def parse_device(gpu: int | None, device: str | None) -> str:
 
 
 def parse_int_list(text: str, option: str) -> tuple[int, ...]:
-    """'1,8,32' -> (1, 8, 32); InputError naming the option otherwise."""
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError as exc:
-        raise InputError(f"{option}: expected comma-separated integers, got {text!r}") from exc
+    """'1,8,32' -> (1, 8, 32), every value >= 1; InputError naming the option otherwise."""
+    values = config.parse_int_list(text, option)
     if not values or any(v < 1 for v in values):
         raise InputError(f"{option}: expected positive integers, got {text!r}")
     return values
