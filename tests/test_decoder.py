@@ -413,6 +413,10 @@ def test_bad_inputs_raise_input_error():
         Decoder(index, [torch.zeros(5, DIM)] + model.layers()[1:])
     with pytest.raises(InputError):
         Decoder(index, model.layers(), order="static")
+    with pytest.raises(InputError, match="disagree on d"):  # hidden [R, d] must fit every step's layer
+        Decoder(index, model.layers()[:2] + [torch.zeros(sizes[2], DIM + 1)])
+    with pytest.raises(InputError, match="'weight'"):
+        Decoder(index, model.layers()[:2] + [{"bias": torch.zeros(sizes[2])}])
     for caps in ([4, 4], [4, 4, 4, 4]):  # per-step sequences must name every step, no more
         with pytest.raises(InputError, match="slot_caps"):
             Decoder(index, model.layers(), slot_caps=caps)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import importlib
 import sys
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,54 +161,11 @@ def read_requests(
 
 
 def check_weights(weights: Sequence[Any], codebook_sizes: Sequence[int], *, source: str = "model") -> list:
-    """Per-step (weight torch [V_t, d], bias [V_t] | None) after checking them against the bundle's codebooks.
+    """Per-step (weight [V_t, d], bias [V_t] | None) after checking them against the bundle's codebooks
+    (the Decoder's own check, run before any decoding so a bad model fails with one clear line)."""
+    from .runtime.weights import normalize_weights
 
-    Accepts the forms the Decoder takes (tensor/array, (weight, bias), {"weight", "bias"}, nn.Linear).
-    Raises InputError naming the step, the expected and the actual shape.
-    """
-    import torch
-
-    sizes = [int(v) for v in codebook_sizes]
-    try:
-        entries = list(weights)
-    except TypeError:
-        raise InputError(f"{source}: weights must be a sequence of {len(sizes)} per-step layers") from None
-    if len(entries) != len(sizes):
-        raise InputError(
-            f"{source}: {len(entries)} per-step output layers, but the bundle's SIDs have {len(sizes)} steps "
-            f"(codebooks {sizes})"
-        )
-    out, dims = [], set()
-    for t, entry in enumerate(entries):
-        bias = None
-        if isinstance(entry, Mapping):
-            weight, bias = entry.get("weight"), entry.get("bias")
-        elif isinstance(entry, (tuple, list)) and len(entry) == 2:
-            weight, bias = entry
-        elif hasattr(entry, "weight") and not isinstance(entry, (torch.Tensor, np.ndarray)):
-            weight, bias = entry.weight, getattr(entry, "bias", None)
-        else:
-            weight = entry
-        try:
-            weight = torch.as_tensor(weight).detach()
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise InputError(f"{source}: weights[{t}] is not an array ({type(entry).__name__})") from exc
-        if weight.ndim != 2 or weight.shape[0] != sizes[t]:
-            raise InputError(
-                f"{source}: weights[{t}] has shape {list(weight.shape)}, expected [{sizes[t]}, d] "
-                f"(codebook size of step {t}; bundle codebooks {sizes})"
-            )
-        if bias is not None:
-            bias = torch.as_tensor(bias).detach()
-            if tuple(bias.shape) != (sizes[t],):
-                raise InputError(
-                    f"{source}: bias of weights[{t}] has shape {list(bias.shape)}, expected [{sizes[t]}]"
-                )
-        dims.add(int(weight.shape[1]))
-        out.append((weight, bias))
-    if len(dims) > 1:
-        raise InputError(f"{source}: per-step weights disagree on d: {sorted(dims)}")
-    return out
+    return normalize_weights(weights, codebook_sizes, source=source)
 
 
 def parse_ks(text: str | Sequence[int]) -> list[int]:

@@ -36,11 +36,12 @@ import torch
 
 from ..errors import InputError
 from ..index import SidIndex
-from .plan import dtype_name, find_bundle_plan, heuristic_mode, load_plan, planned_mode
+from .plan import find_bundle_plan, heuristic_mode, load_plan, planned_mode
 from .scoring import available_modes, get_mode
 from .scoring.full_torch import full_logits, read_slots
 from .scoring.selective_torch import masked_log_softmax
 from .slots import DeviceStep, fill_slots, index_to_device, lane_count, lane_width, row_extent
+from .weights import normalize_weights
 
 ORDERS = ("filter_first", "score_first", "unconstrained")
 NEG_INF = float("-inf")
@@ -89,40 +90,6 @@ class SearchResult:
     def valid(self) -> torch.Tensor:
         """bool [B, M]: the beam names a real catalog SID."""
         return self.leaves >= 0
-
-
-def _normalize_weights(
-    weights: Sequence[Any], sizes: Sequence[int], device: torch.device
-) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Per-step (weight [V_t, d], bias [V_t] | None) on `device`, from tensors, (weight, bias) pairs,
-    {"weight", "bias"} dicts or nn.Linear-like objects (numpy arrays accepted)."""
-    if len(weights) != len(sizes):
-        raise InputError(f"{len(weights)} output layers given for SIDs of length {len(sizes)}")
-    out = []
-    for t, entry in enumerate(weights):
-        bias = None
-        if isinstance(entry, Mapping):
-            weight, bias = entry["weight"], entry.get("bias")
-        elif isinstance(entry, (tuple, list)):
-            if len(entry) != 2:
-                raise InputError(f"weights[{t}]: expected (weight, bias), got {len(entry)} items")
-            weight, bias = entry
-        elif hasattr(entry, "weight") and not isinstance(entry, (torch.Tensor, np.ndarray)):
-            weight, bias = entry.weight, getattr(entry, "bias", None)
-        else:
-            weight = entry
-        weight = torch.as_tensor(weight).detach()
-        if weight.ndim != 2 or weight.shape[0] != sizes[t]:
-            raise InputError(f"weights[{t}]: expected shape [{sizes[t]}, d], got {tuple(weight.shape)}")
-        dtype_name(weight.dtype)  # raises for unsupported dtypes
-        weight = weight.to(device)
-        if bias is not None:
-            bias = torch.as_tensor(bias).detach()
-            if bias.shape != (sizes[t],):
-                raise InputError(f"weights[{t}]: bias must have shape [{sizes[t]}], got {tuple(bias.shape)}")
-            bias = bias.to(device=device, dtype=weight.dtype)
-        out.append((weight, bias))
-    return out
 
 
 class Decoder:
@@ -174,7 +141,7 @@ class Decoder:
         self.static_shapes = bool(static_shapes)
         self.codebook_sizes = tuple(int(v) for v in self.index.codebook_sizes)
         self.num_steps = len(self.codebook_sizes)
-        self.weights = _normalize_weights(weights, self.codebook_sizes, self.device)
+        self.weights = normalize_weights(weights, self.codebook_sizes, self.device)
         self.dtype = self.weights[0][0].dtype
         self.steps: tuple[DeviceStep, ...] = index_to_device(
             self.index, self.device, slot_caps, low_priority=low_priority
