@@ -164,7 +164,8 @@ def leave_one_out(inter: Interactions, *, min_events: int = 3) -> Split:
     """Sort each user's events by (timestamp, original row); last event -> test, second-to-last -> valid.
 
     Users with fewer than `min_events` events are dropped (they have no training history). Items are
-    re-indexed densely over the events that remain, in ascending raw-id order.
+    re-indexed densely over all events, dropped users' included (every rated item stays in the catalog),
+    in ascending raw-id order.
     """
     order = np.lexsort((np.arange(len(inter.users)), inter.timestamps, inter.users))
     users, items = inter.users[order], inter.items[order]
