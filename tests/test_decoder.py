@@ -401,6 +401,9 @@ def test_bundle_items_and_plans(tmp_path):
             assert items[b][m] == [f"sku-{i}" for i in leaf_items[leaf]]
     forced = Decoder(index, model.layers()).search(model.step_fn, 2, 5, mode="selective")
     assert torch.equal(forced.sids, res.sids) and torch.allclose(forced.scores, res.scores)
+    half = Decoder(bundle, model.layers(torch.bfloat16), plan=plan)  # the plan has fp32 entries only
+    with pytest.warns(UserWarning, match="no entry for step 0 at bf16"):
+        assert half.mode_for(0, 2) == "full"
 
 
 def test_bad_inputs_raise_input_error():

@@ -36,7 +36,7 @@ import torch
 
 from ..errors import InputError
 from ..index import SidIndex
-from .plan import find_bundle_plan, heuristic_mode, load_plan, planned_mode
+from .plan import dtype_name, find_bundle_plan, heuristic_mode, load_plan, planned_mode
 from .scoring import available_modes, get_mode
 from .scoring.full_torch import full_logits, read_slots
 from .scoring.selective_torch import masked_log_softmax
@@ -187,15 +187,20 @@ class Decoder:
         if planned is not None:
             if planned in self.available_modes:
                 return planned
-            if (step, planned) not in self._warned:
-                self._warned.add((step, planned))
-                warnings.warn(
-                    f"plan mode {planned!r} for step {step} unavailable here; heuristic used", stacklevel=3
-                )
+            self._warn_once(step, planned, f"plan mode {planned!r} for step {step} unavailable here")
+        elif self.plan:
+            dtype = dtype_name(self.weights[step][0].dtype)
+            self._warn_once(step, dtype, f"the plan has no entry for step {step} at {dtype}")
         return heuristic_mode(
             step_format=table.format, cap=table.cap, codebook_size=table.codebook_size, order=order,
             device_type=self.device.type, available=self.available_modes,
         )  # fmt: skip
+
+    def _warn_once(self, step: int, what: str, message: str) -> None:
+        """Warn once per (step, what) that the plan could not be followed (the heuristic is used)."""
+        if (step, what) not in self._warned:
+            self._warned.add((step, what))
+            warnings.warn(f"{message}; heuristic used", stacklevel=4)
 
     # ------------------------------------------------------------------ search
     def start(self, batch_size: int, beam_width: int, order: str | None = None) -> BeamState:
