@@ -1,5 +1,6 @@
 """Publishing under stress: concurrent builds into one OUT, kill -9 at every step of the protocol and at
-random times, keep=N pruning, version numbers never reused, interrupted add_bundle_files rolled forward."""
+random times, keep=N pruning, version numbers never reused, interrupted add_bundle_files rolled forward;
+publishing without promoting and promote_bundle."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from zerogr_build.bundle import (
     add_bundle_files,
     list_versions,
     open_bundle,
+    promote_bundle,
     prune_versions,
     publish_bundle,
     verify_bundle,
@@ -173,6 +175,79 @@ def test_keep_prunes_old_versions_but_never_latest(tmp_path):
     assert published.version == 6
 
 
+def test_publish_without_promote_leaves_latest(tmp_path):
+    catalog = make_catalog(n=200)
+    out = tmp_path / "out"
+    publish(catalog, out)
+    _, hidden = publish(catalog, out, promote=False)
+    assert hidden.version == 2 and not hidden.promoted and hidden.path == out / "v000002"
+    assert (out / "LATEST").read_text() == "v000001\n"
+    assert open_bundle(out).path.name == "v000001"  # readers following LATEST do not see it
+    assert verify_bundle(hidden.path, catalog)["unlisted_files"] == []  # complete all the same
+    assert not list(out.glob(".tmp-*"))
+    # Numbers are never reused: the next publish counts the unpromoted version.
+    _, shown = publish(catalog, out)
+    assert shown.version == 3 and shown.promoted and (out / "LATEST").read_text() == "v000003\n"
+
+    # Into an empty OUT, promote=False publishes the version and creates no LATEST.
+    _, first = publish(catalog, tmp_path / "empty", promote=False)
+    assert first.version == 1 and not (tmp_path / "empty" / "LATEST").exists()
+
+
+def test_promote_points_latest_at_the_version_atomically(tmp_path):
+    catalog = make_catalog(n=200)
+    out = tmp_path / "out"
+    publish(catalog, out)
+    _, hidden = publish(catalog, out, promote=False)
+    with open(out / "LATEST") as before:  # a reader that opened LATEST before the promote
+        assert promote_bundle(hidden.path) == hidden.path
+        # Replaced by rename, not rewritten in place: the open file still holds the old name.
+        assert before.read() == "v000001\n"
+    assert (out / "LATEST").read_text() == "v000002\n"
+    assert open_bundle(out).path.name == "v000002"
+    assert not list(out.glob(".tmp-*"))
+    # Pinning an older version is a promote too.
+    promote_bundle(str(out / "v000001"))
+    assert (out / "LATEST").read_text() == "v000001\n"
+
+
+def test_promote_refuses_what_is_not_a_complete_version_dir(tmp_path):
+    catalog = make_catalog(n=200)
+    out = tmp_path / "out"
+    publish(catalog, out)
+    _, hidden = publish(catalog, out, promote=False)
+    (out / "v000007").mkdir()  # a version-like dir with no manifest (never published)
+    (out / "elsewhere").mkdir()
+    for path in (out, out / "v000007", out / "elsewhere", out / "v000009", hidden.path / "items.parquet"):
+        with pytest.raises(InputError, match="not a version dir"):
+            promote_bundle(path)
+    (hidden.path / "step1.tokens.npy").unlink()  # incomplete: a listed file is missing
+    with pytest.raises(BundleError, match=r"step1\.tokens\.npy"):
+        promote_bundle(hidden.path)
+    manifest = hidden.path / "manifest.json"
+    manifest.write_text(manifest.read_text()[:-20])  # corrupt manifest
+    with pytest.raises(BundleError, match="manifest.json"):
+        promote_bundle(hidden.path)
+    assert (out / "LATEST").read_text() == "v000001\n"
+    assert not list(out.glob(".tmp-*"))
+
+
+def test_keep_spares_latest_and_the_new_unpromoted_version(tmp_path):
+    catalog = make_catalog(n=200)
+    out = tmp_path / "out"
+    for _ in range(3):
+        publish(catalog, out)
+    promote_bundle(out / "v000001")  # LATEST on an old version (a pin)
+    _, hidden = publish(catalog, out, keep=1, promote=False)
+    assert list_versions(out) == [1, 4] and hidden.version == 4
+    assert (out / "LATEST").read_text() == "v000001\n"
+    _, hidden = publish(catalog, out, keep=1, promote=False)
+    assert list_versions(out) == [1, 5]
+    promote_bundle(hidden.path)
+    publish(catalog, out, keep=1)
+    assert list_versions(out) == [6] and (out / "LATEST").read_text() == "v000006\n"
+
+
 def test_publish_refuses_bad_arguments(tmp_path):
     catalog = make_catalog(n=100)
     index = build_index(catalog.sids, catalog.codebook_sizes)
@@ -184,7 +259,8 @@ def test_publish_refuses_bad_arguments(tmp_path):
     assert not list(tmp_path.glob(".tmp-*"))
 
 
-def test_interrupted_add_is_rolled_forward(tmp_path, pickled_index):
+@pytest.mark.parametrize("next_writer", ["publish", "promote"])
+def test_interrupted_add_is_rolled_forward(tmp_path, pickled_index, next_writer):
     pickled, catalog = pickled_index
     out = tmp_path / "out"
     _, published = publish(catalog, out)
@@ -200,7 +276,10 @@ def test_interrupted_add_is_rolled_forward(tmp_path, pickled_index):
     with pytest.raises(BundleError, match=r"plans/cpu\.json: sha256 mismatch"):
         open_bundle(published.path)
     # The next writer holding the lock completes it from the journal.
-    publish(catalog, out)
+    if next_writer == "publish":
+        publish(catalog, out)
+    else:
+        promote_bundle(published.path)
     bundle = open_bundle(published.path)
     assert json.loads(bundle.file("plans/cpu.json").read_bytes()) == {"new": True}
     assert bundle.files("kernels/") == ["kernels/sm_90/k.cubin"]

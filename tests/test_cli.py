@@ -106,6 +106,32 @@ def test_build_inspect_verify_end_to_end(tmp_path):
     assert not (out / "v000001").exists()
 
 
+def test_build_no_promote_then_promote(tmp_path):
+    make_catalog(tmp_path / "cat.parquet")
+    out = tmp_path / "bundles"
+    assert json.loads(build(tmp_path, out, "--json").stdout)["promoted"] is True
+    summary = json.loads(build(tmp_path, out, "--no-promote", "--json").stdout)
+    assert summary["promoted"] is False and summary["version"] == 2
+    assert (out / "LATEST").read_text() == "v000001\n"
+    config = tmp_path / "c.toml"
+    config.write_text("[build]\npromote = false\n")
+    assert json.loads(build(tmp_path, out, "-c", str(config), "--json").stdout)["promoted"] is False
+    assert json.loads(build(tmp_path, out, "-c", str(config), "--promote", "--json").stdout)["promoted"]
+    assert (out / "LATEST").read_text() == "v000004\n"
+
+    res = invoke("promote", str(out / "v000002"))
+    assert res.exit_code == 0, res.output
+    assert res.stdout == f"{out / 'LATEST'} -> v000002\n"
+    assert (out / "LATEST").read_text() == "v000002\n"
+    for not_a_version in (out, tmp_path / "nothing", tmp_path / "cat.parquet"):
+        res = invoke("promote", str(not_a_version))
+        assert res.exit_code == 2 and len(stderr_lines(res)) == 1 and "not a version dir" in res.stderr
+    (out / "v000003" / "leaves.offsets.npy").unlink()
+    res = invoke("promote", str(out / "v000003"))
+    assert res.exit_code == 1 and "leaves.offsets.npy" in res.stderr
+    assert (out / "LATEST").read_text() == "v000002\n"
+
+
 def test_manifest_records_settings_catalog_and_model_version(tmp_path):
     make_catalog(tmp_path / "cat.parquet")
     out = tmp_path / "b"
@@ -264,7 +290,7 @@ def test_missing_bundle_is_an_error_not_a_traceback(tmp_path):
 
 
 def test_help_on_every_command():
-    for command in ("build", "inspect", "verify"):
+    for command in ("build", "inspect", "verify", "promote"):
         res = invoke(command, "--help")
         assert res.exit_code == 0 and "Usage" in res.stdout
     assert "--codebook-sizes" in invoke("build", "--help").stdout

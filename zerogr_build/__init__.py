@@ -10,7 +10,15 @@ Public API (everything else is internal):
 Nothing here imports torch, cupy or CUDA at import time.
 """
 
-from .bundle import Bundle, add_bundle_files, open_bundle, publish_bundle, resolve_bundle, verify_bundle
+from .bundle import (
+    Bundle,
+    add_bundle_files,
+    open_bundle,
+    promote_bundle,
+    publish_bundle,
+    resolve_bundle,
+    verify_bundle,
+)
 from .catalog import Catalog, read_catalog
 from .config import BuildSettings, load_settings
 from .errors import BundleError, InputError, ZerogrError
@@ -53,6 +61,7 @@ __all__ = [
     "load_settings",
     "open_bundle",
     "open_bundle_on_device",
+    "promote_bundle",
     "publish_bundle",
     "read_catalog",
     "resolve_bundle",

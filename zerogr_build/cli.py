@@ -327,6 +327,15 @@ def build(
             "--keep", help="Keep only the newest N versions after publishing [config: 0 = keep all]"
         ),
     ] = None,
+    promote: Annotated[
+        bool | None,
+        typer.Option(
+            "--promote/--no-promote",
+            help="Point LATEST at the new version. --no-promote publishes it without moving LATEST; run "
+            "`zerogr promote OUT/vNNNNNN` after your own checks [config: promote = true]",
+            show_default=False,
+        ),
+    ] = None,
     json_out: JsonOpt = False,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No progress or table; print only the bundle path.")
@@ -335,8 +344,8 @@ def build(
     """Build the per-step index of a Parquet SID catalog and publish it as the next bundle version.
 
     Reads CATALOG (streamed by row group), validates it, builds every step table (--workers threads) and
-    publishes OUT/vNNNNNN atomically, then points OUT/LATEST at it. Bad input exits with code 2 and one
-    line naming file, column, row and item id; nothing is published then.
+    publishes OUT/vNNNNNN atomically, then points OUT/LATEST at it (not with --no-promote). Bad input exits
+    with code 2 and one line naming file, column, row and item id; nothing is published then.
     """
     with cli_errors():
         from .config import load_settings, parse_int_list
@@ -350,6 +359,7 @@ def build(
             "device": device,
             "model_version": model_version,
             "keep": keep,
+            "promote": promote,
         }
         if codebook_sizes is not None:
             overrides["codebook_sizes"] = parse_int_list(codebook_sizes, "--codebook-sizes")
@@ -494,6 +504,34 @@ def verify(
                     f"note: files not listed in the manifest: {', '.join(report['unlisted_files'])}",
                     markup=False,
                 )
+
+
+# ------------------------------------------------------------------------------------------ promote
+
+
+@app.command()
+def promote(
+    version_dir: Annotated[
+        str,
+        typer.Argument(
+            help="A published version dir OUT/vNNNNNN (not an OUT dir).",
+            metavar="VERSION_DIR",
+            show_default=False,
+        ),
+    ],
+) -> None:
+    """Point OUT/LATEST at VERSION_DIR, atomically under the OUT lock.
+
+    For publishing a version after your own checks: `zerogr build --no-promote` publishes OUT/vNNNNNN
+    without moving LATEST, you verify or test it, then promote it. Also pins an older version (rollback).
+    The version's manifest and files (sizes, array headers) are checked first; `zerogr verify` hashes
+    them. Prints the LATEST it set. Exit 2 when VERSION_DIR is not a version dir of an OUT.
+    """
+    with cli_errors():
+        from .bundle import promote_bundle
+
+        promoted = promote_bundle(version_dir)
+        sys.stdout.write(f"{promoted.parent / 'LATEST'} -> {promoted.name}\n")
 
 
 # ------------------------------------------------------------------------------------------ commands

@@ -56,6 +56,8 @@ class BuildSettings:
     """Free text recorded in the manifest (e.g. the model checkpoint tag)."""
     keep: int = 0
     """After publishing, keep only the newest N versions (0: keep all)."""
+    promote: bool = True
+    """Point LATEST at the new version when publishing (False: publish it unpromoted; `zerogr promote`)."""
 
     def manifest_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the settings (tuples as lists), recorded in the bundle manifest."""

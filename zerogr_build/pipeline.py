@@ -77,9 +77,11 @@ def build_bundle(
     """Read and validate the catalog, build every step table, publish the next version under
     settings.out (and, with settings.device = cuda:N, stream the tables to that GPU).
 
-    Returns the JSON-ready summary `zerogr build --json` prints: bundle, version, items, distinct_sids,
-    leaf_sharing counts, index_bytes, seconds, items_per_second, timings per stage, codebook_sizes,
-    codebook_inferred, catalog, model_version, steps (step_rows), device_load (None on cpu).
+    With settings.promote False, LATEST is left alone (bundle.promote_bundle moves it later).
+
+    Returns the JSON-ready summary `zerogr build --json` prints: bundle, version, promoted, items,
+    distinct_sids, leaf_sharing counts, index_bytes, seconds, items_per_second, timings per stage,
+    codebook_sizes, codebook_inferred, catalog, model_version, steps (step_rows), device_load (None on cpu).
     Bad input raises InputError before anything is published; inferred codebook sizes warn with
     CodebookInferredWarning.
     """
@@ -135,6 +137,7 @@ def build_bundle(
             "settings": settings.manifest_dict(),
         },
         keep=settings.keep or None,
+        promote=settings.promote,
         progress=progress,
     )
     timings["publish"] = time.perf_counter() - t
@@ -152,6 +155,7 @@ def build_bundle(
     return {
         "bundle": str(published.path),
         "version": published.version,
+        "promoted": published.promoted,
         "items": index.num_items,
         "distinct_sids": index.num_leaves,
         **leaf_sharing(index.leaf_offsets),

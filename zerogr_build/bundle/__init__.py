@@ -3,7 +3,14 @@
 from .format import FORMAT_NAME, FORMAT_VERSION
 from .reader import Bundle, load_manifest, open_bundle, resolve_bundle
 from .verify import verify_bundle
-from .writer import PublishedBundle, add_bundle_files, list_versions, prune_versions, publish_bundle
+from .writer import (
+    PublishedBundle,
+    add_bundle_files,
+    list_versions,
+    promote_bundle,
+    prune_versions,
+    publish_bundle,
+)
 
 __all__ = [
     "FORMAT_NAME",
@@ -14,6 +21,7 @@ __all__ = [
     "list_versions",
     "load_manifest",
     "open_bundle",
+    "promote_bundle",
     "prune_versions",
     "publish_bundle",
     "resolve_bundle",

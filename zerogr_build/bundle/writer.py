@@ -1,4 +1,5 @@
 """Publishing bundles: write a version under a temp name, rename it into place, replace LATEST, prune.
+`promote_bundle` points LATEST at a version published without promoting it (after the caller's checks).
 And `add_bundle_files`, which adds files (tune's plans and kernels) to a published version.
 
 Protocol (docs/bundle-format.md, "Publishing"):
@@ -6,7 +7,7 @@ Protocol (docs/bundle-format.md, "Publishing"):
   2. without the lock: write every array and items.parquet into it, hashing while writing, fsync each
   3. under the OUT lock: allocate the version (1 + max of counter, version dirs, LATEST), write
      manifest.json, fsync, rename .tmp-<tag> -> vNNNNNN, fsync OUT, record the counter, replace LATEST
-     (temp + rename), prune beyond `keep`, release the claim.
+     (temp + rename; skipped with promote=False), prune beyond `keep`, release the claim.
 Only a rename makes anything visible, so a crash at any point leaves complete versions only.
 """
 
@@ -69,11 +70,12 @@ WRITE_THREADS = 4
 
 @dataclass(frozen=True)
 class PublishedBundle:
-    """A version that is now visible: its dir, version number and manifest."""
+    """A version that is now visible: its dir, version number and manifest, and whether LATEST names it."""
 
     path: Path
     version: int
     manifest: dict
+    promoted: bool = True
 
 
 def _crash_point(name: str) -> None:
@@ -90,9 +92,10 @@ def publish_bundle(
     *,
     manifest_fields: Mapping[str, Any] | None = None,
     keep: int | None = None,
+    promote: bool = True,
     progress: Progress = NULL_PROGRESS,
 ) -> PublishedBundle:
-    """Write `index` and its items as the next version under `out_dir` and make it LATEST.
+    """Write `index` and its items as the next version under `out_dir` and (with promote) make it LATEST.
 
     index: SidIndex from build_index (item_order required: catalog row of each leaf-order item).
     item_ids: pyarrow Array or ChunkedArray [N] in catalog row order; stored in leaf order, type kept.
@@ -100,6 +103,8 @@ def publish_bundle(
         settings (dict or dataclass, JSON-serialisable; Paths become strings), and any extra
         non-reserved keys, copied into manifest.json.
     keep: prune to the newest `keep` versions afterwards (never the one LATEST names); None keeps all.
+    promote: False publishes the complete version dir (same numbering and crash safety) but leaves LATEST
+        alone, so readers following LATEST never see it until promote_bundle(path) after your own checks.
     """
     import pyarrow as pa
 
@@ -145,16 +150,19 @@ def publish_bundle(
             fsync_dir(out)
             _crash_point("renamed")
             atomic_replace_bytes(out / COUNTER_NAME, f"{version}\n".encode())
-            atomic_replace_bytes(out / LATEST_NAME, f"{final.name}\n".encode())
-            _crash_point("latest_replaced")
+            if promote:
+                _replace_latest(out, final.name)
+                _crash_point("latest_replaced")
             if keep is not None:
+                # The new version has the highest number in OUT (allocated in this same lock hold), so
+                # keep >= 1 never prunes it, promoted or not; prune_versions spares LATEST's version.
                 prune_versions(out, int(keep))
             claim.release()
     except BaseException:
         with out_lock(out):
             claim.release()
         raise
-    return PublishedBundle(path=final, version=version, manifest=manifest)
+    return PublishedBundle(path=final, version=version, manifest=manifest, promoted=bool(promote))
 
 
 def _write_body(tmp: Path, index, items, progress: Progress) -> dict:
@@ -295,21 +303,35 @@ def prune_versions(out: Path, keep: int) -> list[str]:
     return removed
 
 
-def restore_latest(out_dir: str | Path, previous: str, *, replacing: str) -> bool:
-    """Point LATEST back at version dir `previous`, but only while it still names `replacing`.
+def _replace_latest(out: Path, version_name: str) -> None:
+    """Point OUT/LATEST at version dir `version_name` (temp file + rename). Call under the OUT lock."""
+    atomic_replace_bytes(out / LATEST_NAME, f"{version_name}\n".encode())
 
-    For rolling back a version that failed verification. Under the OUT lock, LATEST is replaced the way
-    publish_bundle replaces it (temp file + rename). Returns False, changing nothing, when LATEST has moved
-    on (a newer publish, or a person pinning it) or `previous` is no longer a version dir in OUT (pruned).
+
+def promote_bundle(version_dir: str | Path) -> Path:
+    """Point OUT/LATEST at `version_dir`, a published version OUT/vNNNNNN (e.g. one published with
+    promote=False and checked since). Returns the version dir.
+
+    Under the OUT lock an interrupted add_bundle_files in it is rolled forward, the version is opened
+    without hashing (manifest valid, every listed file present with its size and array header) and
+    LATEST is replaced atomically as publish_bundle replaces it, so readers see the old or the new
+    LATEST. Any version may be named, an older one included (pinning).
+    Raises InputError when `version_dir` is not a version dir with a manifest (or has been pruned),
+    BundleError when it is incomplete or corrupt; LATEST is unchanged then.
     """
-    out = Path(out_dir)
-    if parse_version_dir(previous) is None:
-        raise InputError(f"{previous!r} is not a version dir name (vNNNNNN)")
+    from .reader import open_bundle
+
+    vdir = Path(version_dir)
+    if parse_version_dir(vdir.name) is None or not vdir.is_dir() or not (vdir / MANIFEST_NAME).is_file():
+        raise InputError(f"{vdir}: not a version dir of an OUT dir (OUT/vNNNNNN with a {MANIFEST_NAME})")
+    out = vdir.parent
     with out_lock(out):
-        if read_latest(out) != replacing or not (out / previous).is_dir():
-            return False
-        atomic_replace_bytes(out / LATEST_NAME, f"{previous}\n".encode())
-    return True
+        if not (vdir / MANIFEST_NAME).is_file():  # pruned or deleted since the check above
+            raise InputError(f"{vdir}: no longer a version dir (pruned or deleted)")
+        _recover_journal(vdir)  # an interrupted add_bundle_files (tune) is completed first, as writers do
+        open_bundle(vdir, verify_checksums=False)
+        _replace_latest(out, vdir.name)
+    return vdir
 
 
 # ------------------------------------------------------------------------------------ add_bundle_files
