@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import InputError
 from .formats import FormatPolicy, choose_format, indptr_dtype, parse_step_formats, token_dtype
 from .tables import SidIndex, StepTable
+
+if TYPE_CHECKING:
+    from .sort import SortedLayout
 
 
 def validate_sids(sids: np.ndarray, codebook_sizes: Sequence[int]) -> np.ndarray:
@@ -72,7 +76,7 @@ def build_index(
     )
 
 
-def _make_step(layout, t: int, size: int, rows: int, nnz: int, fmt: str) -> StepTable:
+def _make_step(layout: SortedLayout, t: int, size: int, rows: int, nnz: int, fmt: str) -> StepTable:
     """Materialise step t from the sorted layout in the chosen format."""
     indptr = layout.prefix_starts[t].astype(indptr_dtype(nnz), copy=False)
     if fmt == "sparse":

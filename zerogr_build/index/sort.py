@@ -20,6 +20,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from .formats import token_dtype
+
 
 @dataclass(frozen=True)
 class SortedLayout:
@@ -140,7 +142,7 @@ def _parallel_layout(
     tokens, starts = [], []
     chunk_rows = np.zeros(chunk_counts.shape[0], dtype=np.int64)
     for t in range(num_steps):
-        step_tokens = np.empty(int(counts[t]), dtype=np.uint16 if codebook_sizes[t] <= 65536 else np.int32)
+        step_tokens = np.empty(int(counts[t]), dtype=token_dtype(codebook_sizes[t]))
         if t == 0:
             step_starts = np.array([0, counts[0]], dtype=np.int64)
             _fill_first_tokens(bucket_starts, step_tokens)

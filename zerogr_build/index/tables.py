@@ -47,13 +47,6 @@ class StepTable:
         return self.nnz / (self.rows * self.codebook_size) if self.rows else 0.0
 
     @property
-    def max_children(self) -> int:
-        """Largest child count of any row (equals max_slots for a sparse step)."""
-        if self.next is not None:
-            return int((np.asarray(self.next) >= 0).sum(axis=1).max()) if self.rows else 0
-        return self.max_slots
-
-    @property
     def nbytes(self) -> int:
         return sum(int(a.nbytes) for a in self.arrays().values())
 
