@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerogr_build._catalog_kernels import first_repeat_int64, step_min_max
 from zerogr_build.catalog import fingerprint_files, first_duplicate_row, read_catalog
+from zerogr_build.catalog import ids as catalog_ids
+from zerogr_build.catalog import reader as catalog_reader
+from zerogr_build.catalog._kernels import first_repeat_int64, step_min_max
 from zerogr_build.errors import InputError
 
 UINT16 = pa.uint16()
@@ -42,6 +44,13 @@ def random_catalog(n: int, length: int = 3, vocab: int = 50, seed: int = 0) -> t
 
 def raises_input(match: str):
     return pytest.raises(InputError, match=match)
+
+
+def numba_from(monkeypatch, rows: int) -> None:
+    """Use the numba kernels from `rows` rows on (1: always, as on large catalogs), in the reader's range
+    check and in the duplicate check alike."""
+    monkeypatch.setattr(catalog_reader, "NUMBA_MIN_ROWS", rows)
+    monkeypatch.setattr(catalog_ids, "NUMBA_MIN_ROWS", rows)
 
 
 # ------------------------------------------------------------------------------------------ layouts
@@ -105,10 +114,8 @@ def test_custom_column_names(tmp_path):
 
 
 def test_many_row_groups_and_batches(tmp_path, monkeypatch):
-    import zerogr_build.catalog as catalog_module
-
-    monkeypatch.setattr(catalog_module, "BATCH_ROWS", 64)  # several batches per row group
-    monkeypatch.setattr(catalog_module, "NUMBA_MIN_ROWS", 1)  # numba kernels, as on large catalogs
+    monkeypatch.setattr(catalog_reader, "BATCH_ROWS", 64)  # several batches per row group
+    numba_from(monkeypatch, 1)  # numba kernels, as on large catalogs
     sids, ids = random_catalog(2000, vocab=300)
     path = write(tmp_path / "c.parquet", sids, ids, row_group_size=300)
     assert pq.ParquetFile(path).num_row_groups == 7
@@ -147,14 +154,12 @@ def test_mixed_integer_id_widths_across_files_widen(tmp_path):
 
 
 def test_inferred_codebooks_and_dtype_widening(tmp_path, monkeypatch):
-    import zerogr_build.catalog as catalog_module
-
-    monkeypatch.setattr(catalog_module, "BATCH_ROWS", 10)
+    monkeypatch.setattr(catalog_reader, "BATCH_ROWS", 10)
     sids = np.zeros((40, 2), dtype=np.int64)
     sids[:, 0] = np.arange(40) % 7
     sids[25, 1] = 300  # first token > 255 appears after rows were stored as uint8
     sids[33, 1] = 70000  # and one > 65535
-    monkeypatch.setattr(catalog_module, "NUMBA_MIN_ROWS", 1)
+    numba_from(monkeypatch, 1)
     cat = read_catalog(write(tmp_path / "c.parquet", sids, np.arange(40), value_type=pa.int64()))
     assert cat.codebook_inferred and cat.codebook_sizes == (7, 70001)
     assert cat.sids.dtype == np.uint32
@@ -235,9 +240,7 @@ def test_null_sid_and_null_token(tmp_path):
 
 
 def test_wrong_length(tmp_path, monkeypatch):
-    import zerogr_build.catalog as catalog_module
-
-    monkeypatch.setattr(catalog_module, "BATCH_ROWS", 4)
+    monkeypatch.setattr(catalog_reader, "BATCH_ROWS", 4)
     col = pa.array([[1, 2, 3]] * 6 + [[1, 2]] + [[1, 2, 3]], pa.list_(pa.int32()))
     pq.write_table(pa.table({"item_id": list(range(8)), "sid": col}), tmp_path / "w.parquet")
     with raises_input(r"w\.parquet: column 'sid', row 6 \(item id 6\): SID has 2 tokens, expected 3"):
@@ -291,9 +294,7 @@ def test_null_item_id(tmp_path):
 @pytest.mark.parametrize("numba_min_rows", [1, 1 << 16])
 @pytest.mark.parametrize("kind", ["dense", "scattered", "string"])
 def test_duplicate_item_id_names_both_rows_and_files(tmp_path, monkeypatch, kind, numba_min_rows):
-    import zerogr_build.catalog as catalog_module
-
-    monkeypatch.setattr(catalog_module, "NUMBA_MIN_ROWS", numba_min_rows)
+    numba_from(monkeypatch, numba_min_rows)
     sids, _ = random_catalog(60)
     if kind == "dense":
         ids = list(range(60))
@@ -342,7 +343,7 @@ def test_unreadable_truncated_and_non_parquet_files(tmp_path):
     for i in range(8, len(data) // 2):
         corrupt[i] ^= 0xFF
     (tmp_path / "bad.parquet").write_bytes(bytes(corrupt))
-    with raises_input(r"bad\.parquet: "):
+    with raises_input(r"bad\.parquet: unreadable Parquet data in row group 0 \(.+\)$"):
         read_catalog(tmp_path / "bad.parquet")
     # one bad file in a directory is named, not the directory
     (tmp_path / "dir").mkdir()
@@ -434,9 +435,7 @@ def test_round_trip_matches_input(tmp_path_factory, n, length, vocab, layout, gr
 
 @pytest.mark.parametrize("large", [False, True])
 def test_string_duplicate_check_through_hashes(monkeypatch, large):
-    import zerogr_build.catalog as catalog_module
-
-    monkeypatch.setattr(catalog_module, "NUMBA_MIN_ROWS", 1)  # the hashed path, as on large catalogs
+    numba_from(monkeypatch, 1)  # the hashed path, as on large catalogs
     values = [f"item-{i}" for i in range(3000)] + ["", "é", "e\u0301"]
     ids = pa.array(values, pa.large_string() if large else pa.string())
     assert first_duplicate_row(ids) == -1
@@ -454,9 +453,7 @@ def test_string_duplicate_check_through_hashes(monkeypatch, large):
 def test_prefetch_thread_stops_when_a_batch_is_rejected(tmp_path, monkeypatch):
     import threading
 
-    import zerogr_build.catalog as catalog_module
-
-    monkeypatch.setattr(catalog_module, "BATCH_ROWS", 10)
+    monkeypatch.setattr(catalog_reader, "BATCH_ROWS", 10)
     sids, ids = random_catalog(500)
     sids[25, 0] = 60  # rejected in the third batch while later ones are being decoded
     path = write(tmp_path / "c.parquet", sids, ids, row_group_size=50)

@@ -138,7 +138,7 @@ def _check_offsets(
 
 def check_unique_items(items, path: Path) -> None:
     """No item id twice (the catalog reader's duplicate check, so both name the first repeat alike)."""
-    from ..catalog import first_duplicate_row, first_row_with_id
+    from ..catalog.ids import first_duplicate_row, first_row_with_id
 
     dup = first_duplicate_row(items)
     if dup >= 0:

@@ -1,0 +1,185 @@
+"""Read a SID catalog from Parquet (a file, a directory of files, or a glob) into arrays the build consumes.
+
+The catalog is read record batch by record batch (each Parquet row group is streamed in bounded batches)
+and every batch's SIDs are written straight into one preallocated [N, L] array of the smallest unsigned
+dtype that holds the tokens, N taken from the files' footers. So a large catalog is held in memory once,
+at 1-2 bytes per token, never as an Arrow table plus a numpy copy.
+
+Every rule a catalog can break raises `InputError` with one line naming the file, the column, the row
+(0-based, counted within that file) and the item id where one applies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from .._threads import prefetched
+from ..errors import InputError
+from ..progress import NULL_PROGRESS, Progress
+from .files import find_catalog_files, fingerprint_files
+from .ids import NUMBA_MIN_ROWS, first_duplicate_row, first_row_with_id
+from .reader import (
+    BATCH_ROWS,
+    MAX_CODEBOOK_SIZE,
+    BatchReader,
+    describe_row,
+    iter_batches,
+    unsigned_dtype_for,
+)
+from .schema import SidLayout, check_sid_schema, common_item_type, item_id_type, open_parquet
+
+
+@dataclass(frozen=True, eq=False)
+class Catalog:
+    """A catalog in memory, rows in catalog order (files in sorted path order, rows in file order).
+
+    sids            uint8|uint16|uint32|uint64 [N, L]: smallest unsigned dtype that holds every token.
+    item_ids        pyarrow Array [N] of the input's type (integer or string).
+    codebook_sizes  V_t for t = 0..L-1, as given or inferred (max token + 1).
+    codebook_inferred  True when the sizes were inferred from the data (callers should warn loudly).
+    files           the Parquet files read, in order.
+    fingerprint     "sha256:<hex>" over the files' bytes (content only; renaming a file keeps it).
+    rows            N.
+    path            the catalog argument as given.
+    """
+
+    sids: np.ndarray
+    item_ids: pa.Array
+    codebook_sizes: tuple[int, ...]
+    codebook_inferred: bool
+    files: list[str]
+    fingerprint: str
+    rows: int
+    path: str = ""
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.sids.shape[1])
+
+
+def read_catalog(
+    path: str | Path,
+    *,
+    sid_column: str = "sid",
+    sid_columns: Sequence[str] | None = None,
+    item_column: str = "item_id",
+    codebook_sizes: Sequence[int] | None = None,
+    progress: Progress = NULL_PROGRESS,
+) -> Catalog:
+    """Read and validate a catalog.
+
+    path: a Parquet file, a directory of them (recursive), or a glob. SIDs come from `sid_column` (list or
+    fixed-size list of any integer type) or, when `sid_columns` is given, from those L integer columns.
+    codebook_sizes: V_t per step; None (or empty) infers max token + 1 per step (Catalog.codebook_inferred).
+    Raises InputError naming file, column, row and item id for every broken rule (see module docstring).
+    """
+    sizes = tuple(int(v) for v in codebook_sizes) if codebook_sizes else None
+    if sizes is not None and any(not 1 <= v <= MAX_CODEBOOK_SIZE for v in sizes):
+        raise InputError(f"codebook sizes must be 1..{MAX_CODEBOOK_SIZE}, got {','.join(map(str, sizes))}")
+    if sid_columns:
+        layout = SidLayout(None, tuple(sid_columns), len(sid_columns))
+    else:
+        layout = SidLayout(sid_column, (), None)
+
+    files = find_catalog_files(path)
+    hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerogr-fingerprint")
+    try:
+        fingerprint_future = hasher.submit(fingerprint_files, files)
+        # Pass 1, footers only: every file's schema and row count, so a bad file fails before any data is
+        # read and N is known. Files are closed again (a directory may hold thousands of parts).
+        item_types, file_rows = [], []
+        for name in files:
+            with open_parquet(name) as pf:
+                schema, rows = pf.schema_arrow, pf.metadata.num_rows
+            file_rows.append(rows)
+            check_sid_schema(name, schema, layout)
+            item_types.append((name, item_id_type(name, schema, item_column)))
+            if layout.list_column is not None and pa.types.is_fixed_size_list(schema.field(sid_column).type):
+                size = schema.field(sid_column).type.list_size
+                if layout.fixed_length is None:
+                    layout = SidLayout(layout.list_column, (), size)
+                elif size != layout.fixed_length:
+                    raise InputError(
+                        f"{name}: column {sid_column!r} holds SIDs of {size} tokens, other files "
+                        f"{layout.fixed_length}"
+                    )
+        if layout.fixed_length == 0:
+            raise InputError(f"{files[0]}: column {sid_column!r} holds SIDs of 0 tokens")
+        item_type = common_item_type(item_types, item_column)
+        total_rows = sum(file_rows)
+        if total_rows == 0:
+            raise InputError(f"{path}: empty catalog (no rows in {len(files)} file(s))")
+
+        reader = BatchReader(files, layout, item_column, item_type, total_rows, sizes, progress)
+        columns = [item_column, *([layout.list_column] if layout.list_column else layout.columns)]
+        progress.stage("read", total=total_rows)
+        row = 0
+        for name, rows in zip(files, file_rows, strict=True):
+            reader.file_starts.append(row)
+            file_row = 0
+            # closing(): on an error the prefetch thread is stopped before the file is closed under it
+            with (
+                open_parquet(name) as pf,
+                contextlib.closing(
+                    prefetched(iter_batches(name, pf, columns), name="zerogr-parquet-prefetch")
+                ) as batches,
+            ):
+                for batch in batches:
+                    reader.add_batch(name, batch, file_row, row)
+                    file_row += batch.num_rows
+                    row += batch.num_rows
+                    progress.advance(batch.num_rows)
+            if file_row != rows:
+                raise InputError(f"{name}: footer says {rows} rows but {file_row} were read")
+        # Batches are gone; hand the Arrow pool's cached pages back so the build that follows can use them.
+        pa.default_memory_pool().release_unused()
+        if reader.sids is None or reader.num_steps is None:
+            raise InputError(f"{path}: empty catalog (no SIDs)")
+        item_ids = reader.item_array()
+        dup = first_duplicate_row(item_ids)
+        if dup >= 0:
+            name, file_row = reader.locate(dup)
+            item = item_ids[dup]
+            first_name, first_row = reader.locate(first_row_with_id(item_ids, dup))
+            raise InputError(
+                f"{name}: column {item_column!r}, {describe_row(file_row, item)}: duplicate item id "
+                f"(first seen at row {first_row} of {first_name})"
+            )
+        inferred = sizes is None
+        if inferred:
+            assert reader.step_max is not None
+            sizes = tuple(int(m) + 1 for m in reader.step_max)
+        fingerprint = fingerprint_future.result()
+    finally:
+        hasher.shutdown(wait=True, cancel_futures=True)
+    return Catalog(
+        sids=reader.sids,
+        item_ids=item_ids,
+        codebook_sizes=sizes,
+        codebook_inferred=inferred,
+        files=files,
+        fingerprint=fingerprint,
+        rows=total_rows,
+        path=str(path),
+    )
+
+
+__all__ = [
+    "BATCH_ROWS",
+    "MAX_CODEBOOK_SIZE",
+    "NUMBA_MIN_ROWS",
+    "Catalog",
+    "find_catalog_files",
+    "fingerprint_files",
+    "first_duplicate_row",
+    "first_row_with_id",
+    "read_catalog",
+    "unsigned_dtype_for",
+]

@@ -1,0 +1,82 @@
+"""Schema checks of a catalog, run on every file's footer before any data is read: where the SID tokens
+live, and the one item-id type shared by all files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import InputError, one_line
+
+
+@dataclass(frozen=True)
+class SidLayout:
+    """Where the SID tokens live: one list column (`list_column`) or L integer columns (`columns`)."""
+
+    list_column: str | None
+    columns: tuple[str, ...]
+    fixed_length: int | None  # L known from the schema (fixed-size list or separate columns)
+
+
+def open_parquet(name: str) -> pq.ParquetFile:
+    """The Parquet file `name` (its footer read); InputError naming it when it is not Parquet."""
+    try:
+        return pq.ParquetFile(name)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(f"{name}: not a readable Parquet file ({one_line(exc)})") from None
+
+
+def _field(name: str, schema: pa.Schema, column: str) -> pa.Field:
+    index = schema.get_field_index(column)
+    if index < 0:
+        have = ", ".join(schema.names) or "none"
+        raise InputError(f"{name}: column {column!r} not found (columns: {have})")
+    return schema.field(index)
+
+
+def _is_list(tp: pa.DataType) -> bool:
+    return pa.types.is_list(tp) or pa.types.is_large_list(tp) or pa.types.is_fixed_size_list(tp)
+
+
+def check_sid_schema(name: str, schema: pa.Schema, layout: SidLayout) -> None:
+    """The SID column(s) of `layout` exist in `schema` with integer (list) types; InputError otherwise."""
+    if layout.list_column is not None:
+        tp = _field(name, schema, layout.list_column).type
+        if not (_is_list(tp) and pa.types.is_integer(tp.value_type)):
+            hint = (
+                " (use --sid-columns for SIDs stored as separate columns)" if pa.types.is_integer(tp) else ""
+            )
+            raise InputError(
+                f"{name}: column {layout.list_column!r} has type {tp}; a SID column must be a list or "
+                f"fixed-size list of integers{hint}"
+            )
+        return
+    for column in layout.columns:
+        tp = _field(name, schema, column).type
+        if not pa.types.is_integer(tp):
+            raise InputError(f"{name}: column {column!r} has type {tp}; SID token columns must be integers")
+
+
+def item_id_type(name: str, schema: pa.Schema, column: str) -> pa.DataType:
+    """The type of the item-id column (integer or string); InputError for any other."""
+    tp = _field(name, schema, column).type
+    if pa.types.is_integer(tp) or pa.types.is_string(tp) or pa.types.is_large_string(tp):
+        return tp
+    raise InputError(f"{name}: column {column!r} has type {tp}; item ids must be integers or strings")
+
+
+def common_item_type(types: list[tuple[str, pa.DataType]], column: str) -> pa.DataType:
+    """One item-id type for all files: identical types stay; mixed integer widths widen to int64,
+    string/large_string to large_string; integers mixed with strings are refused."""
+    first_name, first = types[0]
+    if all(tp == first for _, tp in types):
+        return first
+    for name, tp in types:
+        if pa.types.is_integer(tp) != pa.types.is_integer(first):
+            raise InputError(
+                f"{name}: column {column!r} has type {tp} but {first_name} has {first}; "
+                "item ids must have one kind (integer or string) in every file"
+            )
+    return pa.int64() if pa.types.is_integer(first) else pa.large_string()
