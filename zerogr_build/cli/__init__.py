@@ -1,0 +1,67 @@
+"""The `zerogr` command line (Typer). This module only wires the commands; each lives in its own module.
+
+    build.py    build, promote          bundle.py   inspect, verify
+    tune.py     tune                    compare.py  compare
+    _options.py shared option aliases   _errors.py  exception -> exit code, warnings on stderr
+    _progress.py progress renderers     _render.py  rich tables and consoles
+
+Each command parses its options and calls the library inside `with cli_errors():`. Output discipline:
+results go to stdout (a table, or one JSON object with --json); progress, warnings and errors go to stderr.
+Exit codes: 0 ok; 2 bad input or usage (one line naming file/column/row/item, nothing published); 1 anything
+else (one line; set ZEROGR_DEBUG=1 for the traceback).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from .. import __version__
+from .build import build, promote
+from .bundle import inspect, verify
+from .compare import compare
+from .tune import tune
+
+app = typer.Typer(
+    name="zerogr",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"zerogr {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Build, inspect and verify per-step constrained-decoding indexes for generative recommenders.
+
+    Exit codes: 0 ok; 2 bad input or usage (one line naming file, column, row and item; nothing
+    published); 1 anything else (set ZEROGR_DEBUG=1 for a traceback).
+    """
+
+
+app.command()(build)
+app.command()(inspect)
+app.command()(verify)
+app.command()(promote)
+app.command()(tune)
+app.command()(compare)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (`zerogr`), also used by the repo-root `cli.py` shim."""
+    app(args=argv, prog_name="zerogr")

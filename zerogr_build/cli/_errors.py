@@ -1,0 +1,56 @@
+"""Exceptions -> exit codes and one-line messages on stderr; library warnings shown on stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+import warnings
+from collections.abc import Iterator
+
+import typer
+
+from ..errors import ZerogrError, one_line
+from ._render import stderr_console
+
+DEBUG_ENV = "ZEROGR_DEBUG"
+
+
+@contextlib.contextmanager
+def cli_errors() -> Iterator[None]:
+    """Map exceptions to exit codes: InputError -> 2, ZerogrError -> its exit_code, anything else -> 1,
+    each as one line on stderr (traceback only with ZEROGR_DEBUG=1)."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt:
+        sys.stderr.write("zerogr: interrupted\n")
+        raise typer.Exit(130) from None
+    except ZerogrError as exc:
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+        sys.stderr.write(f"error: {one_line(exc)}\n")
+        raise typer.Exit(exc.exit_code) from None
+    except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+            hint = ""
+        else:
+            hint = f" (set {DEBUG_ENV}=1 for a traceback)"
+        sys.stderr.write(f"error: {type(exc).__name__}: {one_line(exc)}{hint}\n")
+        raise typer.Exit(1) from None
+
+
+@contextlib.contextmanager
+def warnings_on_stderr() -> Iterator[None]:
+    """Show the library's warnings (e.g. inferred codebook sizes) as they happen, one line on stderr."""
+
+    def show(message: Warning | str, *_: object, **__: object) -> None:
+        stderr_console().print(f"WARNING: {message}", style="bold yellow", markup=False)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        yield

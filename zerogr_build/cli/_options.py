@@ -1,0 +1,76 @@
+"""Options shared by several commands, as `Annotated` aliases (huggingface_hub's `_cli_utils` style), and
+the helpers that turn them into settings."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any, get_args
+
+import typer
+
+from ..config import load_settings, parse_name_list
+from ..errors import InputError
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="TOML file with a [build] table (see configs/default.toml).",
+        show_default=False,
+    ),
+]
+BundleArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="A version dir, or an OUT dir (its LATEST is read). Default: the configured OUT (bundles).",
+        metavar="BUNDLE",
+        show_default=False,
+    ),
+]
+
+# The catalog columns: `build` reads the catalog with them, `verify --catalog` reads its catalog the same way.
+SidColumnOpt = Annotated[
+    str | None, typer.Option("--sid-column", help="List column holding each SID [config: sid]")
+]
+SidColumnsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--sid-columns", help="SID tokens as separate integer columns, e.g. c0,c1,c2", show_default=False
+    ),
+]
+ItemColumnOpt = Annotated[
+    str | None, typer.Option("--item-column", help="Item id column, integer or string [config: item_id]")
+]
+
+
+def with_help(alias: Any, help: str) -> Any:
+    """The same option (flags, type, defaults) with another help text, for a command that words it for its
+    own use (e.g. `verify` says which catalog the column belongs to)."""
+    base, option = get_args(alias)
+    reworded = copy.copy(option)
+    reworded.help = help
+    return Annotated[base, reworded]
+
+
+def catalog_column_overrides(
+    sid_column: str | None, sid_columns: str | None, item_column: str | None
+) -> dict[str, Any]:
+    """Settings overrides of the catalog column options shared by `build` and `verify --catalog`."""
+    if sid_column is not None and sid_columns is not None:
+        raise InputError("--sid-column and --sid-columns are mutually exclusive")
+    overrides: dict[str, Any] = {"sid_column": sid_column, "item_column": item_column}
+    if sid_columns is not None:
+        overrides["sid_columns"] = parse_name_list(sid_columns)
+    elif sid_column is not None:
+        overrides["sid_columns"] = ()  # --sid-column on the command line beats sid_columns in a config
+    return overrides
+
+
+def bundle_path(bundle: str | None, config: Path | None) -> str:
+    """BUNDLE as given, else the OUT dir of the config (or of the defaults)."""
+    if bundle is not None:
+        return bundle
+    return load_settings(config).out

@@ -1,0 +1,158 @@
+"""`zerogr build` (read, validate, index and publish a catalog) and `zerogr promote` (move LATEST)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from ..bundle import promote_bundle
+from ..config import load_settings, parse_int_list
+from ..pipeline import build_bundle
+from ._errors import cli_errors, warnings_on_stderr
+from ._options import (
+    ConfigOpt,
+    ItemColumnOpt,
+    JsonOpt,
+    SidColumnOpt,
+    SidColumnsOpt,
+    catalog_column_overrides,
+)
+from ._progress import progress_for
+from ._render import human_bytes, stdout_console, steps_table
+
+
+def build(
+    catalog: Annotated[
+        str,
+        typer.Argument(
+            help="Parquet catalog: a file, a directory of Parquet files, or a glob such as 'part-*.parquet'.",
+            metavar="CATALOG",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        str | None, typer.Option("--out", "-o", help="OUT dir for versioned bundles [config: bundles]")
+    ] = None,
+    config: ConfigOpt = None,
+    codebook_sizes: Annotated[
+        str | None,
+        typer.Option(
+            "--codebook-sizes",
+            help="V per step, e.g. 2048,2048,2048. Omitted: inferred as max token + 1 (warns: a wrong V "
+            "misaligns dense steps with the model's output layer).",
+            show_default=False,
+        ),
+    ] = None,
+    sid_column: SidColumnOpt = None,
+    sid_columns: SidColumnsOpt = None,
+    item_column: ItemColumnOpt = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", "-j", help="CPU threads for the build [config: 0 = all cores]")
+    ] = None,
+    step_formats: Annotated[
+        str | None,
+        typer.Option(
+            "--step-formats",
+            help="auto, or force formats per step: 0=dense,2=sparse (unnamed steps stay auto) [config: auto]",
+        ),
+    ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option("--device", help="cpu, or cuda:N to also stream the tables to that GPU [config: cpu]"),
+    ] = None,
+    model_version: Annotated[
+        str | None,
+        typer.Option("--model-version", help="Free-text tag recorded in the manifest", show_default=False),
+    ] = None,
+    keep: Annotated[
+        int | None,
+        typer.Option(
+            "--keep", help="Keep only the newest N versions after publishing [config: 0 = keep all]"
+        ),
+    ] = None,
+    promote: Annotated[
+        bool | None,
+        typer.Option(
+            "--promote/--no-promote",
+            help="Point LATEST at the new version. --no-promote publishes it without moving LATEST; run "
+            "`zerogr promote OUT/vNNNNNN` after your own checks [config: promote = true]",
+            show_default=False,
+        ),
+    ] = None,
+    json_out: JsonOpt = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress or table; print only the bundle path.")
+    ] = False,
+) -> None:
+    """Build the per-step index of a Parquet SID catalog and publish it as the next bundle version.
+
+    Reads CATALOG (streamed by row group), validates it, builds every step table (--workers threads) and
+    publishes OUT/vNNNNNN atomically, then points OUT/LATEST at it (not with --no-promote). Bad input exits
+    with code 2 and one line naming file, column, row and item id; nothing is published then.
+    """
+    with cli_errors():
+        overrides: dict[str, Any] = {
+            **catalog_column_overrides(sid_column, sid_columns, item_column),
+            "out": out,
+            "workers": workers,
+            "step_formats": step_formats,
+            "device": device,
+            "model_version": model_version,
+            "keep": keep,
+            "promote": promote,
+        }
+        if codebook_sizes is not None:
+            overrides["codebook_sizes"] = parse_int_list(codebook_sizes, "--codebook-sizes")
+        settings = load_settings(config, overrides)
+        with progress_for(quiet) as progress, warnings_on_stderr():
+            summary = build_bundle(catalog, settings, progress=progress)
+        _print_build_summary(summary, json_out=json_out, quiet=quiet)
+
+
+def _print_build_summary(summary: dict[str, Any], *, json_out: bool, quiet: bool) -> None:
+    if json_out:
+        sys.stdout.write(json.dumps(summary, default=str) + "\n")
+        return
+    if quiet:
+        sys.stdout.write(summary["bundle"] + "\n")
+        return
+    console = stdout_console()
+    console.print(steps_table(f"bundle {summary['bundle']} (version {summary['version']})", summary["steps"]))
+    console.print(
+        f"{summary['items']:,} items, {summary['distinct_sids']:,} distinct SIDs, index "
+        f"{human_bytes(summary['index_bytes'])}, {summary['seconds']:.2f} s "
+        f"({summary['items_per_second'] or 0:,} items/s)",
+        markup=False,
+    )
+    if summary["collisions"]:
+        console.print(
+            f"{summary['items_in_shared_sids']:,} items share {summary['shared_sids']:,} SIDs with other "
+            f"items ({summary['collisions']:,} beyond one per SID); decoding a shared SID yields all.",
+            markup=False,
+        )
+    console.print(summary["bundle"], markup=False)
+
+
+def promote(
+    version_dir: Annotated[
+        str,
+        typer.Argument(
+            help="A published version dir OUT/vNNNNNN (not an OUT dir).",
+            metavar="VERSION_DIR",
+            show_default=False,
+        ),
+    ],
+) -> None:
+    """Point OUT/LATEST at VERSION_DIR, atomically under the OUT lock.
+
+    For publishing a version after your own checks: `zerogr build --no-promote` publishes OUT/vNNNNNN
+    without moving LATEST, you verify or test it, then promote it. Also pins an older version (rollback).
+    The version's manifest and files (sizes, array headers) are checked first; `zerogr verify` hashes
+    them. Prints the LATEST it set. Exit 2 when VERSION_DIR is not a version dir of an OUT.
+    """
+    with cli_errors():
+        promoted = promote_bundle(version_dir)
+        sys.stdout.write(f"{promoted.parent / 'LATEST'} -> {promoted.name}\n")

@@ -1,0 +1,107 @@
+"""`zerogr inspect` (a bundle's step tables and its size against STATIC's) and `zerogr verify` (checksums,
+invariants and, with --catalog, exact equality with a catalog)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from ..config import load_settings
+from ..pipeline import inspect_bundle, verify_with_catalog
+from ._errors import cli_errors
+from ._options import (
+    BundleArg,
+    ConfigOpt,
+    ItemColumnOpt,
+    JsonOpt,
+    SidColumnOpt,
+    SidColumnsOpt,
+    bundle_path,
+    catalog_column_overrides,
+    with_help,
+)
+from ._progress import progress_for
+from ._render import human_bytes, stderr_console, stdout_console, steps_table
+
+# verify words the shared column options for the catalog it checks against.
+CatalogSidColumnOpt = with_help(SidColumnOpt, "SID list column of --catalog")
+CatalogSidColumnsOpt = with_help(SidColumnsOpt, "SID token columns of --catalog")
+CatalogItemColumnOpt = with_help(ItemColumnOpt, "Item id column of --catalog")
+
+
+def inspect(
+    bundle: BundleArg = None,
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show a bundle's step tables (format, rows, nnz, max_slots, valid share, bytes) and how its index size
+    compares with STATIC's layout for the same catalog."""
+    with cli_errors():
+        report = inspect_bundle(bundle_path(bundle, config))
+        if json_out:
+            sys.stdout.write(json.dumps(report, default=str) + "\n")
+            return
+        console = stdout_console()
+        title = f"bundle {report['bundle']} (version {report['version']}"
+        title += f", model {report['model_version']})" if report["model_version"] else ")"
+        console.print(steps_table(title, report["steps"]))
+        console.print(
+            f"{report['items']:,} items on {report['distinct_sids']:,} distinct SIDs "
+            f"({report['collisions']:,} beyond one per SID); "
+            f"leaf offsets {human_bytes(report['leaf_offsets_bytes'])}",
+            markup=False,
+        )
+        line = f"index bytes: {report['index_bytes']:,} ({human_bytes(report['index_bytes'])})"
+        if report["static_bytes"]:
+            static_total = report["static_bytes"]["total"]
+            line += (
+                f"; STATIC layout for the same catalog: {static_total:,} "
+                f"({human_bytes(static_total)}), ours = {report['ratio_to_static']:.2f}x"
+            )
+        console.print(line, markup=False)
+
+
+def verify(
+    bundle: BundleArg = None,
+    catalog: Annotated[
+        str | None,
+        typer.Option(
+            "--catalog",
+            help="Also check the bundle equals this catalog exactly (SID set and item -> SID mapping).",
+            show_default=False,
+        ),
+    ] = None,
+    config: ConfigOpt = None,
+    sid_column: CatalogSidColumnOpt = None,
+    sid_columns: CatalogSidColumnsOpt = None,
+    item_column: CatalogItemColumnOpt = None,
+    json_out: JsonOpt = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")] = False,
+) -> None:
+    """Check a bundle: every file's sha256, the structural invariants of every step table and the leaf map,
+    and with --catalog exact equality with the catalog. Exits non-zero naming the first bad file."""
+    with cli_errors():
+        settings = load_settings(config, catalog_column_overrides(sid_column, sid_columns, item_column))
+        with progress_for(quiet or json_out or catalog is None) as progress:  # only reading has stages
+            report = verify_with_catalog(
+                bundle if bundle is not None else settings.out, catalog, settings, progress=progress
+            )
+        if json_out:
+            sys.stdout.write(json.dumps(report, default=str) + "\n")
+        elif not quiet:
+            what = "checksums and invariants"
+            if catalog is not None:
+                what += f", equal to catalog {catalog}"
+            stdout_console().print(
+                f"OK {report['bundle']} (version {report['version']}): {report['files']} files, "
+                f"{human_bytes(report['bytes'])}, {what}",
+                markup=False,
+            )
+            if report.get("unlisted_files"):
+                stderr_console().print(
+                    f"note: files not listed in the manifest: {', '.join(report['unlisted_files'])}",
+                    markup=False,
+                )

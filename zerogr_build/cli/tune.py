@@ -1,0 +1,100 @@
+"""`zerogr tune`: time every scoring mode on this device and write the fastest into the bundle as a plan."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from typing import Annotated
+
+import typer
+
+from ._errors import cli_errors
+from ._options import BundleArg, ConfigOpt, JsonOpt, bundle_path
+from ._progress import progress_for
+from ._render import plan_table, stderr_console, stdout_console
+
+
+def tune(
+    bundle: BundleArg = None,
+    gpu: Annotated[int | None, typer.Option("--gpu", help="Tune for GPU N (same as --device cuda:N)")] = None,
+    device: Annotated[
+        str | None, typer.Option("--device", help="cpu or cuda:N [config: tune.device]", show_default=False)
+    ] = None,
+    batch_sizes: Annotated[
+        str | None, typer.Option("--batch-sizes", help="Batch sizes to measure [config: 1,8,32,128]")
+    ] = None,
+    beam_width: Annotated[
+        int | None, typer.Option("--beam-width", help="Beams per request M [config: 16]")
+    ] = None,
+    dtypes: Annotated[
+        str | None,
+        typer.Option(
+            "--dtypes", help="fp32,bf16,fp16 [config: fp32,bf16 on GPU; fp32 on CPU]", show_default=False
+        ),
+    ] = None,
+    hidden_dim: Annotated[
+        int | None, typer.Option("--hidden-dim", help="d of the random output layers [config: 128]")
+    ] = None,
+    weights: Annotated[
+        str | None,
+        typer.Option("--weights", help="safetensors file, one [V_t, d] tensor per step", show_default=False),
+    ] = None,
+    warmup: Annotated[
+        int | None, typer.Option("--warmup", help="Untimed calls per mode first [config: 3]")
+    ] = None,
+    iters: Annotated[
+        int | None, typer.Option("--iters", help="Timed calls per mode, median kept [config: 10]")
+    ] = None,
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the plan path")] = False,
+) -> None:
+    """Time every scoring mode per step x batch size x dtype on this device and write the fastest into the
+    bundle as plans/<device-key>.json (plus compiled kernels under kernels/<arch>/ on a GPU)."""
+    with cli_errors():
+        # Imported when the command runs: tune needs torch, and `zerogr --help` should not pay for it.
+        from ..config import check_device  # H1-contract: from ..runtime.device import parse_device
+        from ..tune import (
+            load_tune_settings,  # H1-contract: from ..config import load_tune_settings
+            tune_bundle,  # H1-contract: tune_bundle from the tune/ package
+        )
+        from ..tune import parse_device as device_for  # H1-contract: from ..runtime.device import device_for
+
+        overrides = {
+            "batch_sizes": batch_sizes,
+            "beam_width": beam_width,
+            "dtypes": dtypes,
+            "hidden_dim": hidden_dim,
+            "weights": weights,
+            "warmup": warmup,
+            "iters": iters,
+        }
+        settings, config_device = load_tune_settings(config, overrides)
+        dev = device_for(gpu, device if device is not None or gpu is not None else config_device)
+        check_device(dev)  # H1-contract: dev = parse_device(dev)
+        with progress_for(quiet) as progress, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = tune_bundle(bundle_path(bundle, config), dev, settings, progress=progress)
+        for w in caught:
+            stderr_console().print(f"WARNING: {w.message}", style="bold red", markup=False)
+        plan = result.plan
+        plan_path = result.plan_path.resolve()
+        if json_out:
+            summary = {
+                "plan": str(plan_path),
+                "bundle": str(plan_path.parent.parent),
+                "device_key": plan["device_key"],
+                "device": plan["device"],
+                "modes": plan["modes"],
+                "refused": plan["refused"],
+                "kernels": result.kernel_files,
+                "entries": plan["entries"],
+            }
+            sys.stdout.write(json.dumps(summary, default=str) + "\n")
+        elif quiet:
+            sys.stdout.write(f"{plan_path}\n")
+        else:
+            console = stdout_console()
+            console.print(plan_table(plan))
+            console.print(f"plan written: {plan_path}", markup=False)
