@@ -30,10 +30,12 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from zerogr_build.compare import Requests, compare_orders, parse_ks, report_tables  # noqa: E402
+from zerogr_build.cli._render import report_tables  # noqa: E402
+from zerogr_build.compare import Requests, compare_orders, parse_ks  # noqa: E402
+from zerogr_build.config import parse_int_list  # noqa: E402
 from zerogr_build.quality.data import DEFAULT_CACHE_DIR, fetch_ml100k, leave_one_out  # noqa: E402
 from zerogr_build.quality.model import ModelConfig, set_determinism, train_model  # noqa: E402
-from zerogr_build.quality.pipeline import (  # noqa: E402
+from zerogr_build.quality.run import (  # noqa: E402
     build_bundle,
     make_sids,
     model_fn_for,
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     inter, info = fetch_ml100k(args.cache_dir)
     split = leave_one_out(inter)
-    codebooks = tuple(int(v) for v in args.codebooks.split(","))
+    codebooks = parse_int_list(args.codebooks, "--codebooks")
     catalog = make_sids(split, info, codebook_sizes=codebooks, seed=args.seed)
     distinct_prefix = len(np.unique(catalog.sids[:, :-1], axis=0))
     catalog_path = write_catalog(work / "catalog.parquet", catalog)

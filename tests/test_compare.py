@@ -12,21 +12,20 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.test_compare_model import hidden_for, model_fn, model_fn_with_bias
+from tests.compare_models import hidden_for, model_fn, model_fn_with_bias
 from zerogr_build.bundle import open_bundle, publish_bundle
 from zerogr_build.cli import app
 from zerogr_build.compare import (
     Requests,
-    check_weights,
     compare_orders,
     load_model_fn,
     parse_ks,
     read_requests,
     valid_token_mask,
 )
+from zerogr_build.compare.metrics import ndcg_at_k, overlap_at_k, recall_at_k
 from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
-from zerogr_build.quality.metrics import ndcg_at_k, overlap_at_k, recall_at_k
 
 SIZES = (4, 4, 2)
 N_SIDS = 20
@@ -142,26 +141,36 @@ def test_valid_token_mask_dense_and_sparse(bundle):
         assert not mask[-1].any()
 
 
-def test_check_weights_errors():
-    ok = [torch.zeros(v, 3) for v in SIZES]
-    assert len(check_weights(ok, SIZES)) == 3
-    with pytest.raises(InputError, match=r"weights\[1\] has shape \[5, 3\], expected \[4, d\]"):
-        check_weights([ok[0], torch.zeros(5, 3), ok[2]], SIZES)
-    with pytest.raises(InputError, match="2 per-step output layers"):
-        check_weights(ok[:2], SIZES)
-    with pytest.raises(InputError, match="disagree on d"):
-        check_weights([ok[0], torch.zeros(4, 2), ok[2]], SIZES)
-    with pytest.raises(InputError, match=r"bias of weights\[0\]"):
-        check_weights([(ok[0], torch.zeros(3)), ok[1], ok[2]], SIZES)
+_OK = [torch.zeros(v, 3) for v in SIZES]
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        ([_OK[0], torch.zeros(5, 3), _OK[2]], r"weights\[1\] has shape \[5, 3\], expected \[4, d\]"),
+        (_OK[:2], "2 per-step output layers"),
+        ([_OK[0], torch.zeros(4, 2), _OK[2]], "disagree on d"),
+        ([(_OK[0], torch.zeros(3)), _OK[1], _OK[2]], r"bias of weights\[0\]"),
+    ],
+)
+def test_bad_model_weights_are_refused_before_decoding(bundle, weights, message):
+    def bad_model(bundle, request_ids):
+        def step_fn(step, prefixes, batch):
+            raise AssertionError("decoding started with weights that do not fit the bundle")
+
+        return weights, step_fn
+
+    with pytest.raises(InputError, match=f"^model: (.* )?{message}"):
+        compare_orders(bundle, bad_model, Requests([0], None), beam_width=2, ks=(1,))
 
 
 def test_load_model_fn_errors():
-    assert load_model_fn("tests.test_compare_model:model_fn") is model_fn
+    assert load_model_fn("tests.compare_models:model_fn") is model_fn
     for spec, msg in [
-        ("tests.test_compare_model", "expected module:function"),
+        ("tests.compare_models", "expected module:function"),
         ("no_such_module_zg:fn", "cannot import module"),
-        ("tests.test_compare_model:nope", "has no attribute"),
-        ("tests.test_compare_model:NOT_CALLABLE", "not callable"),
+        ("tests.compare_models:nope", "has no attribute"),
+        ("tests.compare_models:NOT_CALLABLE", "not callable"),
     ]:
         with pytest.raises(InputError, match=msg):
             load_model_fn(spec)
@@ -188,7 +197,7 @@ def _requests_file(tmp_path, columns):
 
 def test_cli_compare_json_and_table(bundle, tmp_path):
     req = _requests_file(tmp_path, {"request_id": [0, 1, 2], "target_item": [100, 101, 102]})
-    args = ["compare", str(bundle.path), "--model", "tests.test_compare_model:model_fn", "--requests", req]
+    args = ["compare", str(bundle.path), "--model", "tests.compare_models:model_fn", "--requests", req]
     res = runner.invoke(app, args + ["--k", "1,5", "--beam-width", "8", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
@@ -203,10 +212,10 @@ def test_cli_compare_json_and_table(bundle, tmp_path):
     ("model", "columns", "message"),
     [
         ("no_such_module_zg:fn", {"request_id": [0]}, "cannot import module"),
-        ("tests.test_compare_model:missing", {"request_id": [0]}, "has no attribute"),
-        ("tests.test_compare_model:wrong_shape_model", {"request_id": [0]}, r"weights[2] has shape [3, 8]"),
-        ("tests.test_compare_model:wrong_length_model", {"request_id": [0]}, "2 per-step output layers"),
-        ("tests.test_compare_model:model_fn", {"user_id": [0]}, "missing column 'request_id'"),
+        ("tests.compare_models:missing", {"request_id": [0]}, "has no attribute"),
+        ("tests.compare_models:wrong_shape_model", {"request_id": [0]}, r"weights[2] has shape [3, 8]"),
+        ("tests.compare_models:wrong_length_model", {"request_id": [0]}, "2 per-step output layers"),
+        ("tests.compare_models:model_fn", {"user_id": [0]}, "missing column 'request_id'"),
     ],
 )
 def test_cli_compare_errors_exit_2(bundle, tmp_path, model, columns, message):

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zerogr_build.compare.metrics import ndcg_at_k, overlap_at_k, recall_at_k, top_k_items
 from zerogr_build.errors import InputError
 from zerogr_build.quality import data as qdata
 from zerogr_build.quality.data import (
@@ -19,10 +20,7 @@ from zerogr_build.quality.data import (
     parse_inter,
     parse_items,
     read_ml100k_wheel,
-    synthetic_ml_files,
-    write_fake_wheel,
 )
-from zerogr_build.quality.metrics import ndcg_at_k, overlap_at_k, recall_at_k, top_k_items
 from zerogr_build.quality.sids import (
     add_collision_token,
     genre_features,
@@ -30,6 +28,7 @@ from zerogr_build.quality.sids import (
     residual_kmeans,
     semantic_ids,
 )
+from zerogr_build.testing import synthetic_ml_files, write_fake_wheel
 
 # ------------------------------------------------------------------------------------------------ data
 
@@ -199,7 +198,7 @@ def test_training_is_deterministic_and_step_fn_paths_agree():
 def test_saved_run_reloads_for_zerogr_compare(tmp_path, monkeypatch):
     from zerogr_build.quality import ml100k
     from zerogr_build.quality.model import train_model
-    from zerogr_build.quality.pipeline import model_fn_for, save_run
+    from zerogr_build.quality.run import model_fn_for, save_run
 
     split, sids, sizes, cfg = _tiny_setup()
     model = train_model(split.train_sequences, sids, sizes, cfg)

@@ -25,7 +25,7 @@ def run_dir() -> Path:
 def model_fn(bundle: Any, request_ids: list) -> tuple[list, Any]:
     """(weights, step_fn) for a batch of user ids (the compare contract); loads the run once per process."""
     from ..errors import InputError
-    from .pipeline import load_run_model_fn
+    from .run import load_run_model_fn
 
     key = str(run_dir())
     if key not in _LOADED:

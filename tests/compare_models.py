@@ -1,4 +1,4 @@
-"""Model functions for `zerogr compare` tests (imported by path as tests.test_compare_model:NAME).
+"""Model functions for the `zerogr compare` tests (`--model tests.compare_models:NAME`). Not a test module.
 
 A tiny deterministic 'model': hidden(request, prefix) = tanh(R[request] + sum_t E_t[prefix_t] + P[t]),
 weights[t] = seeded Gaussian [V_t, D] scaled so probabilities are far from uniform. No training, so the

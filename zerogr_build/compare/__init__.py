@@ -1,0 +1,57 @@
+"""Does filtering first change the recommendations? Filter-first vs score-first (and unconstrained).
+
+The same beam search runs three times per batch of requests through `runtime.Decoder`, once per order,
+with the same hidden vectors source; the report compares the resulting top-K item lists:
+
+- overlap@K: share of filter-first's top-K items that score-first also has in its top-K;
+- Recall@K / NDCG@K per order (when the requests carry a ground-truth next item);
+- invalid mass per step (the mechanism): the probability the model's full softmax over V_t puts on tokens
+  that are not valid children of the beam's prefix, averaged over the beams alive at that step. Filter-first
+  renormalises over valid tokens only, so a prefix's valid candidates get boosted by 1 / (1 - mass); when
+  the mass differs between competing beams, the two orders can keep different beams;
+- unconstrained decoding's invalid-SID rate: share of its final beams that name no catalog SID.
+
+The model contract (`zerogr compare --model module:function`)::
+
+    def function(bundle: zerogr_build.Bundle, request_ids: list) -> tuple[weights, step_fn]
+
+- `bundle` is the opened bundle under test; `request_ids` one batch of request ids (Python values of the
+  requests file's request column, in file order).
+- `weights`: L per-step output layers, weights[t] of shape [V_t, d] with V_t = bundle codebook size of step
+  t: a torch tensor / numpy array, a (weight, bias[V_t]) pair, a {"weight", "bias"} dict or an nn.Linear;
+  fp32, fp16 or bf16 (the same d at every step). Logits of step t are hidden @ weight.T + bias.
+- `step_fn(step: int, prefixes: LongTensor [R, step], batch: LongTensor [R]) -> Tensor [R, d]`: the
+  decoder hidden vector of every beam, where prefixes[r] are beam r's tokens so far and batch[r] is the
+  position in `request_ids` of the request it belongs to (R = len(request_ids) at step 0, then R = B*M).
+  It must be deterministic (it is called once per order with the same prefixes where the orders agree).
+
+The function is called once per batch of requests; its weights should not depend on the batch.
+
+Modules: `inputs` (the model function, the requests file, K), `measure` (compare_orders, run_compare),
+`metrics` (overlap@K, Recall@K, NDCG@K, top-K item lists), `report` (CompareReport). The tables are drawn
+by the CLI (zerogr_build.cli._render).
+"""
+
+from __future__ import annotations
+
+from ..runtime.decoder import ORDERS
+from .inputs import DEFAULT_KS, ModelFn, Requests, load_model_fn, parse_ks, read_requests
+from .measure import CONSTRAINED, MASS_CHUNK, compare_orders, invalid_mass, run_compare, valid_token_mask
+from .report import CompareReport
+
+__all__ = [
+    "CONSTRAINED",
+    "DEFAULT_KS",
+    "MASS_CHUNK",
+    "ORDERS",
+    "CompareReport",
+    "ModelFn",
+    "Requests",
+    "compare_orders",
+    "invalid_mass",
+    "load_model_fn",
+    "parse_ks",
+    "read_requests",
+    "run_compare",
+    "valid_token_mask",
+]

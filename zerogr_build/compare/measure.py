@@ -1,0 +1,239 @@
+"""The measurement: decode every request in all three orders through `runtime.Decoder`, with the same
+hidden-vector source, and compare the top-K item lists and the invalid probability mass per step (see the
+package docstring for the metrics)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..bundle import open_bundle, resolve_bundle
+from ..errors import InputError
+from ..progress import NULL_PROGRESS, Progress
+from ..runtime.decoder import ORDERS, Decoder
+from ..runtime.weights import normalize_weights
+from .inputs import DEFAULT_KS, ModelFn, Requests, load_model_fn, parse_ks, read_requests
+from .metrics import ndcg_at_k, overlap_at_k, recall_at_k, top_k_items
+from .report import CompareReport
+
+CONSTRAINED = ("filter_first", "score_first")
+MASS_CHUNK = 1024  # beams per invalid-mass block (logits [chunk, V_t] fp32)
+
+
+def valid_token_mask(table: Any, rows: np.ndarray) -> np.ndarray:
+    """bool [R, V_t]: token v is a valid child of rows[r] in one step table (all False where rows[r] < 0)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    mask = np.zeros((rows.shape[0], int(table.codebook_size)), dtype=bool)
+    real = np.flatnonzero(rows >= 0)
+    if real.size == 0:
+        return mask
+    if table.format == "dense":
+        mask[real] = np.asarray(table.next)[rows[real]] >= 0
+        return mask
+    # H2-contract: csr_gather -> positions, counts = csr_gather(table.indptr, rows[real])
+    indptr = np.asarray(table.indptr, dtype=np.int64)
+    starts, ends = indptr[rows[real]], indptr[rows[real] + 1]
+    counts = ends - starts
+    # Flat child positions of every selected row, concatenated: start of its row + offset inside it.
+    offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    positions = np.repeat(starts, counts) + offsets
+    mask[np.repeat(real, counts), np.asarray(table.tokens)[positions].astype(np.int64)] = True
+    return mask
+
+
+def invalid_mass(hidden: Any, weight: Any, bias: Any, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mass, boost), float64 [R] each: the full softmax's probability on tokens where valid[r] is False,
+    and filter-first's boost -log(1 - mass) = logsumexp(all logits) - logsumexp(valid logits) (fp32 math).
+
+    Both come from the two logsumexps, so mass stays exact near 0 and boost near mass = 1.
+    """
+    logits = hidden.float() @ weight.float().T
+    if bias is not None:
+        logits = logits + bias.float()
+    valid_t = torch.as_tensor(valid, device=logits.device)
+    lse_all = torch.logsumexp(logits, dim=1)
+    lse_valid = torch.logsumexp(logits.masked_fill(~valid_t, float("-inf")), dim=1)
+    mass = -torch.expm1(lse_valid - lse_all)
+    boost = (lse_all - lse_valid).clamp(min=0.0)
+    return mass.clamp(0.0, 1.0).double().cpu().numpy(), boost.double().cpu().numpy()
+
+
+def _run_order(dec: Any, step_fn: Callable, batch_size: int, beam_width: int, order: str, weights: list):
+    """One search in `order`; returns (result, per step: (invalid mass float64 [A_t], boost float64 [A_t],
+    request int64 [A_t]) of the A_t beams alive at that step)."""
+    state = dec.start(batch_size, beam_width, order)
+    masses: list[list[np.ndarray]] = [[] for _ in range(dec.num_steps)]
+    boosts: list[list[np.ndarray]] = [[] for _ in range(dec.num_steps)]
+    owners: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in range(dec.num_steps)]
+    for t in range(dec.num_steps):
+        hidden = step_fn(t, state.prefixes, state.batch)
+        if order in CONSTRAINED:
+            rows = state.rows.detach().cpu().numpy()
+            alive = rows >= 0
+            alive_rows = rows[alive]
+            owners[t] = state.batch.detach().cpu().numpy()[alive]
+            weight, bias = weights[t]
+            h_all = torch.as_tensor(hidden).detach()
+            h = h_all[torch.as_tensor(np.flatnonzero(alive), device=h_all.device)]
+            w = weight.cpu()
+            for lo in range(0, h.shape[0], MASS_CHUNK):  # bounded [chunk, V_t] logits for large codebooks
+                sel = slice(lo, lo + MASS_CHUNK)
+                mask = valid_token_mask(dec.index.steps[t], alive_rows[sel])
+                mass, boost = invalid_mass(h[sel].cpu(), w, bias, mask)
+                masses[t].append(mass)
+                boosts[t].append(boost)
+        state = dec.step(state, hidden)
+    per_step = [
+        (np.concatenate(m) if m else np.zeros(0), np.concatenate(b) if b else np.zeros(0), o)
+        for m, b, o in zip(masses, boosts, owners, strict=True)
+    ]
+    return dec.finish(state), per_step
+
+
+def _boost_spread(boost: np.ndarray, owner: np.ndarray, batch_size: int) -> tuple[float, int]:
+    """Sum over requests with >= 2 alive beams of (max - min) of the filter-first boost -log(1 - mass)
+    among its beams, and the number of such requests."""
+    hi = np.full(batch_size, -np.inf)
+    lo = np.full(batch_size, np.inf)
+    np.maximum.at(hi, owner, boost)
+    np.minimum.at(lo, owner, boost)
+    several = np.bincount(owner, minlength=batch_size) >= 2
+    return float((hi - lo)[several].sum()), int(several.sum())
+
+
+def compare_orders(
+    bundle: Any,
+    model_fn: ModelFn,
+    requests: Requests,
+    *,
+    beam_width: int | None = None,
+    ks: Sequence[int] = DEFAULT_KS,
+    batch_size: int = 64,
+    device: str = "cpu",
+    progress: Progress = NULL_PROGRESS,
+) -> CompareReport:
+    """Decode every request in all three orders and compare (see the module docstring).
+
+    bundle: an opened Bundle (open_bundle). beam_width: M (default max(ks); with M < K a top-K list holds
+    at most the items of M SIDs). batch_size: requests per model_fn call / search.
+    """
+    ks = parse_ks(ks)
+    m = int(beam_width) if beam_width is not None else max(ks)
+    if m < 1:
+        raise InputError(f"--beam-width must be >= 1, got {m}")
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be >= 1, got {batch_size}")
+    sizes = tuple(int(v) for v in bundle.index.codebook_sizes)
+    n = len(requests.ids)
+    started = time.perf_counter()
+    lists: dict[str, list[list[Hashable]]] = {o: [] for o in ORDERS}
+    mass_sum = {o: np.zeros(len(sizes)) for o in CONSTRAINED}
+    mass_max = {o: np.zeros(len(sizes)) for o in CONSTRAINED}
+    mass_count = {o: np.zeros(len(sizes)) for o in CONSTRAINED}
+    spread_sum = {o: np.zeros(len(sizes)) for o in CONSTRAINED}
+    spread_count = {o: np.zeros(len(sizes)) for o in CONSTRAINED}
+    gap_sum = {o: dict.fromkeys(ks, 0.0) for o in CONSTRAINED}
+    gap_count = {o: dict.fromkeys(ks, 0) for o in CONSTRAINED}
+    unconstrained_beams = unconstrained_invalid = 0
+    k_max = max(ks)
+    progress.stage("compare", n)
+    for lo in range(0, n, batch_size):
+        ids = requests.ids[lo : lo + batch_size]
+        out = model_fn(bundle, list(ids))
+        if not isinstance(out, (tuple, list)) or len(out) != 2 or not callable(out[1]):
+            raise InputError("model function must return (weights, step_fn) with step_fn callable")
+        weights = normalize_weights(out[0], sizes, source="model")
+        step_fn = out[1]
+        dec = Decoder(bundle, weights, device=device)
+        for order in ORDERS:
+            res, masses = _run_order(dec, step_fn, len(ids), m, order, weights)
+            lists[order].extend(top_k_items(dec.items(res), k_max))
+            for t, (mass, boost, owner) in enumerate(masses):
+                if mass.size:
+                    mass_sum[order][t] += mass.sum()
+                    mass_count[order][t] += mass.size
+                    mass_max[order][t] = max(mass_max[order][t], float(mass.max()))
+                    spread, count = _boost_spread(boost, owner, len(ids))
+                    spread_sum[order][t] += spread
+                    spread_count[order][t] += count
+            scores = res.scores.detach().cpu().numpy()
+            if order in CONSTRAINED:
+                for k in ks:
+                    if k <= m:
+                        gap = scores[:, 0] - scores[:, k - 1]
+                        ok = np.isfinite(gap)
+                        gap_sum[order][k] += float(gap[ok].sum())
+                        gap_count[order][k] += int(ok.sum())
+            else:
+                real = np.isfinite(scores)
+                unconstrained_beams += int(real.sum())
+                unconstrained_invalid += int((real & ~res.valid.detach().cpu().numpy()).sum())
+        progress.advance(len(ids))
+
+    ff, sf = lists["filter_first"], lists["score_first"]
+    overlap = {k: overlap_at_k(ff, sf, k) for k in ks}
+    differing = {
+        k: float(np.mean([set(a[:k]) != set(b[:k]) for a, b in zip(ff, sf, strict=True)])) for k in ks
+    }
+    recall: dict[str, dict[int, float]] = {}
+    ndcg: dict[str, dict[int, float]] = {}
+    with_targets = 0
+    if requests.targets is not None:
+        keep = [i for i, t in enumerate(requests.targets) if t is not None]
+        with_targets = len(keep)
+        if keep:
+            targets = [requests.targets[i] for i in keep]
+            for order in ORDERS:
+                chosen = [lists[order][i] for i in keep]
+                recall[order] = {k: recall_at_k(chosen, targets, k) for k in ks}
+                ndcg[order] = {k: ndcg_at_k(chosen, targets, k) for k in ks}
+    return CompareReport(
+        requests=n,
+        beam_width=m,
+        ks=list(ks),
+        overlap=overlap,
+        requests_differing=differing,
+        recall=recall,
+        ndcg=ndcg,
+        invalid_mass={o: (mass_sum[o] / np.maximum(mass_count[o], 1)).tolist() for o in CONSTRAINED},
+        invalid_mass_max={o: mass_max[o].tolist() for o in CONSTRAINED},
+        boost_spread={o: (spread_sum[o] / np.maximum(spread_count[o], 1)).tolist() for o in CONSTRAINED},
+        score_gap={
+            o: {k: gap_sum[o][k] / gap_count[o][k] for k in ks if gap_count[o][k]} for o in CONSTRAINED
+        },
+        unconstrained_invalid_rate=unconstrained_invalid / max(unconstrained_beams, 1),
+        with_targets=with_targets,
+        seconds=time.perf_counter() - started,
+        codebook_sizes=list(sizes),
+    )
+
+
+def run_compare(
+    bundle_path: str | Path | None,
+    model_spec: str,
+    requests_path: str | Path,
+    *,
+    beam_width: int | None = None,
+    ks: str | Sequence[int] = DEFAULT_KS,
+    batch_size: int = 64,
+    device: str = "cpu",
+    request_column: str = "request_id",
+    target_column: str = "target_item",
+    progress: Progress = NULL_PROGRESS,
+) -> CompareReport:
+    """`zerogr compare`: open the bundle, resolve the model function, read the requests, compare_orders."""
+    ks = parse_ks(ks)
+    requests = read_requests(requests_path, request_column=request_column, target_column=target_column)
+    model_fn = load_model_fn(model_spec)
+    bundle = open_bundle(resolve_bundle(bundle_path))
+    report = compare_orders(
+        bundle, model_fn, requests, beam_width=beam_width, ks=ks, batch_size=batch_size, device=device,
+        progress=progress,
+    )  # fmt: skip
+    report.extra.update(bundle=str(bundle.path), model=model_spec, requests_file=str(requests_path))
+    return report
