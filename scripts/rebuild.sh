@@ -73,17 +73,6 @@ if [[ ${#TUNE_DEVICE[@]} -eq 0 ]]; then
     fi
 fi
 
-# Options verify must share with build: the catalog must be read the way build read it.
-VERIFY_ARGS=(--catalog "$CATALOG")
-for ((i = 0; i < ${#BUILD_ARGS[@]}; i++)); do
-    case ${BUILD_ARGS[i]} in
-        --config | -c | --sid-column | --sid-columns | --item-column)
-            VERIFY_ARGS+=("${BUILD_ARGS[i]}" "${BUILD_ARGS[i + 1]:-}"); ((i++)) ;;
-        --config=* | --sid-column=* | --sid-columns=* | --item-column=*)
-            VERIFY_ARGS+=("${BUILD_ARGS[i]}") ;;
-    esac
-done
-
 # ---- build -------------------------------------------------------------------------------------------
 log "build ${CATALOG} ${BUILD_ARGS[*]}"
 BUILD_JSON=$("${ZG[@]}" build "$CATALOG" "${BUILD_ARGS[@]}" --no-promote --json)
@@ -103,7 +92,8 @@ log "built $VERSION_DIR (not promoted: LATEST unchanged)"
 
 # ---- verify ------------------------------------------------------------------------------------------
 log "verify $VERSION"
-if ! "${ZG[@]}" verify "$VERSION_DIR" "${VERIFY_ARGS[@]}" --quiet; then
+# verify reads CATALOG with the columns the manifest records, i.e. the way build read it.
+if ! "${ZG[@]}" verify "$VERSION_DIR" --catalog "$CATALOG" --quiet; then
     log "VERIFY FAILED for $VERSION_DIR: do not serve it; LATEST was not moved"
     exit 4
 fi

@@ -150,16 +150,35 @@ def read_config_table(config_file: str | Path, table: str) -> dict[str, Any]:
     return dict(data.get(table, {}))
 
 
+#: The settings that say how to read a catalog's columns (a bundle's manifest records them).
+CATALOG_COLUMNS = ("sid_column", "sid_columns", "item_column")
+
+
 def load_settings(
-    config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None
+    config_file: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    recorded: Mapping[str, Any] | None = None,
 ) -> BuildSettings:
     """Defaults, then the config file's [build] table, then `overrides` (None values are ignored, so CLI
-    flags that were not given leave the file's value). Unknown keys and wrong types raise InputError."""
+    flags that were not given leave the file's value). Unknown keys and wrong types raise InputError.
+
+    recorded: the settings a bundle was built with (its manifest's "settings"), a layer between the
+    defaults and the config file for the catalog columns only: the SID layout (sid_column + sid_columns,
+    taken together) when no other layer names either, and item_column when no other layer names it.
+    """
     defaults = BuildSettings()
     known = {f.name: getattr(defaults, f.name) for f in fields(BuildSettings)}
     values, where = layered_values(
         "build", config_file, overrides, known, lambda key, value, at: _coerce(key, value, known[key], at)
     )
+    if recorded:
+        given = [key for key in CATALOG_COLUMNS if key in values]
+        if "sid_column" in given or "sid_columns" in given:
+            given += ["sid_column", "sid_columns"]  # one SID layout: never half from each layer
+        for key in CATALOG_COLUMNS:
+            if key not in given and key in recorded:
+                values[key] = _coerce(key, recorded[key], known[key], "the bundle's recorded settings")
     settings = dataclasses.replace(defaults, **values)
     _check_values(settings, where)
     return settings

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .config import BuildSettings, check_device
+from .config import BuildSettings, check_device, load_settings
 from .progress import NULL_PROGRESS, Progress
 
 if TYPE_CHECKING:
@@ -207,19 +208,26 @@ def inspect_bundle(path: str | Path | None = None) -> dict[str, Any]:
 def verify_with_catalog(
     path: str | Path,
     catalog_path: str | None = None,
-    settings: BuildSettings | None = None,
     *,
+    config_file: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
     progress: Progress = NULL_PROGRESS,
 ) -> dict[str, Any]:
     """`zerogr verify`: bundle.verify_bundle of a version dir (or an OUT dir via LATEST), and with
-    `catalog_path` exact equality with that catalog, read with the column settings of `settings` and the
-    bundle's own codebook sizes. Returns verify_bundle's report."""
+    `catalog_path` exact equality with that catalog, read with the bundle's own codebook sizes and the
+    catalog columns the bundle was built with (its manifest's settings), unless `config_file`'s [build]
+    table or `overrides` name others (config.load_settings with `recorded`). Returns verify_bundle's
+    report."""
     from .bundle import load_manifest, resolve_bundle, verify_bundle
 
     version_dir = resolve_bundle(path)
     catalog = None
     if catalog_path is not None:
-        sizes = load_manifest(version_dir)["codebook_sizes"]
-        catalog = _read_catalog(catalog_path, settings or BuildSettings(), sizes, progress)
+        manifest = load_manifest(version_dir)
+        recorded = manifest.get("settings")
+        settings = load_settings(
+            config_file, overrides, recorded=recorded if isinstance(recorded, Mapping) else None
+        )
+        catalog = _read_catalog(catalog_path, settings, manifest["codebook_sizes"], progress)
         progress.stage("verify")
     return verify_bundle(version_dir, catalog=catalog)

@@ -84,10 +84,15 @@ def verify(
     """Check a bundle: every file's sha256, the structural invariants of every step table and the leaf map,
     and with --catalog exact equality with the catalog. Exits non-zero naming the first bad file."""
     with cli_errors():
-        settings = load_settings(config, catalog_column_overrides(sid_column, sid_columns, item_column))
+        overrides = catalog_column_overrides(sid_column, sid_columns, item_column)
+        settings = load_settings(config, overrides)
         with progress_for(quiet or json_out or catalog is None) as progress:  # only reading has stages
             report = verify_with_catalog(
-                bundle if bundle is not None else settings.out, catalog, settings, progress=progress
+                bundle if bundle is not None else settings.out,
+                catalog,
+                config_file=config,
+                overrides=overrides,
+                progress=progress,
             )
         if json_out:
             sys.stdout.write(json.dumps(report, default=str) + "\n")
