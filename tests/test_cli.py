@@ -133,19 +133,23 @@ def test_build_no_promote_then_promote(tmp_path):
 
 
 def test_manifest_records_settings_catalog_and_model_version(tmp_path):
-    make_catalog(tmp_path / "cat.parquet")
+    sids = make_catalog(tmp_path / "cat.parquet")
     out = tmp_path / "b"
     res = invoke(
         "build", str(tmp_path / "cat.parquet"), "--out", str(out), "--codebook-sizes", "16,16,16",
-        "--model-version", "ckpt-42", "--step-formats", "0=sparse,2=dense", "-q",
+        "--model-version", "ckpt-42", "--step-formats", "0=dense,2=dense", "-q",
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     manifest = json.loads((out / "v000001" / "manifest.json").read_text())
     assert manifest["model_version"] == "ckpt-42"
     assert manifest["codebook_sizes"] == [16, 16, 16]
     assert manifest["catalog"]["rows"] == 400 and manifest["catalog"]["fingerprint"].startswith("sha256:")
-    assert manifest["settings"]["step_formats"] == "0=sparse,2=dense"
-    assert [s["format"] for s in manifest["steps"]] == ["sparse", manifest["steps"][1]["format"], "dense"]
+    assert manifest["settings"]["step_formats"] == "0=dense,2=dense"
+    # Step 1 is not named, so auto decides it: dense only when >= 90% of its [rows, V] table is valid. Here
+    # 12 of 16 tokens occur, so it cannot be, while the forced steps 0 and 2 would be sparse under auto.
+    rows, nnz = len(np.unique(sids[:, :1], axis=0)), len(np.unique(sids[:, :2], axis=0))
+    assert nnz / (rows * 16) < BuildSettings().dense_min_share
+    assert [s["format"] for s in manifest["steps"]] == ["dense", "sparse", "dense"]
 
 
 def test_inferred_codebook_sizes_warn_loudly(tmp_path):
@@ -249,6 +253,92 @@ def test_bad_input_exits_2_with_one_line_and_publishes_nothing(tmp_path, case, m
     assert not out.exists() or not any(p.name.startswith("v0") for p in out.iterdir())
 
 
+def test_verify_reads_the_catalog_with_the_columns_the_bundle_was_built_with(tmp_path):
+    sids = np.random.default_rng(1).integers(0, 9, size=(100, 2))
+    table = pa.table({"pid": [f"p{i}" for i in range(100)], "l0": sids[:, 0], "l1": sids[:, 1]})
+    pq.write_table(table, tmp_path / "cat.parquet")
+    out = tmp_path / "b"
+    res = invoke(
+        "build", str(tmp_path / "cat.parquet"), "-o", str(out), "--sid-columns", "l0,l1", "--item-column",
+        "pid", "--codebook-sizes", "9,9", "-q",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    # No column flags and no config: the manifest's settings say how build read the catalog.
+    res = invoke("verify", str(out), "--catalog", str(tmp_path / "cat.parquet"), "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["ok"] is True
+    # Flags still win over the recorded columns (here: wrongly, so the read fails naming the column).
+    res = invoke("verify", str(out), "--catalog", str(tmp_path / "cat.parquet"), "--item-column", "nope")
+    assert res.exit_code == 2 and "column 'nope' not found" in res.stderr, res.output
+    res = invoke("verify", str(out), "--catalog", str(tmp_path / "cat.parquet"), "--sid-column", "l0")
+    assert res.exit_code == 2 and "column 'l0' has type int64; a SID column must be a list" in res.stderr
+
+
+def test_load_settings_layers_recorded_catalog_columns(tmp_path):
+    recorded = {"sid_column": "sid", "sid_columns": ["a", "b"], "item_column": "pid", "workers": 7}
+    s = load_settings(None, None, recorded=recorded)
+    assert (s.sid_columns, s.item_column, s.workers) == (("a", "b"), "pid", 0)  # columns only
+    s = load_settings(None, {"sid_column": "code", "sid_columns": ()}, recorded=recorded)
+    assert (s.sid_column, s.sid_columns, s.item_column) == ("code", (), "pid")  # one SID layout, not half
+    config = tmp_path / "c.toml"
+    config.write_text('[build]\nitem_column = "id"\n')
+    s = load_settings(config, None, recorded=recorded)
+    assert (s.sid_columns, s.item_column) == (("a", "b"), "id")
+    config.write_text('[build]\nsid_column = "code"\n')  # names the list column only: no recorded sid_columns
+    s = load_settings(config, None, recorded=recorded)
+    assert (s.sid_column, s.sid_columns, s.item_column) == ("code", (), "pid")
+    with pytest.raises(InputError, match="recorded settings: item_column = 3 has the wrong type"):
+        load_settings(None, None, recorded={"item_column": 3})
+
+
+def test_rebuild_verifies_a_catalog_read_through_custom_columns(tmp_path):
+    """scripts/rebuild.sh passes no column options to verify: it must still read the catalog as build did."""
+    rng = np.random.default_rng(2)
+    sids = rng.integers(0, 8, size=(300, 3))
+    columns = {"pid": [f"p{i}" for i in range(300)], **{f"c{t}": sids[:, t] for t in range(3)}}
+    pq.write_table(pa.table(columns), tmp_path / "cat.parquet")
+    out = tmp_path / "bundles"
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "rebuild.sh"), str(tmp_path / "cat.parquet"), "--out", str(out),
+         "--sid-columns", "c0,c1,c2", "--item-column", "pid", "--codebook-sizes", "8,8,8", "--device", "cpu",
+         "--tune-args", "--batch-sizes 2 --beam-width 2 --warmup 0 --iters 1 --hidden-dim 4"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHON": sys.executable, "ZEROGR": f"{sys.executable} {REPO / 'cli.py'}"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{(out / 'v000001').resolve()}\n"
+
+
+def test_tune_prints_the_plan_table(tmp_path):
+    """The table shows, for every plan entry, the chosen mode, each mode's median ms and the speed-up of the
+    chosen mode over `full`, as the plan file records them."""
+    make_catalog(tmp_path / "cat.parquet")
+    out = tmp_path / "b"
+    build(tmp_path, out, "-q")
+    res = invoke(
+        "tune", str(out), "--device", "cpu", "--batch-sizes", "2,8", "--beam-width", "4", "--warmup", "0",
+        "--iters", "1", "--hidden-dim", "8",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (plan_file,) = (out / "v000001" / "plans").glob("*.json")
+    plan = json.loads(plan_file.read_text())
+    assert res.stdout.splitlines()[-1] == f"plan written: {plan_file.resolve()}"
+    table = [
+        [cell.strip() for cell in line.strip("│┃ ").split("│" if "│" in line else "┃")]
+        for line in res.stdout.splitlines()
+        if line.startswith(("│", "┃"))
+    ]
+    modes = list(dict.fromkeys(m for e in plan["entries"] for m in e["timings_ms"]))
+    assert {"full", "selective"} <= set(modes)
+    assert table[0] == ["dtype", "step", "batch", "rows", "chosen", *[f"{m} ms" for m in modes], "vs full"]
+    assert len(table) == 1 + len(plan["entries"]) == 1 + 2 * 3
+    for row, e in zip(table[1:], plan["entries"], strict=True):
+        t = e["timings_ms"]
+        assert row[:5] == [e["dtype"], str(e["step"]), str(e["batch_size"]), str(e["rows"]), e["mode"]]
+        assert row[5:-1] == [f"{t[m]:.3f}" if m in t else "-" for m in modes]
+        assert row[-1] == f"{t['full'] / t[e['mode']]:.2f}x"
+
+
 def test_usage_errors_exit_2(tmp_path):
     assert invoke("build").exit_code == 2
     assert invoke("build", "x.parquet", "--no-such-option").exit_code == 2
@@ -289,11 +379,45 @@ def test_missing_bundle_is_an_error_not_a_traceback(tmp_path):
     assert res.exit_code == 2 and len(stderr_lines(res)) == 1 and "Traceback" not in res.output
 
 
+#: Every command with its argument and every option flag: the CLI's contract.
+COMMANDS = {
+    "build": ("CATALOG", "--out", "-o", "--config", "-c", "--codebook-sizes", "--sid-column", "--sid-columns",
+              "--item-column", "--workers", "-j", "--step-formats", "--device", "--model-version", "--keep",
+              "--promote", "--no-promote", "--json", "--quiet", "-q"),
+    "inspect": ("BUNDLE", "--config", "-c", "--json"),
+    "verify": ("BUNDLE", "--catalog", "--config", "-c", "--sid-column", "--sid-columns", "--item-column",
+               "--json", "--quiet", "-q"),
+    "promote": ("VERSION_DIR",),
+    "tune": ("BUNDLE", "--gpu", "--device", "--batch-sizes", "--beam-width", "--dtypes", "--hidden-dim",
+             "--weights", "--warmup", "--iters", "--config", "-c", "--json", "--quiet", "-q"),
+    "compare": ("BUNDLE", "--model", "--requests", "--beam-width", "--k", "--batch-size", "--device",
+                "--request-column", "--target-column", "--config", "-c", "--json"),
+}  # fmt: skip
+
+
 def test_help_on_every_command():
-    for command in ("build", "inspect", "verify", "promote"):
-        res = invoke(command, "--help")
-        assert res.exit_code == 0 and "Usage" in res.stdout
-    assert "--codebook-sizes" in invoke("build", "--help").stdout
+    import re
+
+    import typer
+
+    group = typer.main.get_command(app)
+    assert list(group.list_commands(None)) == list(COMMANDS)
+    root = invoke("--help")
+    assert root.exit_code == 0
+    for command, names in COMMANDS.items():
+        assert re.search(rf"^  {command} ", root.stdout, re.M), command
+        params = group.commands[command].params
+        declared = {
+            name if p.param_type_name == "option" else p.metavar
+            for p in params
+            for name in (*p.opts, *p.secondary_opts)
+        }
+        assert declared == set(names), command
+        for flag in ("-h", "--help"):
+            res = invoke(command, flag)
+            assert res.exit_code == 0 and res.stdout.startswith(f"Usage: zerogr {command} "), command
+            for name in names:  # each listed, not hidden, as a whole word
+                assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", res.stdout), (command, name)
 
 
 def test_repo_shim_runs_as_a_subprocess(tmp_path):

@@ -118,12 +118,60 @@ def test_compare_matches_brute_force(bundle, biased):
     assert report.overlap[20] == pytest.approx(1.0)  # top-20 of a 20-item catalog is the whole catalog
 
 
-def test_narrow_beam_report_is_consistent(bundle):
-    report = compare_orders(bundle, model_fn, Requests(list(range(6)), None), beam_width=3, ks=(1, 3))
+def reference_beam_search(bundle, request, order, beam_width):
+    """Beam search by hand over the catalog's distinct SIDs for one request, in float64: every beam's valid
+    children, scored by log-softmax over those children (filter_first) or over all V_t (score_first),
+    the best `beam_width` totals kept. Returns the final [(total, sid)] best first and, per step, the
+    invalid mass of every beam entering that step."""
+    leaves = [tuple(row) for row in bundle.index.leaf_sids().tolist()]
+    weights, _ = model_fn(bundle, [request])
+    beams = [(0.0, ())]
+    masses = []
+    for t in range(len(SIZES)):
+        prefixes = torch.tensor([sid for _, sid in beams], dtype=torch.int64).reshape(len(beams), t)
+        hidden = hidden_for(SIZES, torch.full((len(beams),), request), prefixes)
+        logits = (hidden @ weights[t].T).double()
+        candidates, step_masses = [], []
+        for (total, sid), row in zip(beams, logits, strict=True):
+            valid = sorted({leaf[t] for leaf in leaves if leaf[:t] == sid})
+            all_lp = torch.log_softmax(row, 0)
+            step_masses.append(1.0 - float(all_lp[valid].exp().sum()))
+            lp = torch.log_softmax(row[valid], 0) if order == "filter_first" else all_lp[valid]
+            candidates += [(total + float(v), (*sid, tok)) for tok, v in zip(valid, lp, strict=True)]
+        masses.append(step_masses)
+        beams = sorted(candidates, key=lambda c: -c[0])[:beam_width]
+    return beams, masses
+
+
+def test_narrow_beam_report_matches_a_reference_beam_search(bundle):
+    """A beam of 3 keeps 3 of the 20 SIDs: the report must equal a hand-run beam search of each order."""
+    requests, width, ks = list(range(12)), 3, (1, 3)
+    report = compare_orders(bundle, model_fn, Requests(requests, None), beam_width=width, ks=ks)
+    sids = map(tuple, bundle.index.leaf_sids().tolist())
+    item_of = dict(zip(sids, bundle.items().to_pylist(), strict=True))
+    tops, mass, gap, spread = {}, {}, {}, {}
+    for order in ("filter_first", "score_first"):
+        runs = [reference_beam_search(bundle, r, order, width) for r in requests]
+        tops[order] = [[item_of[sid] for _, sid in beams] for beams, _ in runs]  # unique SIDs: 1 item each
+        mass[order] = [np.concatenate([m[t] for _, m in runs]) for t in range(len(SIZES))]
+        gap[order] = {k: np.mean([b[0][0] - b[k - 1][0] for b, _ in runs]) for k in ks}
+        spread[order] = [
+            np.mean([np.ptp(-np.log1p(-np.array(m[t]))) for _, m in runs if len(m[t]) > 1] or [0.0])
+            for t in range(len(SIZES))
+        ]
+    ff, sf = tops["filter_first"], tops["score_first"]
+    for k in ks:
+        shares = [len(set(a[:k]) & set(b[:k])) / k for a, b in zip(ff, sf, strict=True)]
+        assert report.overlap[k] == pytest.approx(np.mean(shares))
+        differ = [set(a[:k]) != set(b[:k]) for a, b in zip(ff, sf, strict=True)]
+        assert report.requests_differing[k] == pytest.approx(np.mean(differ))
+    assert 0 < report.requests_differing[1] < 1  # the orders disagree on some requests, not on all
+    for order in ("filter_first", "score_first"):
+        assert report.invalid_mass[order] == pytest.approx([m.mean() for m in mass[order]], abs=1e-5)
+        assert report.invalid_mass_max[order] == pytest.approx([m.max() for m in mass[order]], abs=1e-5)
+        assert report.boost_spread[order] == pytest.approx(spread[order], abs=1e-4)
+        assert report.score_gap[order] == pytest.approx(gap[order], abs=1e-4)
     assert report.beam_width == 3 and report.recall == {} and report.with_targets == 0
-    for k in (1, 3):
-        assert 0.0 <= report.overlap[k] <= 1.0
-    assert all(0.0 <= v <= 1.0 for v in report.invalid_mass["filter_first"])
     assert json.loads(json.dumps(report.to_dict()))["overlap"].keys() == {"1", "3"}
 
 
