@@ -1,11 +1,11 @@
 """Build benchmark: zerogr's index build vs a STATIC-style baseline, plus end-to-end `zerogr build`.
 
-In one run, on catalogs from scripts/make_catalog.py (skewed mode, fixed seed):
+In one run, on catalogs from zerogr_build.synthetic (scripts/make_catalog.py; skewed mode, fixed seed):
 
 1. In memory, per catalog (10M items L=4 V=2048; 3M items L=3 V=8192): both builds start from the same
    raw, unsorted SIDs [N, L] (uint16, catalog order, duplicates included).
    * ours: `zerogr_build.build_index(raw, sizes)` (numba cache warmed by a small build first).
-   * baseline: STATIC's own build ported to vectorised numpy (scripts/static_baseline.py), timed
+   * baseline: STATIC's own build ported to vectorised numpy (benchmarks/static_baseline.py), timed
      including the np.lexsort + dedupe that gives it the sorted distinct SIDs it requires.
    Bytes: ours `SidIndex.index_bytes` (every step table; leaf_offsets, the leaf -> items map STATIC has
    no counterpart for, is printed beside it); STATIC: nbytes of its arrays (packed_csr, indptr,
@@ -38,12 +38,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO))
 
-import make_catalog  # noqa: E402
-import static_baseline  # noqa: E402
-
+from benchmarks import static_baseline  # noqa: E402
+from zerogr_build import synthetic  # noqa: E402
 from zerogr_build.index import build_index  # noqa: E402
 from zerogr_build.index.static_layout import static_layout_bytes  # noqa: E402
 
@@ -112,12 +110,12 @@ def _best_of(repeats: int, fn):
 def warm_up(shapes) -> None:
     """One small build per SID length, so numba's compiled kernels are loaded before timing."""
     for _, steps, codebook in shapes:
-        build_index(make_catalog.generate_sids(20_000, [codebook] * steps, SEED), [codebook] * steps)
+        build_index(synthetic.generate_sids(20_000, [codebook] * steps, SEED), [codebook] * steps)
 
 
 def bench_in_memory(items: int, steps: int, codebook: int, repeats: int) -> InMemoryResult:
     sizes = [codebook] * steps
-    raw = make_catalog.generate_sids(items, sizes, SEED)
+    raw = synthetic.generate_sids(items, sizes, SEED)
     ours_s, index = _best_of(repeats, lambda: build_index(raw, sizes))
     ours_bytes, layout = int(index.index_bytes), static_layout_bytes(index)
     leaf_map_bytes = int(index.leaf_offsets.nbytes)
@@ -187,10 +185,10 @@ def bench_end_to_end(items: int, steps: int, codebook: int, workdir: Path) -> En
     sizes = [codebook] * steps
     catalog = workdir / f"catalog_{items}_{steps}x{codebook}.parquet"
     if not catalog.exists():
-        make_catalog.write_catalog(catalog, items, sizes, seed=SEED)
+        synthetic.write_catalog(catalog, items, sizes, seed=SEED)
         gc.collect()
     warm_catalog = workdir / "warmup.parquet"
-    make_catalog.write_catalog(warm_catalog, 20_000, sizes, seed=SEED + 1)
+    synthetic.write_catalog(warm_catalog, 20_000, sizes, seed=SEED + 1)
     warm = _run_measured(_cli_command(warm_catalog, workdir / "bundles_warmup", codebook, steps))
     if warm[2] != 0:
         raise RuntimeError(f"warm-up `zerogr build` failed (exit {warm[2]}): {warm[4].strip()[-2000:]}")

@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from zerogr_build.index import build_index  # noqa: E402
 from zerogr_build.runtime import Decoder  # noqa: E402
@@ -48,7 +47,7 @@ def make_sids(items: int, sizes: list[int], seed: int, catalog: Path | None) -> 
 
         read = read_catalog(catalog)
         return read.sids, [int(v) for v in read.codebook_sizes]
-    from make_catalog import generate_sids
+    from zerogr_build.synthetic import generate_sids
 
     return generate_sids(items, sizes, seed=seed, mode="skewed"), sizes
 

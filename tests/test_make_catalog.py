@@ -1,22 +1,27 @@
-"""scripts/make_catalog.py: deterministic, well-typed, round-trips through Parquet, has collisions."""
+"""zerogr_build.synthetic (and its CLI, scripts/make_catalog.py): deterministic, well-typed, round-trips
+through Parquet, has collisions."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.scripts import load_script
+from zerogr_build import synthetic
 
-make_catalog = load_script("make_catalog")
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("mode", ["skewed", "uniform"])
 def test_deterministic_per_seed(mode):
-    a = make_catalog.generate_sids(5000, [64, 32, 128], seed=3, mode=mode)
-    b = make_catalog.generate_sids(5000, [64, 32, 128], seed=3, mode=mode)
-    c = make_catalog.generate_sids(5000, [64, 32, 128], seed=4, mode=mode)
+    a = synthetic.generate_sids(5000, [64, 32, 128], seed=3, mode=mode)
+    b = synthetic.generate_sids(5000, [64, 32, 128], seed=3, mode=mode)
+    c = synthetic.generate_sids(5000, [64, 32, 128], seed=4, mode=mode)
     assert np.array_equal(a, b)
     assert not np.array_equal(a, c)
 
@@ -27,20 +32,20 @@ def test_deterministic_per_seed(mode):
 )
 @pytest.mark.parametrize("mode", ["skewed", "uniform"])
 def test_shape_dtype_and_range(sizes, dtype, mode):
-    sids = make_catalog.generate_sids(3000, sizes, seed=1, mode=mode)
+    sids = synthetic.generate_sids(3000, sizes, seed=1, mode=mode)
     assert sids.shape == (3000, len(sizes))
     assert sids.dtype == dtype
     assert (sids.max(axis=0) < np.array(sizes)).all()
 
 
 def test_codebook_of_one_token():
-    sids = make_catalog.generate_sids(100, [1, 3], seed=0)
+    sids = synthetic.generate_sids(100, [1, 3], seed=0)
     assert (sids[:, 0] == 0).all() and sids[:, 1].max() < 3
 
 
 def test_skewed_has_heavy_tails_and_collisions():
-    sids = make_catalog.generate_sids(100_000, [1024, 1024, 1024], seed=0)
-    stats = make_catalog.children_stats(sids)
+    sids = synthetic.generate_sids(100_000, [1024, 1024, 1024], seed=0)
+    stats = synthetic.children_stats(sids)
     first, last = stats[1], stats[-1]
     # Heavy tails: the largest row dwarfs the typical one at every step after the first.
     assert first["max"] > 10 * first["mean"]
@@ -51,14 +56,14 @@ def test_skewed_has_heavy_tails_and_collisions():
 
 
 def test_uniform_is_flat():
-    sids = make_catalog.generate_sids(50_000, [64, 64], seed=0, mode="uniform")
+    sids = synthetic.generate_sids(50_000, [64, 64], seed=0, mode="uniform")
     counts = np.bincount(sids[:, 0], minlength=64)
     assert counts.min() > 0.7 * counts.mean() and counts.max() < 1.3 * counts.mean()
 
 
 def test_children_stats_against_brute_force():
-    sids = make_catalog.generate_sids(400, [5, 4, 6], seed=2)
-    stats = make_catalog.children_stats(sids)
+    sids = synthetic.generate_sids(400, [5, 4, 6], seed=2)
+    stats = synthetic.children_stats(sids)
     rows = [tuple(r) for r in sids.tolist()]
     for t in range(3):
         children: dict[tuple, set] = {}
@@ -75,7 +80,7 @@ def test_children_stats_against_brute_force():
 @pytest.mark.parametrize("fixed", [False, True])
 def test_parquet_round_trip(tmp_path, item_ids, fixed):
     path = tmp_path / "cat.parquet"
-    sids = make_catalog.write_catalog(
+    sids = synthetic.write_catalog(
         path,
         2500,
         [300, 40, 70000],
@@ -100,17 +105,25 @@ def test_parquet_round_trip(tmp_path, item_ids, fixed):
 
 def test_uint16_tokens_and_cli(tmp_path):
     path = tmp_path / "cli.parquet"
-    assert make_catalog.main([str(path), "-n", "300", "-L", "3", "-V", "8192", "--seed", "7"]) == 0
+    script = [sys.executable, str(REPO / "scripts" / "make_catalog.py")]
+    done = subprocess.run(
+        [*script, str(path), "-n", "300", "-L", "3", "-V", "8192", "--seed", "7", "--stats"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [line.split(":")[0] for line in done.stdout.splitlines()] == ["step 0", "step 1", "step 2"]
     table = pq.read_table(path)
     assert table.schema.field("sid").type == pa.list_(pa.uint16())
     back = np.array(table.column("sid").combine_chunks().flatten()).reshape(300, 3)
-    assert np.array_equal(back, make_catalog.generate_sids(300, [8192] * 3, seed=7))
+    assert np.array_equal(back, synthetic.generate_sids(300, [8192] * 3, seed=7))
+    bad = subprocess.run([*script, str(tmp_path / "x.parquet"), "-V", "8,x"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "expected comma-separated integers" in bad.stderr
 
 
 def test_sid_type_too_narrow_is_refused():
     sids = np.array([[3, 65536]], dtype=np.uint32)
-    ids = make_catalog.make_item_ids(1)
+    ids = synthetic.make_item_ids(1)
     with pytest.raises(ValueError, match="token 65536 does not fit sid type uint16"):
-        make_catalog.catalog_table(sids, ids, sid_type="uint16")
-    column = make_catalog.catalog_table(sids, ids, sid_type="int32").column("sid")
+        synthetic.catalog_table(sids, ids, sid_type="uint16")
+    column = synthetic.catalog_table(sids, ids, sid_type="int32").column("sid")
     assert column.to_pylist() == [[3, 65536]]

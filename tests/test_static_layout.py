@@ -7,11 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.scripts import load_script
+from benchmarks import static_baseline
 from zerogr_build.index import build_index
 from zerogr_build.index.static_layout import static_layout_bytes
-
-static_baseline = load_script("static_baseline")
 
 
 @st.composite

@@ -6,7 +6,8 @@ are STATIC's: the same trie states, the same edge order, the same padding rows. 
 `sort_unique_sids` gives it that from a raw catalog the way STATIC's own tests do (np.lexsort), and drops
 exact duplicates, which STATIC would map onto the same path anyway.
 
-Used by scripts/bench_build.py (timing and bytes) and tests/test_static_layout.py (exact byte counts).
+Used by scripts/bench_build.py (timing and bytes) and tests/test_static_layout.py (exact byte counts), as
+`from benchmarks.static_baseline import ...` from the repository root.
 """
 
 from __future__ import annotations
