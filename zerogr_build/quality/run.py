@@ -88,7 +88,7 @@ def build_bundle(
 
 
 def model_fn_for(model: Any, histories: dict[Any, np.ndarray], sids: np.ndarray):
-    """A `zerogr compare` model function (see compare.py) over a trained TigerLike.
+    """A `zerogr compare` model function (see zerogr_build.compare) over a trained TigerLike.
 
     histories: request id -> item indices int [n] (oldest first); sids int [I, L] (item index -> SID).
     Returns function(bundle, request_ids) -> (weights, step_fn).
