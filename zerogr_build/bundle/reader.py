@@ -247,17 +247,7 @@ class Bundle:
         if leaves.size and (leaves.min() < 0 or leaves.max() >= n_leaves):
             bad = leaves[(leaves < 0) | (leaves >= n_leaves)][0]
             raise IndexError(f"leaf {int(bad)} out of range 0..{n_leaves - 1}")
-        offsets = np.asarray(self.index.leaf_offsets)
-        starts, ends = offsets[leaves], offsets[leaves + 1]
-        counts = ends - starts
-        list_offsets = np.zeros(leaves.size + 1, dtype=np.int64)
-        np.cumsum(counts, out=list_offsets[1:])
-        # Position of the j-th gathered item: its leaf's start plus its rank within the leaf, i.e.
-        # j - list_offsets[k] for the leaf k it belongs to; np.repeat spreads the per-leaf shift.
-        positions = np.arange(list_offsets[-1], dtype=np.int64) + np.repeat(
-            starts - list_offsets[:-1], counts
-        )
-        values = self.items().take(pa.array(positions, type=pa.int64()))
+        values, list_offsets = self.index.leaf_items(leaves, self.items())
         return pa.LargeListArray.from_arrays(pa.array(list_offsets, type=pa.int64()), values)
 
 
