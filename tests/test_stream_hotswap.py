@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from zerogr_build.runtime.hotswap import HotSwap
-from zerogr_build.runtime.stream import FakeDeviceSink, load_arrays_to_device
+from zerogr_build.runtime.stream import load_arrays_to_device
+from zerogr_build.testing import FakeDeviceSink
 
 
 class Tables:

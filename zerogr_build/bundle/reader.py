@@ -229,14 +229,6 @@ class Bundle:
         """pyarrow Array [n_items] of item ids in leaf order (the input's type). Read on first use."""
         return self._items
 
-    def to(self, device: Any, *, low_priority: bool = False) -> Any:
-        """The step tables and leaf offsets resident on `device` (runtime.stream.DeviceIndex: torch tensors
-        with the bundle's dtypes, by file role). CUDA: streamed through two pinned staging buffers on
-        alternating streams (low_priority: lowest-priority streams, for loading beside a live version)."""
-        from ..runtime.stream import index_to_device
-
-        return index_to_device(self.index, device, low_priority=low_priority)
-
     def item_ids_for_leaves(self, leaves: Any):
         """Item ids of each leaf: pyarrow ListArray, entry k = items of leaves[k] (`.to_pylist()` for
         Python lists). leaves: int array-like of leaf ids in 0..n_leaves-1 (any shape; flattened)."""

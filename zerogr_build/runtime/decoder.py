@@ -36,11 +36,12 @@ import torch
 
 from ..errors import InputError
 from ..index import SidIndex
+from .device_tables import DeviceStep, index_to_device
 from .plan import dtype_name, find_bundle_plan, heuristic_mode, load_plan, planned_mode
 from .scoring import available_modes, get_mode
 from .scoring.full_torch import full_logits, read_slots
 from .scoring.selective_torch import masked_log_softmax
-from .slots import DeviceStep, fill_slots, index_to_device, lane_count, lane_width, row_extent
+from .slots import fill_slots, lane_count, lane_width, row_extent
 from .weights import normalize_weights
 
 ORDERS = ("filter_first", "score_first", "unconstrained")
