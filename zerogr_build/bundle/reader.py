@@ -17,52 +17,22 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BundleError, InputError
+from ..errors import BundleError
 from ..index import SidIndex, StepTable
 from .files import read_npy_header, sha256_file
 from .format import (
-    DEFAULT_OUT,
     ITEM_COLUMN,
     JOURNAL_NAME,
-    LATEST_NAME,
     MANIFEST_NAME,
     array_specs,
     parse_version_dir,
     validate_manifest,
 )
+from .versions import resolve_bundle
 
 HASH_THREADS = 4
 # open_bundle re-reads the manifest this many times when add_bundle_files is replacing files under it.
 CONCURRENT_UPDATE_RETRIES = 20
-
-
-def resolve_bundle(path: str | Path | None = None) -> Path:
-    """The version dir a user means: a version dir itself (has manifest.json), or an OUT dir, whose LATEST
-    names the version (the newest complete version dir if LATEST is absent). None means "bundles"."""
-    root = Path(DEFAULT_OUT if path is None else path)
-    if not root.exists():
-        raise InputError(f"{root}: no such bundle or bundle directory")
-    if not root.is_dir():
-        raise InputError(f"{root}: not a directory (expected a bundle version dir or an OUT dir)")
-    if (root / MANIFEST_NAME).exists():
-        return root
-    latest_file = root / LATEST_NAME
-    if latest_file.exists():
-        name = latest_file.read_text().strip()
-        if parse_version_dir(name) is None:
-            raise BundleError(f"{latest_file}: does not name a version dir (got {name!r})")
-        target = root / name
-        if not (target / MANIFEST_NAME).is_file():
-            raise BundleError(f"{latest_file}: names {name}, which is missing or has no {MANIFEST_NAME}")
-        return target
-    versions = sorted(
-        (number, entry)
-        for entry in root.iterdir()
-        if (number := parse_version_dir(entry.name)) is not None and (entry / MANIFEST_NAME).is_file()
-    )
-    if not versions:
-        raise InputError(f"{root}: not a bundle (no {MANIFEST_NAME}, no {LATEST_NAME}, no version dirs)")
-    return versions[-1][1]
 
 
 def load_manifest(version_dir: Path) -> dict:

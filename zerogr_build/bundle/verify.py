@@ -12,7 +12,8 @@ import numpy as np
 from ..errors import BundleError
 from ..index.formats import bits_for
 from .format import JOURNAL_NAME, MANIFEST_NAME
-from .reader import Bundle, open_bundle, resolve_bundle
+from .reader import Bundle, open_bundle
+from .versions import resolve_bundle
 
 
 def verify_bundle(path: str | Path | None = None, catalog: Any = None) -> dict:
