@@ -6,10 +6,15 @@ production.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 
+from .bundle import PublishedBundle, publish_bundle
+from .catalog import Catalog
+from .index import SidIndex, build_index
 from .runtime.stream import DEFAULT_CHUNK_BYTES, NUM_STAGING_BUFFERS, Chunk
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -90,3 +95,44 @@ class FakeDeviceSink:
         import torch
 
         return torch.from_numpy(self.memory[name].view(dtype).reshape(shape))
+
+
+def random_catalog(
+    seed: int = 0,
+    n: int = 1500,
+    sizes: tuple[int, ...] = (4, 40, 300),
+    string_ids: bool = False,
+    dup_share: float = 0.05,
+) -> Catalog:
+    """A Catalog of `n` random SIDs over codebooks `sizes` (about `dup_share` of the rows repeat another
+    row's SID) with unique item ids: int64 from 10 up, or "item-<k>" strings."""
+    rng = np.random.default_rng(seed)
+    sids = rng.integers(0, sizes, size=(n, len(sizes))).astype(np.uint32)
+    dups = rng.random(n) < dup_share
+    sids[dups] = sids[rng.integers(0, n, size=int(dups.sum()))]
+    ids = rng.permutation(n * 3)[:n] + 10
+    item_ids = pa.array([f"item-{i}" for i in ids]) if string_ids else pa.array(ids, type=pa.int64())
+    return Catalog(
+        sids=sids,
+        item_ids=item_ids,
+        codebook_sizes=tuple(sizes),
+        codebook_inferred=False,
+        files=[],
+        fingerprint="sha256:test",
+        rows=n,
+    )
+
+
+def publish_catalog(
+    catalog: Catalog, out: str | Path, step_formats: Any = None, **kwargs: Any
+) -> tuple[SidIndex, PublishedBundle]:
+    """build_index + publish_bundle of `catalog` into OUT dir `out` with fixed manifest fields (model
+    version "m-1", a catalog path and fingerprint, small settings); kwargs go to publish_bundle (keep,
+    promote). Returns (index, PublishedBundle)."""
+    index = build_index(catalog.sids, catalog.codebook_sizes, step_formats=step_formats)
+    fields = {
+        "model_version": "m-1",
+        "catalog": {"path": "cat.parquet", "fingerprint": catalog.fingerprint},
+        "settings": {"workers": 1, "out": Path(out)},
+    }
+    return index, publish_bundle(index, catalog.item_ids, out, manifest_fields=fields, **kwargs)
