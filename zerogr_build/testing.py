@@ -6,6 +6,7 @@ production.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,8 @@ class FakeDeviceSink:
     staging buffer whose copy is still pending also raises `StagingReuseError` outright. Destination memory
     starts poisoned (0xA5 bytes), so a byte no copy wrote shows in the result.
 
+    gate: when given, a copy completes only once the gate is set (the load then stays visibly in
+    progress, blocked at its next buffer reuse, until the test sets it).
     `writes` lists (name, offset, nbytes, buffer) in copy order; `schedule` lists (event, chunk index,
     buffer) in the order things happened, event one of "prepare" (staging handed out for writing),
     "copy" (copy enqueued), "done" (copy completed).
@@ -46,8 +49,9 @@ class FakeDeviceSink:
 
     POISON = 0xA5
 
-    def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+    def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, *, gate: threading.Event | None = None):
         self.chunk_bytes = int(chunk_bytes)
+        self.gate = gate
         self._staging = [np.zeros(self.chunk_bytes, dtype=np.uint8) for _ in range(NUM_STAGING_BUFFERS)]
         self._pending: list[Chunk | None] = [None] * NUM_STAGING_BUFFERS
         self.memory: dict[str, np.ndarray] = {}
@@ -61,6 +65,8 @@ class FakeDeviceSink:
         chunk = self._pending[buffer]
         if chunk is None:
             return
+        if self.gate is not None:
+            self.gate.wait()
         dst = self.memory[chunk.name]
         dst[chunk.offset : chunk.offset + chunk.nbytes] = self._staging[buffer][: chunk.nbytes]
         self._pending[buffer] = None
