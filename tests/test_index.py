@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -174,6 +176,11 @@ def test_child_parents_and_leaf_items_equal_brute_force(catalog, fmt):
     values, offsets = index.leaf_items(picks)  # catalog rows (in-memory index)
     got = [values[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
     assert got == [leaf_items[j] if j >= 0 else [] for j in picks.tolist()]
+    bare = dataclasses.replace(index, item_order=None)  # e.g. a bundle's index: leaf-order positions
+    values, offsets = bare.leaf_items(picks)
+    lo, hi = index.leaf_offsets[:-1], index.leaf_offsets[1:]
+    expected = [list(range(lo[j], hi[j])) if j >= 0 else [] for j in picks.tolist()]
+    assert [values[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:], strict=True)] == expected
     names = [f"item-{i}" for i in np.asarray(index.item_order)]  # a leaf-order items table (list)
     values, offsets = index.leaf_items(picks, names)
     got = [values[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
