@@ -30,14 +30,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from zerogr_build.runtime.device_tables import step_arrays  # noqa: E402
 from zerogr_build.runtime.stream import (  # noqa: E402
     Chunk,
     DeviceLoader,
-    FakeDeviceSink,
     auto_chunk_bytes,
-    bundle_arrays,
     load_arrays_to_device,
 )
+from zerogr_build.testing import FakeDeviceSink  # noqa: E402
 
 TARGET_HIDDEN = 0.70
 
@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         bundle = open_bundle(path, verify_checksums=False)
-        arrays = dict(bundle_arrays(bundle.index))
+        arrays = dict(step_arrays(bundle.index))  # every array of the bundle: step tables + leaf offsets
+        arrays["leaves.offsets"] = bundle.index.leaf_offsets
         total = sum(int(a.nbytes) for a in arrays.values())
         chunk_bytes = int(args.chunk_mb * (1 << 20)) if args.chunk_mb else auto_chunk_bytes(total)
         chunk_bytes = min(chunk_bytes, max(int(a.nbytes) for a in arrays.values()))

@@ -20,46 +20,11 @@ from tests.reference import reference_steps
 from zerogr_build.bundle import (
     add_bundle_files,
     open_bundle,
-    publish_bundle,
     resolve_bundle,
     verify_bundle,
 )
-from zerogr_build.catalog import Catalog
 from zerogr_build.errors import BundleError, InputError
-from zerogr_build.index import build_index
-
-SIZES = (4, 40, 300)
-
-
-def make_catalog(
-    seed: int = 0, n: int = 1500, sizes=SIZES, string_ids: bool = False, dup_share: float = 0.05
-):
-    """Random SIDs (some shared by several items) and unique item ids, as a real Catalog."""
-    rng = np.random.default_rng(seed)
-    sids = rng.integers(0, sizes, size=(n, len(sizes))).astype(np.uint32)
-    dups = rng.random(n) < dup_share
-    sids[dups] = sids[rng.integers(0, n, size=int(dups.sum()))]
-    ids = rng.permutation(n * 3)[:n] + 10
-    item_ids = pa.array([f"item-{i}" for i in ids]) if string_ids else pa.array(ids, type=pa.int64())
-    return Catalog(
-        sids=sids,
-        item_ids=item_ids,
-        codebook_sizes=tuple(sizes),
-        codebook_inferred=False,
-        files=[],
-        fingerprint="sha256:test",
-        rows=n,
-    )
-
-
-def publish(catalog, out, step_formats=None, **kwargs):
-    index = build_index(catalog.sids, catalog.codebook_sizes, step_formats=step_formats)
-    fields = {
-        "model_version": "m-1",
-        "catalog": {"path": "cat.parquet", "fingerprint": catalog.fingerprint},
-        "settings": {"workers": 1, "out": Path(out)},
-    }
-    return index, publish_bundle(index, catalog.item_ids, out, manifest_fields=fields, **kwargs)
+from zerogr_build.testing import publish_catalog, random_catalog
 
 
 def rehash(version_dir: Path, name: str) -> None:
@@ -96,8 +61,8 @@ def rewrite_array(version_dir: Path, name: str, change) -> None:
     ["auto", "0=dense,1=dense,2=dense", "0=sparse,1=sparse,2=sparse", "0=sparse,1=dense,2=sparse"],
 )
 def test_round_trip_equals_in_memory(tmp_path, step_formats, string_ids):
-    catalog = make_catalog(seed=len(step_formats), string_ids=string_ids)
-    index, published = publish(catalog, tmp_path / "out", step_formats=step_formats)
+    catalog = random_catalog(seed=len(step_formats), string_ids=string_ids)
+    index, published = publish_catalog(catalog, tmp_path / "out", step_formats=step_formats)
     bundle = open_bundle(tmp_path / "out")
     assert bundle.path == published.path == tmp_path / "out" / "v000001"
     assert bundle.version == published.version == 1
@@ -139,15 +104,15 @@ def test_round_trip_equals_in_memory(tmp_path, step_formats, string_ids):
 
 def test_wide_codebook_uses_int32_tokens(tmp_path):
     sizes = (3, 70000, 70000, 70000)  # 53 key bits, and 68 once step 0 is widened below
-    catalog = make_catalog(seed=3, n=400, sizes=sizes)
-    index, _ = publish(catalog, tmp_path, step_formats="1=sparse,2=sparse,3=sparse")
+    catalog = random_catalog(seed=3, n=400, sizes=sizes)
+    index, _ = publish_catalog(catalog, tmp_path, step_formats="1=sparse,2=sparse,3=sparse")
     bundle = open_bundle(tmp_path)
     assert bundle.manifest["steps"][1]["dtypes"]["tokens"] == "<i4"
     np.testing.assert_array_equal(bundle.index.steps[1].tokens, index.steps[1].tokens)
     verify_bundle(tmp_path, catalog)
 
-    wide = make_catalog(seed=4, n=400, sizes=(70000,) * 4)  # SID keys too wide for one uint64
-    publish(wide, tmp_path / "wide")
+    wide = random_catalog(seed=4, n=400, sizes=(70000,) * 4)  # SID keys too wide for one uint64
+    publish_catalog(wide, tmp_path / "wide")
     verify_bundle(tmp_path / "wide", wide)
     sids = wide.sids.copy()
     sids[7, 3] = (sids[7, 3] + 1) % 70000
@@ -166,10 +131,10 @@ def test_wide_codebook_uses_int32_tokens(tmp_path):
 def test_property_publish_open_matches_brute_force(tmp_path_factory, num_steps, n, seed, string_ids):
     rng = np.random.default_rng(seed)
     sizes = tuple(int(v) for v in rng.integers(1, 6, size=num_steps))
-    catalog = make_catalog(seed=seed, n=n, sizes=sizes, string_ids=string_ids, dup_share=0.3)
+    catalog = random_catalog(seed=seed, n=n, sizes=sizes, string_ids=string_ids, dup_share=0.3)
     out = tmp_path_factory.mktemp("b")
     formats = ",".join(f"{t}={rng.choice(['sparse', 'dense'])}" for t in range(num_steps))
-    publish(catalog, out, step_formats=formats)
+    publish_catalog(catalog, out, step_formats=formats)
     bundle = open_bundle(out)
     steps, leaves, leaf_items = reference_steps(catalog.sids)
     for t, table in enumerate(bundle.index.steps):
@@ -182,8 +147,8 @@ def test_property_publish_open_matches_brute_force(tmp_path_factory, num_steps, 
 
 
 def test_item_ids_for_leaves(tmp_path):
-    catalog = make_catalog(seed=5, n=300, dup_share=0.4)
-    index, _ = publish(catalog, tmp_path)
+    catalog = random_catalog(seed=5, n=300, dup_share=0.4)
+    index, _ = publish_catalog(catalog, tmp_path)
     bundle = open_bundle(tmp_path)
     leaves = np.array([3, 0, 3, index.num_leaves - 1])
     got = bundle.item_ids_for_leaves(leaves).to_pylist()
@@ -199,9 +164,9 @@ def test_item_ids_for_leaves(tmp_path):
 
 
 def test_resolve_bundle(tmp_path, monkeypatch):
-    catalog = make_catalog(n=100)
-    publish(catalog, tmp_path / "bundles")
-    publish(catalog, tmp_path / "bundles")
+    catalog = random_catalog(n=100)
+    publish_catalog(catalog, tmp_path / "bundles")
+    publish_catalog(catalog, tmp_path / "bundles")
     v2 = tmp_path / "bundles" / "v000002"
     assert resolve_bundle(tmp_path / "bundles") == v2
     assert resolve_bundle(tmp_path / "bundles" / "v000001") == tmp_path / "bundles" / "v000001"
@@ -224,8 +189,8 @@ def test_resolve_bundle(tmp_path, monkeypatch):
 
 @pytest.fixture()
 def bundle_dir(tmp_path):
-    catalog = make_catalog(seed=11, n=800)
-    _, published = publish(catalog, tmp_path / "out", step_formats="0=dense,1=sparse,2=sparse")
+    catalog = random_catalog(seed=11, n=800)
+    _, published = publish_catalog(catalog, tmp_path / "out", step_formats="0=dense,1=sparse,2=sparse")
     return published.path
 
 
@@ -371,8 +336,8 @@ def test_verify_catches_duplicate_items(bundle_dir):
 
 
 def test_verify_against_catalog(tmp_path):
-    catalog = make_catalog(seed=21, n=500, dup_share=0.3)
-    _, published = publish(catalog, tmp_path)
+    catalog = random_catalog(seed=21, n=500, dup_share=0.3)
+    _, published = publish_catalog(catalog, tmp_path)
     assert verify_bundle(tmp_path, catalog)["catalog"]["matched"]
 
     # Items of one leaf in another order: the same mapping, so it passes (flagged as reordered).
@@ -382,7 +347,7 @@ def test_verify_against_catalog(tmp_path):
     shared = next(rows for rows in leaf_rows.values() if len(rows) > 1)
     order = np.arange(catalog.rows)
     order[shared[0]], order[shared[1]] = shared[1], shared[0]
-    reordered = make_catalog(seed=21, n=500, dup_share=0.3)
+    reordered = random_catalog(seed=21, n=500, dup_share=0.3)
     object.__setattr__(reordered, "item_ids", catalog.item_ids.take(pa.array(order)))
     report = verify_bundle(tmp_path, reordered)
     assert report["catalog"]["matched"] and not report["catalog"]["item_order_matches"]
@@ -396,7 +361,7 @@ def test_verify_against_catalog(tmp_path):
         verify_bundle(tmp_path, reordered)
 
     # A catalog SID the bundle lacks, and one leaf the catalog lacks.
-    changed = make_catalog(seed=21, n=500, dup_share=0.3)
+    changed = random_catalog(seed=21, n=500, dup_share=0.3)
     sids = changed.sids.copy()
     sids[lone[0]] = [3, 39, 299]
     while tuple(sids[lone[0]]) in leaf_rows:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import select
 import signal
 import subprocess
 import sys
@@ -16,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_bundle import make_catalog, publish
 from zerogr_build.bundle import (
     add_bundle_files,
     list_versions,
@@ -28,6 +28,7 @@ from zerogr_build.bundle import (
 )
 from zerogr_build.errors import BundleError, InputError
 from zerogr_build.index import build_index
+from zerogr_build.testing import publish_catalog, random_catalog
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,7 +59,7 @@ def _env(**extra) -> dict:
 
 @pytest.fixture(scope="module")
 def pickled_index(tmp_path_factory):
-    catalog = make_catalog(seed=7, n=3000, string_ids=True)
+    catalog = random_catalog(seed=7, n=3000, string_ids=True)
     index = build_index(catalog.sids, catalog.codebook_sizes, step_formats="0=dense,1=sparse,2=sparse")
     path = tmp_path_factory.mktemp("pickled") / "index.pkl"
     path.write_bytes(pickle.dumps((index, catalog.item_ids)))
@@ -128,36 +129,56 @@ def test_kill_9_at_each_protocol_step_leaves_only_complete_versions(tmp_path, pi
     else:
         assert versions == [1, 2]
     # The next build cleans up what the dead one left and never reuses its number.
-    _, published = publish(catalog, out)
+    _, published = publish_catalog(catalog, out)
     assert published.version == (4 if point in ("renamed", "latest_replaced", "pruning") else 3)
     assert not list(out.glob(".tmp-*"))
     assert_out_consistent(out, catalog)
 
 
+def _read_line(proc: subprocess.Popen, timeout: float) -> str:
+    """The child's next stdout line ("" once it exited), failing after `timeout` seconds of silence."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"publisher printed nothing for {timeout} s"
+    return proc.stdout.readline()
+
+
 def test_kill_9_at_random_times(tmp_path, pickled_index):
+    """A publisher looping publish(keep=3) is killed -9 at a random moment after 1-3 completed publishes
+    (so inside a later publish, prune included), five times over one OUT: each child dies of the signal
+    (it did not crash or finish), every visible version is complete and verifies against the catalog,
+    LATEST names one, no published version is lost, and numbers are never reused."""
     pickled, catalog = pickled_index
     out = tmp_path / "out"
     rng = np.random.default_rng(0)
-    for _ in range(3):
-        proc = _publisher(pickled, out, times=50, keep=3)
-        time.sleep(float(rng.uniform(0.3, 1.2)))
+    printed: list[int] = []
+    for _ in range(5):
+        proc = _publisher(pickled, out, times=100_000, keep=3)
+        for _ in range(int(rng.integers(1, 4))):
+            line = _read_line(proc, timeout=120)
+            assert line, f"publisher exited before publishing: {proc.stderr.read()}"
+            printed.append(int(line))
+        time.sleep(float(rng.uniform(0.0, 0.02)))  # a publish takes ~10 ms: land somewhere inside one
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
-        if list_versions(out):
-            assert_out_consistent(out, catalog)
-    publish(catalog, out)
+        assert proc.wait(timeout=60) == -signal.SIGKILL, proc.stderr.read()
+        proc.stdout.close()
+        proc.stderr.close()
+        versions = assert_out_consistent(out, catalog)
+        assert printed[-1] in versions  # the newest completed publish survives (keep=3 keeps the newest)
+    assert printed == sorted(set(printed)), "a version number was reused"
+    _, published = publish_catalog(catalog, out)
+    assert published.version > printed[-1]
     assert_out_consistent(out, catalog)
 
 
 def test_keep_prunes_old_versions_but_never_latest(tmp_path):
-    catalog = make_catalog(n=200)
+    catalog = random_catalog(n=200)
     out = tmp_path / "out"
     for _ in range(4):
-        publish(catalog, out)
-    _, published = publish(catalog, out, keep=2)
+        publish_catalog(catalog, out)
+    _, published = publish_catalog(catalog, out, keep=2)
     assert list_versions(out) == [4, 5] and published.version == 5
     with pytest.raises(InputError, match="keep"):
-        publish(catalog, out, keep=0)
+        publish_catalog(catalog, out, keep=0)
 
     # LATEST pointed back at an older version (an operator rollback) survives pruning.
     (out / "LATEST").write_text("v000004\n")
@@ -171,34 +192,34 @@ def test_keep_prunes_old_versions_but_never_latest(tmp_path):
 
     shutil.rmtree(out / "v000005")
     (out / "LATEST").unlink()
-    _, published = publish(catalog, out)
+    _, published = publish_catalog(catalog, out)
     assert published.version == 6
 
 
 def test_publish_without_promote_leaves_latest(tmp_path):
-    catalog = make_catalog(n=200)
+    catalog = random_catalog(n=200)
     out = tmp_path / "out"
-    publish(catalog, out)
-    _, hidden = publish(catalog, out, promote=False)
+    publish_catalog(catalog, out)
+    _, hidden = publish_catalog(catalog, out, promote=False)
     assert hidden.version == 2 and not hidden.promoted and hidden.path == out / "v000002"
     assert (out / "LATEST").read_text() == "v000001\n"
     assert open_bundle(out).path.name == "v000001"  # readers following LATEST do not see it
     assert verify_bundle(hidden.path, catalog)["unlisted_files"] == []  # complete all the same
     assert not list(out.glob(".tmp-*"))
     # Numbers are never reused: the next publish counts the unpromoted version.
-    _, shown = publish(catalog, out)
+    _, shown = publish_catalog(catalog, out)
     assert shown.version == 3 and shown.promoted and (out / "LATEST").read_text() == "v000003\n"
 
     # Into an empty OUT, promote=False publishes the version and creates no LATEST.
-    _, first = publish(catalog, tmp_path / "empty", promote=False)
+    _, first = publish_catalog(catalog, tmp_path / "empty", promote=False)
     assert first.version == 1 and not (tmp_path / "empty" / "LATEST").exists()
 
 
 def test_promote_points_latest_at_the_version_atomically(tmp_path):
-    catalog = make_catalog(n=200)
+    catalog = random_catalog(n=200)
     out = tmp_path / "out"
-    publish(catalog, out)
-    _, hidden = publish(catalog, out, promote=False)
+    publish_catalog(catalog, out)
+    _, hidden = publish_catalog(catalog, out, promote=False)
     with open(out / "LATEST") as before:  # a reader that opened LATEST before the promote
         assert promote_bundle(hidden.path) == hidden.path
         # Replaced by rename, not rewritten in place: the open file still holds the old name.
@@ -212,10 +233,10 @@ def test_promote_points_latest_at_the_version_atomically(tmp_path):
 
 
 def test_promote_refuses_what_is_not_a_complete_version_dir(tmp_path):
-    catalog = make_catalog(n=200)
+    catalog = random_catalog(n=200)
     out = tmp_path / "out"
-    publish(catalog, out)
-    _, hidden = publish(catalog, out, promote=False)
+    publish_catalog(catalog, out)
+    _, hidden = publish_catalog(catalog, out, promote=False)
     (out / "v000007").mkdir()  # a version-like dir with no manifest (never published)
     (out / "elsewhere").mkdir()
     for path in (out, out / "v000007", out / "elsewhere", out / "v000009", hidden.path / "items.parquet"):
@@ -233,23 +254,23 @@ def test_promote_refuses_what_is_not_a_complete_version_dir(tmp_path):
 
 
 def test_keep_spares_latest_and_the_new_unpromoted_version(tmp_path):
-    catalog = make_catalog(n=200)
+    catalog = random_catalog(n=200)
     out = tmp_path / "out"
     for _ in range(3):
-        publish(catalog, out)
+        publish_catalog(catalog, out)
     promote_bundle(out / "v000001")  # LATEST on an old version (a pin)
-    _, hidden = publish(catalog, out, keep=1, promote=False)
+    _, hidden = publish_catalog(catalog, out, keep=1, promote=False)
     assert list_versions(out) == [1, 4] and hidden.version == 4
     assert (out / "LATEST").read_text() == "v000001\n"
-    _, hidden = publish(catalog, out, keep=1, promote=False)
+    _, hidden = publish_catalog(catalog, out, keep=1, promote=False)
     assert list_versions(out) == [1, 5]
     promote_bundle(hidden.path)
-    publish(catalog, out, keep=1)
+    publish_catalog(catalog, out, keep=1)
     assert list_versions(out) == [6] and (out / "LATEST").read_text() == "v000006\n"
 
 
 def test_publish_refuses_bad_arguments(tmp_path):
-    catalog = make_catalog(n=100)
+    catalog = random_catalog(n=100)
     index = build_index(catalog.sids, catalog.codebook_sizes)
     with pytest.raises(InputError, match="item ids"):
         publish_bundle(index, catalog.item_ids[:50], tmp_path)
@@ -263,7 +284,7 @@ def test_publish_refuses_bad_arguments(tmp_path):
 def test_interrupted_add_is_rolled_forward(tmp_path, pickled_index, next_writer):
     pickled, catalog = pickled_index
     out = tmp_path / "out"
-    _, published = publish(catalog, out)
+    _, published = publish_catalog(catalog, out)
     add_bundle_files(published.path, {"plans/cpu.json": b'{"old": true}'})
     proc = subprocess.run(
         [sys.executable, "-c", ADD_SCRIPT, str(published.path)],
@@ -277,7 +298,7 @@ def test_interrupted_add_is_rolled_forward(tmp_path, pickled_index, next_writer)
         open_bundle(published.path)
     # The next writer holding the lock completes it from the journal.
     if next_writer == "publish":
-        publish(catalog, out)
+        publish_catalog(catalog, out)
     else:
         promote_bundle(published.path)
     bundle = open_bundle(published.path)

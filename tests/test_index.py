@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.reference import reference_steps
 from zerogr_build import InputError, build_index
-from zerogr_build.index import FormatPolicy, SidIndex, parse_step_formats
+from zerogr_build.index import FormatPolicy, SidIndex, csr_gather, parse_step_formats
 from zerogr_build.index.sort import _lexsort_layout, sort_and_mark
 
 
@@ -135,3 +137,51 @@ def test_step_formats_parsing():
     for bad in ["0=csr", "5=dense", "csr", "x=dense"]:
         with pytest.raises(InputError):
             parse_step_formats(bad, 3)
+
+
+# --- the shared CSR helpers (index/tables.py) -------------------------------------------------------
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 5), min_size=0, max_size=12),
+    picks=st.lists(st.integers(-2, 11), min_size=0, max_size=15),
+    int32=st.booleans(),
+)
+def test_csr_gather_equals_brute_force(counts, picks, int32):
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32 if int32 else np.int64)
+    rows = [r for r in picks if r < len(counts)]  # negative rows are padding, >= n an IndexError
+    positions, got_counts = csr_gather(offsets, np.array(rows, dtype=np.int64))
+    expected = [list(range(offsets[r], offsets[r + 1])) if r >= 0 else [] for r in rows]
+    assert positions.dtype == np.int64 and got_counts.dtype == np.int64
+    assert got_counts.tolist() == [len(e) for e in expected]
+    assert positions.tolist() == [p for e in expected for p in e]
+    if counts:
+        with pytest.raises(IndexError):
+            csr_gather(offsets, np.array([len(counts)]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(catalog=catalogs(max_steps=4), fmt=st.sampled_from(["sparse", "dense"]))
+def test_child_parents_and_leaf_items_equal_brute_force(catalog, fmt):
+    sids, sizes = catalog
+    index = build_index(sids, sizes, step_formats=fmt)
+    steps, leaves, leaf_items = reference_steps(sids)
+    for table, rows in zip(index.steps, steps, strict=True):
+        # Flat child order is the next-row order: child j's parent is the row whose children include j.
+        parents = {next_row: r for r, children in enumerate(rows) for _, next_row in children}
+        assert table.child_parents().tolist() == [parents[j] for j in range(table.nnz)]
+        assert table.format == fmt
+    picks = np.array([len(leaves) - 1, -1, 0, -1, len(leaves) // 2])
+    values, offsets = index.leaf_items(picks)  # catalog rows (in-memory index)
+    got = [values[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    assert got == [leaf_items[j] if j >= 0 else [] for j in picks.tolist()]
+    bare = dataclasses.replace(index, item_order=None)  # e.g. a bundle's index: leaf-order positions
+    values, offsets = bare.leaf_items(picks)
+    lo, hi = index.leaf_offsets[:-1], index.leaf_offsets[1:]
+    expected = [list(range(lo[j], hi[j])) if j >= 0 else [] for j in picks.tolist()]
+    assert [values[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:], strict=True)] == expected
+    names = [f"item-{i}" for i in np.asarray(index.item_order)]  # a leaf-order items table (list)
+    values, offsets = index.leaf_items(picks, names)
+    got = [values[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    assert got == [[f"item-{i}" for i in leaf_items[j]] if j >= 0 else [] for j in picks.tolist()]

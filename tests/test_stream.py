@@ -1,5 +1,5 @@
-"""Double-buffered table streaming: chunk planning, ordering and buffer reuse (CPU, fake device sink), and
-bytes on a real CUDA device (marked gpu)."""
+"""Double-buffered table streaming: chunk planning, ordering and buffer reuse (CPU, fake device sink), the
+step tables' one path to the device (runtime.device_tables), and bytes on a real CUDA device (marked gpu)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,25 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
+from zerogr_build.runtime.device_tables import (
+    DeviceStep,
+    index_to_device,
+    step_arrays,
+    step_tables_on_device,
+    widen_on_device,
+)
+from zerogr_build.runtime.slots import default_slot_cap
 from zerogr_build.runtime.stream import (
     NUM_STAGING_BUFFERS,
     Chunk,
     DeviceLoader,
-    FakeDeviceSink,
     LoadStats,
-    StagingReuseError,
-    bundle_arrays,
-    index_to_device,
     load_arrays_to_device,
     plan_chunks,
 )
+from zerogr_build.testing import FakeDeviceSink, StagingReuseError
 
 DTYPES = [np.uint8, np.uint16, np.int32, np.int64, np.float32]
 
@@ -111,32 +117,6 @@ def test_fake_sink_load_is_byte_exact_and_ordered(seed, count, chunk_bytes):
     _check_schedule(sink)
 
 
-def test_fake_sink_refuses_buffer_reuse_before_copy_completes():
-    sink = FakeDeviceSink(8)
-    sink.allocate("a", 32)
-    first, third = Chunk(0, "a", 0, 8, 0), Chunk(2, "a", 16, 8, 0)
-    sink.staging(first)[:8] = 1
-    sink.copy(first)
-    with pytest.raises(StagingReuseError):
-        sink.staging(third)
-    sink.wait_free(third)
-    sink.staging(third)  # free now
-
-
-def test_fake_sink_copies_read_staging_late():
-    """A copy reads its staging buffer only when it completes, so overwriting the buffer early (what the
-    loader must never do) would corrupt the destination: the fake sink models the hazard, not just logs it."""
-    sink = FakeDeviceSink(4)
-    sink.allocate("a", 4)
-    chunk = Chunk(0, "a", 0, 4, 0)
-    buf = sink.staging(chunk)
-    buf[:4] = [1, 2, 3, 4]
-    sink.copy(chunk)
-    buf[:4] = [9, 9, 9, 9]  # bypasses the loader: a hazard a real async copy could also see
-    sink.synchronize()
-    assert sink.memory["a"].tolist() == [9, 9, 9, 9]
-
-
 def test_memory_mapped_arrays_stream_from_disk(tmp_path):
     rng = np.random.default_rng(3)
     src = rng.integers(0, 2**31 - 1, size=(123, 7), dtype=np.int32)
@@ -177,21 +157,79 @@ def test_cpu_device_copies_into_torch_memory(tmp_path):
     assert out["a"].dtype == torch.uint16 and out["a"].to(torch.int64).tolist() == list(range(10))
 
 
+# --- the test double itself (zerogr_build.testing.FakeDeviceSink) -------------------------------------
+# Not production code: the loader tests above can only catch a loader that reuses a staging buffer too
+# early because the double refuses it and models the late read of a real asynchronous copy. These two
+# tests pin those two properties of the double.
+
+
+def test_fake_sink_refuses_buffer_reuse_before_copy_completes():
+    sink = FakeDeviceSink(8)
+    sink.allocate("a", 32)
+    first, third = Chunk(0, "a", 0, 8, 0), Chunk(2, "a", 16, 8, 0)
+    sink.staging(first)[:8] = 1
+    sink.copy(first)
+    with pytest.raises(StagingReuseError):
+        sink.staging(third)
+    with pytest.raises(StagingReuseError):
+        sink.copy(third)
+    sink.wait_free(third)
+    assert sink.memory["a"][:8].tolist() == [1] * 8 and sink.memory["a"][8:].tolist() == [0xA5] * 24
+    sink.staging(third)  # free now
+
+
+def test_fake_sink_copies_read_staging_late():
+    """A copy reads its staging buffer only when it completes, so overwriting the buffer early (what the
+    loader must never do) would corrupt the destination: the fake sink models the hazard, not just logs it."""
+    sink = FakeDeviceSink(4)
+    sink.allocate("a", 4)
+    chunk = Chunk(0, "a", 0, 4, 0)
+    buf = sink.staging(chunk)
+    buf[:4] = [1, 2, 3, 4]
+    sink.copy(chunk)
+    assert sink.memory["a"].tolist() == [0xA5] * 4  # nothing copied yet: still poisoned
+    buf[:4] = [9, 9, 9, 9]  # bypasses the loader: a hazard a real async copy could also see
+    sink.synchronize()
+    assert sink.memory["a"].tolist() == [9, 9, 9, 9]
+
+
+# --- the step tables on a device (runtime.device_tables) ---------------------------------------------
+
+
 def _small_index():
     rng = np.random.default_rng(11)
     sids = rng.integers(0, 12, size=(300, 3))
     return build_index(sids, (12, 12, 12), step_formats="0=dense,1=sparse,2=sparse")
 
 
-def test_index_to_device_with_fake_sink_matches_tables():
-    index = _small_index()
-    dev = index_to_device(index, "fake", sink=FakeDeviceSink(64))
-    assert set(dev.tables) == {name for name, _ in bundle_arrays(index)}
-    for table in index.steps:
+def _check_device_steps(index, steps, caps) -> None:
+    """Every DeviceStep holds its table's metadata and the table widened (indptr int64, tokens/next int32)."""
+    assert len(steps) == index.num_steps
+    for table, step, cap in zip(index.steps, steps, caps, strict=True):
+        assert isinstance(step, DeviceStep) and step.meta() == table.meta() and step.format == table.format
+        assert step.cap == cap
         for role, array in table.arrays().items():
-            assert np.array_equal(dev.step(table.step)[role].numpy(), array)
-    assert np.array_equal(dev.leaf_offsets.numpy(), index.leaf_offsets)
-    assert dev.stats.bytes == index.index_bytes + index.leaf_offsets.nbytes
+            tensor = getattr(step, role)
+            assert tensor.dtype == (torch.int64 if role == "indptr" else torch.int32)
+            assert np.array_equal(tensor.numpy(), np.asarray(array).astype(np.int64))
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_index_to_device_gives_the_decoder_its_tables(streamed):
+    """The host path (CPU) and the streamed path (what CUDA runs, here through the fake sink) give the same
+    DeviceSteps: meta shared with the table, widened arrays, slot caps as asked (clamped to max_slots)."""
+    index = _small_index()
+    sink, stats = (FakeDeviceSink(64), LoadStats()) if streamed else (None, None)
+    steps = index_to_device(index, "cpu", sink=sink, stats=stats)
+    _check_device_steps(index, steps, [12] + [default_slot_cap(t) for t in index.steps[1:]])
+    caps = index_to_device(index, "cpu", {1: 1, 2: 10_000}, sink=FakeDeviceSink(64) if streamed else None)
+    _check_device_steps(index, caps, [12, 1, index.steps[2].max_slots])
+    if streamed:
+        # Only the step tables travel, in the bundle's narrow dtypes (leaf offsets stay on the host).
+        assert stats.bytes == index.index_bytes and stats.arrays == sum(len(t.arrays()) for t in index.steps)
+        assert {name for name, *_ in sink.writes} == {name for name, _ in step_arrays(index)}
+    with pytest.raises(InputError, match="slot_caps"):
+        index_to_device(index, "cpu", [4, 4])
 
 
 def test_cuda_sink_is_refused_for_non_cuda_devices():
@@ -218,16 +256,18 @@ def test_cuda_bytes_on_device_equal_the_source(low_priority):
 
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_bundle_tables_on_device_equal_the_bundle(tmp_path):
+def test_cuda_step_tables_on_device_equal_the_tables():
     index = _small_index()
-    dev = index_to_device(index, "cuda:0", chunk_bytes=256)
-    for name, array in bundle_arrays(index):
-        assert np.array_equal(dev.tables[name].cpu().numpy(), array)
+    stats = LoadStats()
+    tables = step_tables_on_device(index, "cuda:0", chunk_bytes=256, stats=stats)
+    assert stats.bytes == index.index_bytes and stats.chunks > 2 * len(tables)  # really chunked
+    for table, resident in zip(index.steps, tables, strict=True):
+        for role, array in table.arrays().items():
+            assert resident[role].device.type == "cuda"
+            assert np.array_equal(resident[role].cpu().numpy(), np.asarray(array).astype(np.int64))
 
 
 def test_step_tables_widened_like_the_decoder_expects():
-    from zerogr_build.runtime.stream import step_tables_on_device, widen_on_device
-
     rng = np.random.default_rng(4)
     sizes = (4, 65536)
     sids = np.stack([rng.integers(0, 4, 500), rng.integers(30000, 65536, 500)], axis=1)
@@ -243,8 +283,6 @@ def test_step_tables_widened_like_the_decoder_expects():
 
 def test_decoder_tables_stream_only_the_step_tables():
     """The Decoder keeps leaf offsets on the host: loading its tables moves only the step tables' bytes."""
-    from zerogr_build.runtime.stream import step_tables_on_device
-
     index = _small_index()
     sink = FakeDeviceSink(64)
     tables = step_tables_on_device(index, "fake", sink=sink)
@@ -266,7 +304,9 @@ def test_auto_chunk_size_bounds():
     assert auto_chunk_bytes(10 << 30) == DEFAULT_CHUNK_BYTES
 
 
-def test_bundle_to_device_streams_the_bundle_bytes(tmp_path):
+def test_bundle_tables_stream_the_bundle_files_bytes(tmp_path):
+    """A bundle's memory-mapped step tables reach the device byte for byte as their .npy payloads (narrow
+    dtypes on the wire, widened only once resident)."""
     import pyarrow as pa
 
     from zerogr_build.bundle import open_bundle, publish_bundle
@@ -274,16 +314,17 @@ def test_bundle_to_device_streams_the_bundle_bytes(tmp_path):
     index = _small_index()
     path = publish_bundle(index, pa.array(np.arange(index.num_items)), tmp_path).path
     bundle = open_bundle(path)
-    resident = bundle.to("cpu")
-    for name, array in bundle_arrays(bundle.index):
-        assert np.array_equal(resident.tables[name].numpy(), np.asarray(array))
-        assert np.load(path / f"{name}.npy").tobytes() == resident.tables[name].numpy().tobytes()
+    sink = FakeDeviceSink(64)
+    steps = index_to_device(bundle.index, "cpu", sink=sink)
+    for name, _ in step_arrays(bundle.index):
+        assert sink.memory[name].tobytes() == np.load(path / f"{name}.npy").tobytes()
+    _check_device_steps(bundle.index, steps, [12] + [default_slot_cap(t) for t in index.steps[1:]])
 
 
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("low_priority", [False, True])
-def test_cuda_bundle_and_decoder_tables_equal_the_bundle_files(tmp_path, low_priority):
+def test_cuda_bundle_and_decoder_tables_equal_the_bundle(tmp_path, low_priority):
     import pyarrow as pa
 
     from zerogr_build.bundle import open_bundle, publish_bundle
@@ -295,11 +336,11 @@ def test_cuda_bundle_and_decoder_tables_equal_the_bundle_files(tmp_path, low_pri
     index = build_index(sids, sizes, step_formats="0=dense,1=sparse")
     path = publish_bundle(index, pa.array(np.arange(3000)), tmp_path).path
     bundle = open_bundle(path)
-    resident = bundle.to("cuda:0", low_priority=low_priority)
-    for name, _ in bundle_arrays(bundle.index):
-        on_device = resident.tables[name]
-        assert on_device.device.type == "cuda"
-        assert on_device.cpu().numpy().tobytes() == np.load(path / f"{name}.npy").tobytes()
+    stats = LoadStats()
+    steps = index_to_device(bundle.index, "cuda:0", low_priority=low_priority, stats=stats)
+    step_files = [name for step in bundle.manifest["steps"] for name in step["files"].values()]
+    assert stats.bytes == sum(np.load(path / name).nbytes for name in step_files)
+    assert all(t.device.type == "cuda" for s in steps for t in (s.indptr, s.tokens, s.next) if t is not None)
     weights = [torch.randn(v, 8) for v in sizes]
     dec = Decoder(bundle, weights, device="cuda:0", low_priority=low_priority)
     assert torch.equal(dec.steps[0].next.cpu(), torch.from_numpy(np.asarray(index.steps[0].next)))

@@ -2,78 +2,122 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import time
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from zerogr_build.runtime.hotswap import HotSwap
-from zerogr_build.runtime.stream import FakeDeviceSink, load_arrays_to_device
+from zerogr_build.runtime.stream import load_arrays_to_device
+from zerogr_build.testing import FakeDeviceSink
+
+CHUNK_BYTES = 64
+REQUESTS_PER_PHASE = 25
+PHASE_TIMEOUT_S = 60.0
+
+
+def source_tables(name: str) -> dict[str, np.ndarray]:
+    """The tables of version `name`, a pure function of the name: a reader can check what it got against
+    them without trusting the version object (several chunks each, none with the 0xA5 poison pattern)."""
+    rng = np.random.default_rng(int(name[1:]))
+    return {
+        "step0.next": rng.integers(-1, 100, size=(3, 50), dtype=np.int32),
+        "step1.tokens": rng.integers(0, 2**15, size=700, dtype=np.uint16),
+    }
 
 
 class Tables:
-    """A loaded version: real tables streamed through the fake device sink."""
+    """A loaded version: `source_tables(path.name)` streamed through a FakeDeviceSink (`device`)."""
 
-    def __init__(self, path, seed):
-        rng = np.random.default_rng(seed)
-        self.source = {"step0.next": rng.integers(-1, 100, size=(3, 50), dtype=np.int32)}
-        self.device = load_arrays_to_device(self.source, "fake", sink=FakeDeviceSink(64))
+    def __init__(self, path: Path, sink: FakeDeviceSink):
         self.path = path
+        self.device = load_arrays_to_device(source_tables(path.name), "fake", sink=sink)
 
 
 def test_load_in_background_then_swap_with_readers_running():
-    gate = threading.Event()
+    sinks: dict[str, FakeDeviceSink] = {}
     threads = []
 
-    def loader(path, *, low_priority, seed=0):
+    def loader(path, *, low_priority, gate=None):
         threads.append((threading.current_thread().name, low_priority))
-        gate.wait(5)
-        return Tables(path, seed)
+        sinks[path.name] = FakeDeviceSink(CHUNK_BYTES, gate=gate)
+        return Tables(path, sinks[path.name])
 
     live = HotSwap(loader)
     assert live.current is None
-    first = live.load_next("v1", low_priority=False, seed=1)
-    assert live.loading
-    gate.set()
+    first = live.load_next("v1", low_priority=False)
     live.swap()
     assert live.current.value.path.name == "v1" and first.done()
     assert threads[0][0].startswith("zerogr-hotswap") and threads[0][1] is False
+    del first  # the Future of the first load holds its result too
 
-    seen: list[str] = []
-    torn: list[str] = []  # an assert in a thread would not fail the test: readers report here instead
+    # Readers run requests: phase at start, then one read of live.current, then several reads of that
+    # version. A request is torn if the tables differ from the source of the version it started on, or
+    # the version's name changed under it. (An assert in a thread would not fail the test: readers
+    # record, the test asserts.)
+    phase = ["loading"]
+    records: list[list[tuple[str, str, bool]]] = [[] for _ in range(3)]
     stop = threading.Event()
 
-    def reader():
+    def reader(log):
         while not stop.is_set():
+            at_start = phase[0]
             version = live.current  # one read per request
-            if not np.array_equal(
-                version.value.device["step0.next"].numpy(), version.value.source["step0.next"]
-            ):
-                torn.append(version.value.path.name)
-            seen.append(version.value.path.name)
+            name = version.value.path.name
+            expected = source_tables(name)
+            device = version.value.device
+            intact = all(np.array_equal(device[k].numpy(), v) for k, v in expected.items())
+            log.append((at_start, name, intact and version.value.path.name == name))
 
-    gate.clear()
-    workers = [threading.Thread(target=reader) for _ in range(3)]
+    def run_phase(name: str) -> None:
+        """Let every reader finish REQUESTS_PER_PHASE requests that started in phase `name`."""
+        phase[0] = name
+        deadline = time.monotonic() + PHASE_TIMEOUT_S
+        while any(sum(r[0] == name for r in log) < REQUESTS_PER_PHASE for log in records):
+            assert time.monotonic() < deadline, f"readers stalled in phase {name}"
+            time.sleep(0.005)
+
+    workers = [threading.Thread(target=reader, args=(log,)) for log in records]
     for w in workers:
         w.start()
-    old_ref = weakref.ref(live.current.value)
-    live.load_next("v2", seed=2)
-    with pytest.raises(RuntimeError):
-        live.load_next("v3")  # one load at a time
-    assert live.current.value.path.name == "v1"  # still serving the old version while loading
-    gate.set()
-    live.swap()
-    stop.set()
-    for w in workers:
-        w.join()
-    assert live.current.value.path.name == "v2"
-    assert threads[1][1] is True  # background loads default to low priority
-    assert set(seen) <= {"v1", "v2"} and "v1" in seen
-    assert torn == [], f"readers saw tables that differ from their version's source: {torn}"
-    import gc
+    try:
+        old_ref = weakref.ref(live.current.value)
+        gate = threading.Event()
+        pending = live.load_next("v2", gate=gate)
+        with pytest.raises(RuntimeError):
+            live.load_next("v3")  # one load at a time
+        # v2's copies cannot complete until the gate opens: its load is visibly half done.
+        deadline = time.monotonic() + PHASE_TIMEOUT_S
+        while "v2" not in sinks or not any(e == "copy" for e, *_ in sinks["v2"].schedule):
+            assert time.monotonic() < deadline, "the v2 load never started copying"
+            time.sleep(0.005)
+        assert (sinks["v2"].memory["step0.next"] == FakeDeviceSink.POISON).all()
+        run_phase("loading")
+        assert live.loading and not pending.done()
 
-    del first  # the Future of the first load holds its result too
+        gate.set()
+        pending.result(timeout=PHASE_TIMEOUT_S)
+        del pending
+        run_phase("loaded")  # loaded but not swapped: readers must still get v1
+
+        live.swap()
+        run_phase("swapped")  # every request that starts after swap() returned must get v2
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+
+    assert threads[1][1] is True  # background loads default to low priority
+    for log in records:
+        torn = [r for r in log if not r[2]]
+        assert torn == [], f"requests saw tables that differ from their version's source: {torn[:3]}"
+        assert {name for p, name, _ in log if p in ("loading", "loaded")} == {"v1"}
+        assert {name for p, name, _ in log if p == "swapped"} == {"v2"}
+    assert live.current.value.path.name == "v2"
     gc.collect()
     assert old_ref() is None, "the old version must be freed once nothing uses it"
     live.close()
@@ -83,7 +127,7 @@ def test_failed_load_keeps_the_live_version():
     def loader(path, *, low_priority):
         if path.name == "bad":
             raise OSError("disk gone")
-        return Tables(path, 0)
+        return Tables(Path("v1"), FakeDeviceSink(CHUNK_BYTES))
 
     live = HotSwap(loader)
     live.load_next("good")
@@ -91,7 +135,7 @@ def test_failed_load_keeps_the_live_version():
     live.load_next("bad")
     with pytest.raises(OSError):
         live.swap()
-    assert live.current.value.path.name == "good"
+    assert live.current.path.name == "good"
     with pytest.raises(RuntimeError):
         live.swap()  # nothing pending any more
     live.close()

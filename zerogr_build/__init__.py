@@ -24,7 +24,7 @@ from .config import BuildSettings, load_settings
 from .errors import BundleError, InputError, ZerogrError
 from .index import FormatPolicy, SidIndex, StepTable, build_index
 from .runtime.hotswap import HotSwap
-from .runtime.stream import load_arrays_to_device, open_bundle_on_device
+from .runtime.stream import load_arrays_to_device
 from .tune import TuneSettings, find_plan, tune_bundle
 
 __version__ = "0.1.0"
@@ -60,7 +60,6 @@ __all__ = [
     "load_arrays_to_device",
     "load_settings",
     "open_bundle",
-    "open_bundle_on_device",
     "promote_bundle",
     "publish_bundle",
     "read_catalog",

@@ -144,13 +144,18 @@ def build_bundle(
     timings["publish"] = time.perf_counter() - t
     device_load = None
     if settings.device != "cpu":
-        from .runtime.stream import index_to_device
+        import torch
+
+        from .runtime.device_tables import index_to_device
+        from .runtime.stream import LoadStats
 
         t = time.perf_counter()
         progress.stage(f"to {settings.device}")
-        resident = index_to_device(index, settings.device)
+        stats = LoadStats()
+        resident = index_to_device(index, settings.device, stats=stats)  # the Decoder's own load
+        torch.cuda.synchronize(settings.device)  # the widening kernels it queued are part of the load
         timings["to_device"] = time.perf_counter() - t
-        device_load = {"device": settings.device, **vars(resident.stats)}
+        device_load = {"device": settings.device, **vars(stats)}
         del resident
     seconds = time.perf_counter() - started
     return {

@@ -1,17 +1,150 @@
-"""The APIs in this module are used for testing and debugging and are prone to change. Don't use them in
-production.
+"""Test doubles and test-only helpers of zerogr, one section per area.
 
-Test doubles and test-only helpers of zerogr, one section per area.
+The APIs in this module are used for testing and debugging and are prone to change. Don't use them in
+production.
 """
 
 from __future__ import annotations
 
+import threading
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 
+from .bundle import PublishedBundle, publish_bundle
+from .catalog import Catalog
+from .index import SidIndex, build_index
 from .quality.data import INTER_MEMBER, ITEM_MEMBER
+from .runtime.stream import DEFAULT_CHUNK_BYTES, NUM_STAGING_BUFFERS, Chunk
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
+
+
+# --- bundle + streaming (H2) ---------------------------------------------------------------------------
+
+
+class StagingReuseError(RuntimeError):
+    """A staging buffer was handed out again before the copy from it had completed."""
+
+
+class FakeDeviceSink:
+    """A host-memory stand-in for a device (a `runtime.stream.Sink`) that behaves like asynchronous copies
+    at their worst, for CPU tests of the double-buffered loader and `scripts/bench_stream.py` on CPU-only
+    machines.
+
+    A copy is recorded as pending on its buffer and performed (staging -> destination) only when the loader
+    waits for that buffer or synchronises -- the latest moment a real asynchronous copy could read the
+    staging buffer -- so a loader that rewrote a buffer too early would corrupt the result; handing out a
+    staging buffer whose copy is still pending also raises `StagingReuseError` outright. Destination memory
+    starts poisoned (0xA5 bytes), so a byte no copy wrote shows in the result.
+
+    gate: when given, a copy completes only once the gate is set (the load then stays visibly in
+    progress, blocked at its next buffer reuse, until the test sets it).
+    `writes` lists (name, offset, nbytes, buffer) in copy order; `schedule` lists (event, chunk index,
+    buffer) in the order things happened, event one of "prepare" (staging handed out for writing),
+    "copy" (copy enqueued), "done" (copy completed).
+    """
+
+    POISON = 0xA5
+
+    def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, *, gate: threading.Event | None = None):
+        self.chunk_bytes = int(chunk_bytes)
+        self.gate = gate
+        self._staging = [np.zeros(self.chunk_bytes, dtype=np.uint8) for _ in range(NUM_STAGING_BUFFERS)]
+        self._pending: list[Chunk | None] = [None] * NUM_STAGING_BUFFERS
+        self.memory: dict[str, np.ndarray] = {}
+        self.writes: list[tuple[str, int, int, int]] = []
+        self.schedule: list[tuple[str, int, int]] = []
+
+    def allocate(self, name: str, nbytes: int) -> None:
+        self.memory[name] = np.full(nbytes, self.POISON, dtype=np.uint8)
+
+    def _complete(self, buffer: int) -> None:
+        chunk = self._pending[buffer]
+        if chunk is None:
+            return
+        if self.gate is not None:
+            self.gate.wait()
+        dst = self.memory[chunk.name]
+        dst[chunk.offset : chunk.offset + chunk.nbytes] = self._staging[buffer][: chunk.nbytes]
+        self._pending[buffer] = None
+        self.schedule.append(("done", chunk.index, buffer))
+
+    def wait_free(self, chunk: Chunk) -> None:
+        self._complete(chunk.buffer)
+
+    def staging(self, chunk: Chunk) -> np.ndarray:
+        busy = self._pending[chunk.buffer]
+        if busy is not None:
+            raise StagingReuseError(
+                f"staging buffer {chunk.buffer} handed out for chunk {chunk.index} while chunk {busy.index} "
+                "is still copying from it"
+            )
+        self.schedule.append(("prepare", chunk.index, chunk.buffer))
+        return self._staging[chunk.buffer]
+
+    def copy(self, chunk: Chunk) -> None:
+        if self._pending[chunk.buffer] is not None:
+            raise StagingReuseError(f"copy of chunk {chunk.index} queued on busy buffer {chunk.buffer}")
+        self.schedule.append(("copy", chunk.index, chunk.buffer))
+        self.writes.append((chunk.name, chunk.offset, chunk.nbytes, chunk.buffer))
+        self._pending[chunk.buffer] = chunk
+
+    def synchronize(self) -> None:
+        # Complete the older pending copy first (each stream is in order; across streams any order is legal).
+        for _, buffer in sorted((c.index, b) for b, c in enumerate(self._pending) if c is not None):
+            self._complete(buffer)
+
+    def result(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        import torch
+
+        return torch.from_numpy(self.memory[name].view(dtype).reshape(shape))
+
+
+def random_catalog(
+    seed: int = 0,
+    n: int = 1500,
+    sizes: tuple[int, ...] = (4, 40, 300),
+    string_ids: bool = False,
+    dup_share: float = 0.05,
+) -> Catalog:
+    """A Catalog of `n` random SIDs over codebooks `sizes` (about `dup_share` of the rows repeat another
+    row's SID) with unique item ids: int64 from 10 up, or "item-<k>" strings."""
+    rng = np.random.default_rng(seed)
+    sids = rng.integers(0, sizes, size=(n, len(sizes))).astype(np.uint32)
+    dups = rng.random(n) < dup_share
+    sids[dups] = sids[rng.integers(0, n, size=int(dups.sum()))]
+    ids = rng.permutation(n * 3)[:n] + 10
+    item_ids = pa.array([f"item-{i}" for i in ids]) if string_ids else pa.array(ids, type=pa.int64())
+    return Catalog(
+        sids=sids,
+        item_ids=item_ids,
+        codebook_sizes=tuple(sizes),
+        codebook_inferred=False,
+        files=[],
+        fingerprint="sha256:test",
+        rows=n,
+    )
+
+
+def publish_catalog(
+    catalog: Catalog, out: str | Path, step_formats: Any = None, **kwargs: Any
+) -> tuple[SidIndex, PublishedBundle]:
+    """build_index + publish_bundle of `catalog` into OUT dir `out` with fixed manifest fields (model
+    version "m-1", a catalog path and fingerprint, small settings); kwargs go to publish_bundle (keep,
+    promote). Returns (index, PublishedBundle)."""
+    index = build_index(catalog.sids, catalog.codebook_sizes, step_formats=step_formats)
+    fields = {
+        "model_version": "m-1",
+        "catalog": {"path": "cat.parquet", "fingerprint": catalog.fingerprint},
+        "settings": {"workers": 1, "out": Path(out)},
+    }
+    return index, publish_bundle(index, catalog.item_ids, out, manifest_fields=fields, **kwargs)
+
 
 # --- quality and compare (H3) ---
 

@@ -1,16 +1,15 @@
-"""Bundle I/O: the on-disk format v1 (docs/bundle-format.md), publishing, opening, verifying."""
+"""Bundle I/O: the on-disk format v1 (docs/bundle-format.md), publishing, opening, verifying.
 
+format.py (schema, names), files.py + lock.py (durable files, OUT locks), versions.py (the OUT dir's
+versions and LATEST), reader.py (open), publish.py (publish, promote), amend.py (add files), verify.py.
+"""
+
+from .amend import add_bundle_files
 from .format import FORMAT_NAME, FORMAT_VERSION
-from .reader import Bundle, load_manifest, open_bundle, resolve_bundle
+from .publish import PublishedBundle, promote_bundle, publish_bundle
+from .reader import Bundle, load_manifest, open_bundle
 from .verify import verify_bundle
-from .writer import (
-    PublishedBundle,
-    add_bundle_files,
-    list_versions,
-    promote_bundle,
-    prune_versions,
-    publish_bundle,
-)
+from .versions import list_versions, prune_versions, resolve_bundle
 
 __all__ = [
     "FORMAT_NAME",

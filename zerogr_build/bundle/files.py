@@ -1,5 +1,6 @@
 """File-level I/O for bundles: .npy writing with the checksum computed on the way out, hashing,
-fsync, atomic replace, and a careful .npy header reader (header checked before any data is trusted)."""
+fsync, atomic replace, a careful .npy header reader (header checked before any data is trusted), and the
+crash-test hook the writers call between the steps of their protocols."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ast
 import hashlib
 import os
 import secrets
+import signal
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,6 +20,14 @@ from .format import TEMP_PREFIX
 CHUNK_BYTES = 8 * 1024 * 1024
 NPY_MAGIC = b"\x93NUMPY"
 NPY_ALIGN = 64
+
+
+def _crash_point(name: str) -> None:
+    """The crash-test hook: with ZEROGR_BUNDLE_KILL_AT=name the process kills itself (SIGKILL) right here,
+    so the crash-safety tests (tests/test_bundle_publish.py) can stop a publish, a prune or an add at each
+    step of its protocol deterministically. A no-op otherwise (one environment lookup)."""
+    if os.environ.get("ZEROGR_BUNDLE_KILL_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def temp_tag() -> str:

@@ -6,6 +6,7 @@ Everything a reader must check before trusting a manifest lives here, so the wri
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from pathlib import PurePosixPath
@@ -225,6 +226,11 @@ def _validate_step(entry: Any, t: int, size: int, rows_expected: int, files: Map
             raise BundleError(f"{step_where}: uint16 tokens cannot hold codebook size {size}")
         if dtypes["indptr"] == "<i4" and nnz >= 2**31:
             raise BundleError(f"{step_where}: int32 indptr cannot hold nnz {nnz}")
+
+
+def manifest_bytes(manifest: Mapping) -> bytes:
+    """manifest.json's bytes as writers write them (also the journal's): indented JSON, newline-ended."""
+    return (json.dumps(manifest, indent=1, default=str) + "\n").encode()
 
 
 def array_specs(manifest: Mapping) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -17,52 +17,22 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BundleError, InputError
+from ..errors import BundleError
 from ..index import SidIndex, StepTable
 from .files import read_npy_header, sha256_file
 from .format import (
-    DEFAULT_OUT,
     ITEM_COLUMN,
     JOURNAL_NAME,
-    LATEST_NAME,
     MANIFEST_NAME,
     array_specs,
     parse_version_dir,
     validate_manifest,
 )
+from .versions import resolve_bundle
 
 HASH_THREADS = 4
 # open_bundle re-reads the manifest this many times when add_bundle_files is replacing files under it.
 CONCURRENT_UPDATE_RETRIES = 20
-
-
-def resolve_bundle(path: str | Path | None = None) -> Path:
-    """The version dir a user means: a version dir itself (has manifest.json), or an OUT dir, whose LATEST
-    names the version (the newest complete version dir if LATEST is absent). None means "bundles"."""
-    root = Path(DEFAULT_OUT if path is None else path)
-    if not root.exists():
-        raise InputError(f"{root}: no such bundle or bundle directory")
-    if not root.is_dir():
-        raise InputError(f"{root}: not a directory (expected a bundle version dir or an OUT dir)")
-    if (root / MANIFEST_NAME).exists():
-        return root
-    latest_file = root / LATEST_NAME
-    if latest_file.exists():
-        name = latest_file.read_text().strip()
-        if parse_version_dir(name) is None:
-            raise BundleError(f"{latest_file}: does not name a version dir (got {name!r})")
-        target = root / name
-        if not (target / MANIFEST_NAME).is_file():
-            raise BundleError(f"{latest_file}: names {name}, which is missing or has no {MANIFEST_NAME}")
-        return target
-    versions = sorted(
-        (number, entry)
-        for entry in root.iterdir()
-        if (number := parse_version_dir(entry.name)) is not None and (entry / MANIFEST_NAME).is_file()
-    )
-    if not versions:
-        raise InputError(f"{root}: not a bundle (no {MANIFEST_NAME}, no {LATEST_NAME}, no version dirs)")
-    return versions[-1][1]
 
 
 def load_manifest(version_dir: Path) -> dict:
@@ -229,14 +199,6 @@ class Bundle:
         """pyarrow Array [n_items] of item ids in leaf order (the input's type). Read on first use."""
         return self._items
 
-    def to(self, device: Any, *, low_priority: bool = False) -> Any:
-        """The step tables and leaf offsets resident on `device` (runtime.stream.DeviceIndex: torch tensors
-        with the bundle's dtypes, by file role). CUDA: streamed through two pinned staging buffers on
-        alternating streams (low_priority: lowest-priority streams, for loading beside a live version)."""
-        from ..runtime.stream import index_to_device
-
-        return index_to_device(self.index, device, low_priority=low_priority)
-
     def item_ids_for_leaves(self, leaves: Any):
         """Item ids of each leaf: pyarrow ListArray, entry k = items of leaves[k] (`.to_pylist()` for
         Python lists). leaves: int array-like of leaf ids in 0..n_leaves-1 (any shape; flattened)."""
@@ -247,17 +209,7 @@ class Bundle:
         if leaves.size and (leaves.min() < 0 or leaves.max() >= n_leaves):
             bad = leaves[(leaves < 0) | (leaves >= n_leaves)][0]
             raise IndexError(f"leaf {int(bad)} out of range 0..{n_leaves - 1}")
-        offsets = np.asarray(self.index.leaf_offsets)
-        starts, ends = offsets[leaves], offsets[leaves + 1]
-        counts = ends - starts
-        list_offsets = np.zeros(leaves.size + 1, dtype=np.int64)
-        np.cumsum(counts, out=list_offsets[1:])
-        # Position of the j-th gathered item: its leaf's start plus its rank within the leaf, i.e.
-        # j - list_offsets[k] for the leaf k it belongs to; np.repeat spreads the per-leaf shift.
-        positions = np.arange(list_offsets[-1], dtype=np.int64) + np.repeat(
-            starts - list_offsets[:-1], counts
-        )
-        values = self.items().take(pa.array(positions, type=pa.int64()))
+        values, list_offsets = self.index.leaf_items(leaves, self.items())
         return pa.LargeListArray.from_arrays(pa.array(list_offsets, type=pa.int64()), values)
 
 

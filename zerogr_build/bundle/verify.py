@@ -10,8 +10,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import BundleError
+from ..index.formats import bits_for
 from .format import JOURNAL_NAME, MANIFEST_NAME
-from .reader import Bundle, open_bundle, resolve_bundle
+from .reader import Bundle, open_bundle
+from .versions import resolve_bundle
 
 
 def verify_bundle(path: str | Path | None = None, catalog: Any = None) -> dict:
@@ -150,7 +152,7 @@ def check_unique_items(items, path: Path) -> None:
 
 def _key_field_bits(codebook_sizes) -> list[int]:
     """Bits of each step's field in a packed SID key (at least 1, so V = 1 still takes a field)."""
-    return [max(1, (int(v) - 1).bit_length()) for v in codebook_sizes]
+    return [bits_for(int(v)) for v in codebook_sizes]
 
 
 def sid_sort_keys(sids: np.ndarray, codebook_sizes) -> np.ndarray:
@@ -186,8 +188,7 @@ def leaf_sort_keys(index, codebook_sizes) -> np.ndarray:
         if table.format == "dense":
             parent, token = np.nonzero(np.asarray(table.next) >= 0)  # row-major = flat child order
         else:
-            parent = np.repeat(np.arange(table.rows), np.diff(np.asarray(table.indptr, dtype=np.int64)))
-            token = np.asarray(table.tokens)
+            parent, token = table.child_parents(), np.asarray(table.tokens)
         keys = (keys[parent] << np.uint64(width)) | token.astype(np.uint64)
     return keys
 

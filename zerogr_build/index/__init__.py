@@ -2,14 +2,17 @@
 
 from .build import build_index, validate_sids
 from .formats import FormatPolicy, choose_format, parse_step_formats
-from .tables import SidIndex, StepTable, expand_leaf_sids
+from .tables import SidIndex, StepMeta, StepTable, csr_gather, csr_parents, expand_leaf_sids
 
 __all__ = [
     "FormatPolicy",
     "SidIndex",
+    "StepMeta",
     "StepTable",
     "build_index",
     "choose_format",
+    "csr_gather",
+    "csr_parents",
     "expand_leaf_sids",
     "parse_step_formats",
     "validate_sids",

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import InputError
 from .formats import FormatPolicy, choose_format, indptr_dtype, parse_step_formats, token_dtype
-from .tables import SidIndex, StepTable
+from .tables import SidIndex, StepTable, csr_parents
 
 if TYPE_CHECKING:
     from .sort import SortedLayout
@@ -85,6 +85,5 @@ def _make_step(layout: SortedLayout, t: int, size: int, rows: int, nnz: int, fmt
         return StepTable(t, size, rows, nnz, max_slots, indptr=indptr, tokens=tokens)
     tokens = layout.prefix_tokens[t].astype(np.int64)
     nxt = np.full((rows, size), -1, dtype=np.int32)
-    parent = np.repeat(np.arange(rows, dtype=np.int64), np.diff(indptr.astype(np.int64)))
-    nxt[parent, tokens] = np.arange(nnz, dtype=np.int32)
+    nxt[csr_parents(indptr), tokens] = np.arange(nnz, dtype=np.int32)
     return StepTable(t, size, rows, nnz, size, next=nxt)

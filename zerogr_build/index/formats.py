@@ -30,6 +30,11 @@ class FormatPolicy:
     dense_max_bytes: int = 256 * 1024 * 1024
 
 
+def bits_for(count: int) -> int:
+    """Bits needed to store the values 0 .. count-1 (at least 1, so a count of 1 still takes a bit)."""
+    return max(1, int(count - 1).bit_length())
+
+
 def token_dtype(codebook_size: int) -> np.dtype:
     """uint16 when every token fits (V <= 65536), else int32."""
     return np.dtype(np.uint16) if codebook_size <= 65536 else np.dtype(np.int32)

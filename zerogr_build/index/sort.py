@@ -20,7 +20,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .formats import token_dtype
+from .formats import bits_for, token_dtype
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,6 @@ class SortedLayout:
     prefix_counts: np.ndarray
     leaf_offsets: np.ndarray
     item_order: np.ndarray
-
-
-def bits_for(count: int) -> int:
-    """Bits needed to store the values 0 .. count-1 (at least 1)."""
-    return max(1, int(count - 1).bit_length())
 
 
 def sort_and_mark(

@@ -36,11 +36,12 @@ import torch
 
 from ..errors import InputError
 from ..index import SidIndex
+from .device_tables import DeviceStep, index_to_device
 from .plan import dtype_name, find_bundle_plan, heuristic_mode, load_plan, planned_mode
 from .scoring import available_modes, get_mode
 from .scoring.full_torch import full_logits, read_slots
 from .scoring.selective_torch import masked_log_softmax
-from .slots import DeviceStep, fill_slots, index_to_device, lane_count, lane_width, row_extent
+from .slots import fill_slots, lane_count, lane_width, row_extent
 from .weights import normalize_weights
 
 ORDERS = ("filter_first", "score_first", "unconstrained")
@@ -315,30 +316,19 @@ class Decoder:
           - an index without item_order and no bundle: the leaf-order position itself.
         """
         leaves = res.leaves.detach().cpu().numpy()
-        flat_leaves = leaves.reshape(-1)
-        real = flat_leaves >= 0
-        safe = np.clip(flat_leaves, 0, None)
-        lo = np.where(real, self.leaf_offsets[safe], 0)
-        counts = np.where(real, self.leaf_offsets[safe + 1], 0) - lo
-        ends = np.cumsum(counts)  # beam i's items are values[ends[i] - counts[i] : ends[i]]
-        positions = np.repeat(lo - (ends - counts), counts) + np.arange(int(counts.sum()))
-        order = self.index.item_order
+        table = None  # leaf-order items (None: catalog rows or positions, see SidIndex.leaf_items)
         if items is not None:
-            if order is None:
+            if self.index.item_order is None:
                 raise InputError(
                     "items in catalog order need an in-memory index (item_order); bundles carry items"
                 )
-            values = np.asarray(items, dtype=object)[np.asarray(order)[positions]].tolist()
         elif self.bundle is not None and callable(getattr(self.bundle, "items", None)):
             table = self.bundle.items()
-            values = (
-                table.take(positions).to_pylist() if hasattr(table, "take") else [table[i] for i in positions]
-            )
-        elif order is not None:
-            values = np.asarray(order)[positions].tolist()
-        else:
-            values = positions.tolist()
-        per_beam = [values[end - n : end] for n, end in zip(counts.tolist(), ends.tolist(), strict=True)]
+        values, offsets = self.index.leaf_items(leaves, table)
+        if items is not None:
+            values = np.asarray(items, dtype=object)[values]  # values are catalog rows here
+        values = values if isinstance(values, list) else values.tolist()  # numpy and pyarrow alike
+        per_beam = [values[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
         m = leaves.shape[1]
         return [per_beam[b * m : (b + 1) * m] for b in range(leaves.shape[0])]
 

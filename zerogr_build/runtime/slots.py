@@ -1,4 +1,5 @@
-"""Device-resident step tables and the fixed candidate slots every beam gets at a step.
+"""The fixed candidate slots every beam gets at a step: slot caps, slot filling, overflow lanes.
+(The step tables' device copies live in device_tables.py.)
 
 Slots. At a sparse step a beam on row r gets K slots filled from the front with the row's children
 (tokens[indptr[r] : indptr[r+1]], ascending), -1 after them; slot k's next row is the flat position
@@ -25,47 +26,23 @@ its beam is heavy - so no step syncs and a step can be captured in a CUDA graph.
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from ..errors import InputError
-from ..index import SidIndex, StepTable
+from ..index import StepTable
 
 MIN_CAP = 4
 MIN_LANES = 4
 
 
-@dataclass(frozen=True, eq=False)
-class DeviceStep:
-    """One step table on the decoder's device.
+class SparseStepTensors(Protocol):
+    """What slot filling reads of a sparse step on the device (runtime.device_tables.DeviceStep has it)."""
 
-    sparse: indptr int64 [rows+1], tokens int32 [nnz]; dense: next int32 [rows, V].
-    cap: slots per beam in the main slot block (K; V_t at a dense step).
-    """
-
-    step: int
-    format: str
-    codebook_size: int
-    rows: int
     nnz: int
-    max_slots: int
-    cap: int
-    indptr: torch.Tensor | None = None
-    tokens: torch.Tensor | None = None
-    next: torch.Tensor | None = None
-    _flat_keys: list = field(default_factory=list, repr=False)  # cached flat_keys() (unconstrained lookup)
-
-    def flat_keys(self) -> torch.Tensor:
-        """int64 [nnz]: row * V + token for every child, ascending (for looking up arbitrary prefixes)."""
-        if not self._flat_keys:
-            assert self.indptr is not None and self.tokens is not None
-            counts = self.indptr[1:] - self.indptr[:-1]
-            parent = torch.repeat_interleave(torch.arange(self.rows, device=counts.device), counts)
-            self._flat_keys.append(parent * self.codebook_size + self.tokens.long())
-        return self._flat_keys[0]
+    indptr: torch.Tensor | None  # int64 [rows+1]
+    tokens: torch.Tensor | None  # int32 [nnz]
 
 
 def child_counts(table: StepTable) -> np.ndarray:
@@ -87,66 +64,7 @@ def default_slot_cap(table: StepTable) -> int:
     return int(min(table.max_slots, max(MIN_CAP, 4 * int(np.ceil(p99 / 4)))))
 
 
-def _tensor(array: np.ndarray, dtype: type, device: torch.device) -> torch.Tensor:
-    """`array` as a tensor on `device`; zero-copy on CPU when the dtype already fits (memory-mapped bundle
-    arrays stay mapped - they are read-only, which torch warns about, but the decoder never writes them)."""
-    array = np.ascontiguousarray(array, dtype=dtype)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.as_tensor(array).to(device)
-
-
-def to_device(
-    table: StepTable, device: torch.device, cap: int | None = None, arrays: dict | None = None
-) -> DeviceStep:
-    """Copy one step table to `device` (tokens widened to int32, indptr to int64) with slot cap `cap`.
-    arrays: the table already resident on `device` in those dtypes ({role: tensor}, from stream.py)."""
-    if table.format == "dense":
-        nxt = arrays["next"] if arrays is not None else _tensor(table.next, np.int32, device)
-        return DeviceStep(
-            table.step, "dense", table.codebook_size, table.rows, table.nnz, table.codebook_size,
-            table.codebook_size, next=nxt
-        )  # fmt: skip
-    cap = default_slot_cap(table) if cap is None else max(1, min(int(cap), table.max_slots))
-    if arrays is not None:
-        indptr, tokens = arrays["indptr"], arrays["tokens"]
-    else:
-        indptr = _tensor(table.indptr, np.int64, device)
-        tokens = _tensor(table.tokens, np.int32, device)
-    return DeviceStep(
-        table.step, "sparse", table.codebook_size, table.rows, table.nnz, table.max_slots, cap,
-        indptr=indptr, tokens=tokens
-    )  # fmt: skip
-
-
-def index_to_device(
-    index: SidIndex,
-    device: torch.device,
-    caps: int | list[int | None] | tuple | dict | None = None,
-    *,
-    low_priority: bool = False,
-) -> tuple[DeviceStep, ...]:
-    """All step tables of `index` on `device`. caps: None (defaults), one int for every sparse step, a
-    per-step sequence or a {step: cap} mapping (None entries keep the default). On CUDA the tables are
-    streamed through stream.py's double-buffered loader (low_priority: on low-priority copy streams)."""
-    per_step: list[int | None]
-    if caps is None or isinstance(caps, int):
-        per_step = [caps] * index.num_steps
-    elif isinstance(caps, dict):
-        per_step = [caps.get(t) for t in range(index.num_steps)]
-    else:
-        per_step = list(caps)
-        if len(per_step) != index.num_steps:
-            raise InputError(f"slot_caps: {len(per_step)} entries for SIDs of length {index.num_steps}")
-    resident: list = [None] * index.num_steps
-    if torch.device(device).type == "cuda":
-        from .stream import step_tables_on_device
-
-        resident = step_tables_on_device(index, device, low_priority=low_priority)
-    return tuple(to_device(table, device, per_step[t], resident[t]) for t, table in enumerate(index.steps))
-
-
-def row_extent(step: DeviceStep, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def row_extent(step: SparseStepTensors, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(start int64 [R], count int64 [R]) of each beam's row at a sparse step; row -1 (padding): count 0."""
     assert step.indptr is not None
     alive = rows >= 0
@@ -156,7 +74,7 @@ def row_extent(step: DeviceStep, rows: torch.Tensor) -> tuple[torch.Tensor, torc
     return start, count
 
 
-def fill_slots(step: DeviceStep, start: torch.Tensor, count: torch.Tensor, width: int) -> torch.Tensor:
+def fill_slots(step: SparseStepTensors, start: torch.Tensor, count: torch.Tensor, width: int) -> torch.Tensor:
     """int32 [R, width]: slot k of beam r holds tokens[start[r] + k] for k < count[r], else -1."""
     assert step.tokens is not None
     rank = torch.arange(width, device=start.device)

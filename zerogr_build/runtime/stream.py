@@ -1,4 +1,4 @@
-"""Double-buffered streaming of index tables to a device.
+"""Double-buffered streaming of arrays to a device (the step tables of a bundle, in practice).
 
 A bundle's arrays are memory-mapped `.npy` files. Moving them to a GPU naively (read everything into host
 memory, then one big copy) serialises disk/page-cache reads and the PCIe copy. Here every array is cut into
@@ -8,25 +8,19 @@ only overwritten after the event recorded behind its previous copy has completed
 in flight and the host never writes into memory a DMA engine is still reading.
 
 The orchestration (`DeviceLoader`) talks to a *sink* that owns the staging buffers and destination memory:
-
-- `CudaSink`: torch pinned host tensors, two `torch.cuda.Stream`s, one `torch.cuda.Event` per buffer.
-- `FakeDeviceSink`: host-memory "device" used by CPU tests and `scripts/bench_stream.py` on CPU-only
-  machines. Copies it accepts stay *pending* until the loader waits for their buffer (or synchronises), and
-  only then read the staging buffer -- the latest moment a real asynchronous copy could read it -- so a loader
-  that rewrote a buffer too early would corrupt the result, and the sink also refuses it outright. It records
-  every (array, offset, nbytes, buffer) write and the prepare/copy/complete schedule.
-
-Both sinks go through the same chunk planner and the same loop, so the CPU tests exercise the code the GPU
-path runs. Nothing here imports CUDA-only modules at load time; torch's CUDA calls happen only inside
-`CudaSink`.
+`CudaSink` here (torch pinned host tensors, two `torch.cuda.Stream`s, one `torch.cuda.Event` per buffer);
+the CPU tests and `scripts/bench_stream.py` on CPU-only machines use `zerogr_build.testing.FakeDeviceSink`,
+a host-memory double whose copies read their staging buffer as late as a real asynchronous copy could. Both
+go through the same chunk planner and the same loop, so the CPU tests exercise the code the GPU path runs.
+Nothing here imports CUDA-only modules at load time; torch's CUDA calls happen only inside `CudaSink`.
+Turning a SidIndex into the Decoder's tensors is device_tables.py's job.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -190,73 +184,6 @@ class DeviceLoader:
 # --------------------------------------------------------------------------------------------- sinks
 
 
-class FakeDeviceSink:
-    """A host-memory stand-in for a device that behaves like asynchronous copies at their worst.
-
-    A copy is recorded as pending on its buffer and performed (staging -> destination) only when the loader
-    waits for that buffer or synchronises -- the latest moment a real asynchronous copy could read the
-    staging buffer. Handing out a staging buffer whose copy is still pending raises `StagingReuseError`.
-    `writes` lists (name, offset, nbytes, buffer) in copy order; `schedule` lists (event, chunk index,
-    buffer) in the order things happened, event one of "prepare" (staging handed out for writing),
-    "copy" (copy enqueued), "done" (copy completed).
-    """
-
-    def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
-        self.chunk_bytes = int(chunk_bytes)
-        self._staging = [np.zeros(self.chunk_bytes, dtype=np.uint8) for _ in range(NUM_STAGING_BUFFERS)]
-        self._pending: list[Chunk | None] = [None] * NUM_STAGING_BUFFERS
-        self.memory: dict[str, np.ndarray] = {}
-        self.writes: list[tuple[str, int, int, int]] = []
-        self.schedule: list[tuple[str, int, int]] = []
-
-    def allocate(self, name: str, nbytes: int) -> None:
-        # Poisoned, so a byte that no copy wrote is visible in the result.
-        self.memory[name] = np.full(nbytes, 0xA5, dtype=np.uint8)
-
-    def _complete(self, buffer: int) -> None:
-        chunk = self._pending[buffer]
-        if chunk is None:
-            return
-        dst = self.memory[chunk.name]
-        dst[chunk.offset : chunk.offset + chunk.nbytes] = self._staging[buffer][: chunk.nbytes]
-        self._pending[buffer] = None
-        self.schedule.append(("done", chunk.index, buffer))
-
-    def wait_free(self, chunk: Chunk) -> None:
-        self._complete(chunk.buffer)
-
-    def staging(self, chunk: Chunk) -> np.ndarray:
-        busy = self._pending[chunk.buffer]
-        if busy is not None:
-            raise StagingReuseError(
-                f"staging buffer {chunk.buffer} handed out for chunk {chunk.index} while chunk {busy.index} "
-                "is still copying from it"
-            )
-        self.schedule.append(("prepare", chunk.index, chunk.buffer))
-        return self._staging[chunk.buffer]
-
-    def copy(self, chunk: Chunk) -> None:
-        if self._pending[chunk.buffer] is not None:
-            raise StagingReuseError(f"copy of chunk {chunk.index} queued on busy buffer {chunk.buffer}")
-        self.schedule.append(("copy", chunk.index, chunk.buffer))
-        self.writes.append((chunk.name, chunk.offset, chunk.nbytes, chunk.buffer))
-        self._pending[chunk.buffer] = chunk
-
-    def synchronize(self) -> None:
-        # Complete the older pending copy first (each stream is in order; across streams any order is legal).
-        for _, buffer in sorted((c.index, b) for b, c in enumerate(self._pending) if c is not None):
-            self._complete(buffer)
-
-    def result(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        import torch
-
-        return torch.from_numpy(self.memory[name].view(dtype).reshape(shape))
-
-
-class StagingReuseError(RuntimeError):
-    """A staging buffer was handed out again before the copy from it had completed."""
-
-
 class CudaSink:
     """Pinned host staging buffers, one CUDA stream and one event per buffer, destination tensors on
     `device`.
@@ -266,7 +193,7 @@ class CudaSink:
     the device's range). CUDA applies priorities to kernels only: the copies themselves run on the copy
     engines and never occupy SMs, so what a live process protects is the serving work around them. Run
     serving on a higher-priority stream (e.g. `torch.cuda.Stream(priority=-1)`) and background loads with
-    low_priority=True; the few kernels a load queues (widening tables, see `step_tables_on_device`) run on
+    low_priority=True; the few kernels a load queues (widening tables, see device_tables.py) run on
     the loading thread's current stream, which in a fresh thread (HotSwap's) is the default stream, also at
     the lowest priority, so they yield to serving too.
     """
@@ -368,7 +295,8 @@ def load_arrays_to_device(
     cuda devices: double-buffered streaming (see module docstring) in chunks of `chunk_bytes` (None:
     auto_chunk_bytes of the total, never more than the largest array). cpu: a plain copy into torch-owned
     memory (memory-mapped pages are read once; nothing stays mapped). `sink` overrides the device's sink
-    (tests pass a FakeDeviceSink). `stats`, when given, is filled with the load's LoadStats.
+    (tests pass zerogr_build.testing.FakeDeviceSink). `stats`, when given, is filled with the load's
+    LoadStats.
     """
     import torch
 
@@ -400,113 +328,3 @@ def load_arrays_to_device(
         for key, value in vars(loader.stats).items():
             setattr(stats, key, value)
     return result
-
-
-def step_arrays(index: Any) -> Iterator[tuple[str, np.ndarray]]:
-    """The step tables of a SidIndex under their bundle names: "step{t}.{role}" (role indptr/tokens/next)."""
-    for table in index.steps:
-        for role, array in table.arrays().items():
-            yield f"step{table.step}.{role}", array
-
-
-def bundle_arrays(index: Any) -> Iterator[tuple[str, np.ndarray]]:
-    """The arrays of a SidIndex under their bundle names: its step_arrays, then "leaves.offsets". Small
-    tables first is not attempted: bundle order."""
-    yield from step_arrays(index)
-    yield "leaves.offsets", index.leaf_offsets
-
-
-@dataclass
-class DeviceIndex:
-    """A SidIndex's tables resident on a device (torch tensors, same dtypes and shapes as the bundle).
-
-    `tables` maps "step{t}.{role}" and "leaves.offsets" to tensors; `index` is the host SidIndex they came
-    from (metadata: codebook sizes, rows, max_slots)."""
-
-    index: Any
-    device: str
-    tables: dict[str, torch.Tensor]
-    stats: LoadStats = field(default_factory=LoadStats)
-
-    def step(self, t: int) -> dict[str, torch.Tensor]:
-        """{role: tensor} of step t ("indptr"/"tokens" or "next")."""
-        prefix = f"step{t}."
-        return {k[len(prefix) :]: v for k, v in self.tables.items() if k.startswith(prefix)}
-
-    @property
-    def leaf_offsets(self) -> torch.Tensor:
-        return self.tables["leaves.offsets"]
-
-
-def index_to_device(
-    index: Any,
-    device: str | torch.device,
-    *,
-    chunk_bytes: int | None = None,
-    low_priority: bool = False,
-    sink: Sink | None = None,
-) -> DeviceIndex:
-    """Stream every table of a SidIndex (in memory or memory-mapped from a bundle) to `device`."""
-    stats = LoadStats()
-    tables = load_arrays_to_device(
-        dict(bundle_arrays(index)),
-        device,
-        chunk_bytes=chunk_bytes,
-        low_priority=low_priority,
-        sink=sink,
-        stats=stats,
-    )
-    return DeviceIndex(index=index, device=str(device), tables=tables, stats=stats)
-
-
-def widen_on_device(role: str, tensor: torch.Tensor) -> torch.Tensor:
-    """The Decoder's working dtype of a resident table, converted on the device: indptr -> int64, tokens
-    and next -> int32. uint16 tokens go through an int16 view and a mask (uint16 arithmetic has only
-    partial CUDA support in torch)."""
-    import torch
-
-    if role == "indptr":
-        return tensor.to(torch.int64)
-    if tensor.dtype == torch.uint16:
-        return tensor.view(torch.int16).to(torch.int32) & 0xFFFF
-    return tensor.to(torch.int32)
-
-
-def step_tables_on_device(
-    index: Any,
-    device: str | torch.device,
-    *,
-    low_priority: bool = False,
-    chunk_bytes: int | None = None,
-    sink: Sink | None = None,
-) -> list[dict[str, torch.Tensor]]:
-    """Per step, {role: tensor} on `device` in the Decoder's dtypes (see widen_on_device): every step table
-    is streamed in its stored (narrow) dtype through the double-buffered loader, then widened on the device,
-    so the PCIe copy moves the bundle's bytes, not the widened ones. Leaf offsets stay on the host (the
-    Decoder maps leaves to items there). `sink` overrides the device's sink (tests pass a FakeDeviceSink)."""
-    resident = load_arrays_to_device(
-        dict(step_arrays(index)), device, chunk_bytes=chunk_bytes, low_priority=low_priority, sink=sink
-    )
-    out = []
-    for table in index.steps:
-        # pop: free each narrow copy as soon as its wide one exists
-        out.append(
-            {role: widen_on_device(role, resident.pop(f"step{table.step}.{role}")) for role in table.arrays()}
-        )
-    return out
-
-
-def open_bundle_on_device(
-    path: str | Path | Any,
-    device: str | torch.device,
-    *,
-    chunk_bytes: int | None = None,
-    low_priority: bool = False,
-) -> DeviceIndex:
-    """Open a bundle (path, or an already opened Bundle) and stream its tables to `device`."""
-    bundle = path
-    if isinstance(path, (str, Path)):
-        from ..bundle import open_bundle
-
-        bundle = open_bundle(path)
-    return index_to_device(bundle.index, device, chunk_bytes=chunk_bytes, low_priority=low_priority)

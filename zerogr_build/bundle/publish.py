@@ -1,6 +1,7 @@
-"""Publishing bundles: write a version under a temp name, rename it into place, replace LATEST, prune.
-`promote_bundle` points LATEST at a version published without promoting it (after the caller's checks).
-And `add_bundle_files`, which adds files (tune's plans and kernels) to a published version.
+"""Publishing bundles: write a version under a temp name, rename it into place, replace LATEST, prune;
+and `promote_bundle`, which points LATEST at a version published without promoting it (after the
+caller's checks). The OUT dir's versions are versions.py's; adding files to a published version is
+amend.py's.
 
 Protocol (docs/bundle-format.md, "Publishing"):
   1. under the OUT lock: remove stale temps, claim OUT/.tmp-<tag>/ (a flock'd claim file beside it)
@@ -13,12 +14,9 @@ Only a rename makes anything visible, so a crash at any point leaves complete ve
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import shutil
-import signal
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,29 +25,31 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from ..errors import BundleError, InputError
+from ..errors import InputError
 from ..progress import NULL_PROGRESS, Progress
-from .files import HashingFile, atomic_replace_bytes, fsync_dir, temp_tag, write_bytes_durable, write_npy
+from .amend import recover_journal, recover_journals
+from .files import HashingFile, _crash_point, atomic_replace_bytes, fsync_dir, write_bytes_durable, write_npy
 from .format import (
     COUNTER_NAME,
     FORMAT_NAME,
     FORMAT_VERSION,
     ITEM_COLUMN,
     ITEMS_NAME,
-    JOURNAL_NAME,
-    LATEST_NAME,
     LEAF_OFFSETS_NAME,
     MANIFEST_NAME,
-    TEMP_PREFIX,
-    check_relpath,
     dtype_str,
+    manifest_bytes,
     parse_version_dir,
     step_file_name,
     validate_manifest,
     version_dir_name,
 )
-from .lock import DELETE_PREFIX, BuildClaim, out_lock, remove_stale_temps
+from .lock import BuildClaim, out_lock, remove_stale_temps
+from .reader import open_bundle
+from .versions import next_version, prune_versions, replace_latest
 
 # Manifest keys the writer owns; manifest_fields may not set them.
 RESERVED_FIELDS = frozenset(
@@ -78,13 +78,6 @@ class PublishedBundle:
     promoted: bool = True
 
 
-def _crash_point(name: str) -> None:
-    """Test hook: with ZEROGR_BUNDLE_KILL_AT=name the process kills itself (SIGKILL) right here, so the
-    crash-safety tests can stop a publish at each step of the protocol deterministically."""
-    if os.environ.get("ZEROGR_BUNDLE_KILL_AT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def publish_bundle(
     index,
     item_ids,
@@ -106,8 +99,6 @@ def publish_bundle(
     promote: False publishes the complete version dir (same numbering and crash safety) but leaves LATEST
         alone, so readers following LATEST never see it until promote_bundle(path) after your own checks.
     """
-    import pyarrow as pa
-
     if index.item_order is None:
         raise ValueError("publish_bundle needs an index with item_order (one built by build_index)")
     if len(item_ids) != index.num_items:
@@ -123,7 +114,7 @@ def publish_bundle(
     out.mkdir(parents=True, exist_ok=True)
     with out_lock(out):
         remove_stale_temps(out)
-        _recover_journals(out)
+        recover_journals(out)
         claim = BuildClaim(out)
     try:
         _crash_point("claimed")
@@ -134,7 +125,7 @@ def publish_bundle(
         _crash_point("files_written")
         manifest = _manifest_without_version(index, items_in_leaf_order, fields, body)
         with out_lock(out):
-            version = _next_version(out)
+            version = next_version(out)
             manifest = {
                 "format": FORMAT_NAME,
                 "format_version": FORMAT_VERSION,
@@ -142,7 +133,7 @@ def publish_bundle(
                 **manifest,
             }
             validate_manifest(manifest, "manifest being written")
-            write_bytes_durable(claim.dir / MANIFEST_NAME, _manifest_bytes(manifest))
+            write_bytes_durable(claim.dir / MANIFEST_NAME, manifest_bytes(manifest))
             fsync_dir(claim.dir)
             _crash_point("manifest_written")
             final = out / version_dir_name(version)
@@ -151,7 +142,7 @@ def publish_bundle(
             _crash_point("renamed")
             atomic_replace_bytes(out / COUNTER_NAME, f"{version}\n".encode())
             if promote:
-                _replace_latest(out, final.name)
+                replace_latest(out, final.name)
                 _crash_point("latest_replaced")
             if keep is not None:
                 # The new version has the highest number in OUT (allocated in this same lock hold), so
@@ -169,9 +160,6 @@ def _write_body(tmp: Path, index, items, progress: Progress) -> dict:
     """Write every data file into `tmp` on a few threads (numpy writes and sha256 release the GIL).
 
     Returns {"files": {name: {bytes, sha256}}, "steps": [per-step entries without shared fields]}."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     jobs: list[tuple[str, Any]] = []
     for table in index.steps:
         for role, array in table.arrays().items():
@@ -247,67 +235,6 @@ def _manifest_without_version(index, items, fields: dict, body: dict) -> dict:
     return manifest
 
 
-def _manifest_bytes(manifest: dict) -> bytes:
-    return (json.dumps(manifest, indent=1, default=str) + "\n").encode()
-
-
-def list_versions(out: Path) -> list[int]:
-    """Version numbers of the complete version dirs in OUT, ascending."""
-    versions = []
-    for entry in out.iterdir():
-        number = parse_version_dir(entry.name)
-        if number is not None and entry.is_dir():
-            versions.append(number)
-    return sorted(versions)
-
-
-def read_latest(out: Path) -> str | None:
-    """The version dir name LATEST holds, or None if there is no LATEST."""
-    try:
-        return (out / LATEST_NAME).read_text().strip() or None
-    except FileNotFoundError:
-        return None
-
-
-def _next_version(out: Path) -> int:
-    """1 + the largest number ever used here (counter file, version dirs, LATEST). Call under the lock.
-
-    The counter keeps numbers from being reused after versions are deleted by hand."""
-    used = list_versions(out)
-    with contextlib.suppress(FileNotFoundError, ValueError):
-        used.append(int((out / COUNTER_NAME).read_text().strip()))
-    latest = read_latest(out)
-    if latest and parse_version_dir(latest) is not None:
-        used.append(parse_version_dir(latest))
-    return max(used, default=0) + 1
-
-
-def prune_versions(out: Path, keep: int) -> list[str]:
-    """Delete all but the newest `keep` versions, never the one LATEST names. Call under the OUT lock.
-
-    Each doomed version is first renamed to .tmp-del-* (it vanishes atomically; a crash mid-delete leaves
-    only a temp name that the next writer removes), then removed."""
-    latest = read_latest(out)
-    versions = list_versions(out)
-    doomed = [version_dir_name(v) for v in versions[: max(len(versions) - keep, 0)]]
-    removed = []
-    for name in doomed:
-        if name == latest:
-            continue
-        trash = out / f"{DELETE_PREFIX}{temp_tag()}"
-        os.rename(out / name, trash)
-        fsync_dir(out)
-        _crash_point("pruning")
-        shutil.rmtree(trash, ignore_errors=True)
-        removed.append(name)
-    return removed
-
-
-def _replace_latest(out: Path, version_name: str) -> None:
-    """Point OUT/LATEST at version dir `version_name` (temp file + rename). Call under the OUT lock."""
-    atomic_replace_bytes(out / LATEST_NAME, f"{version_name}\n".encode())
-
-
 def promote_bundle(version_dir: str | Path) -> Path:
     """Point OUT/LATEST at `version_dir`, a published version OUT/vNNNNNN (e.g. one published with
     promote=False and checked since). Returns the version dir.
@@ -319,8 +246,6 @@ def promote_bundle(version_dir: str | Path) -> Path:
     Raises InputError when `version_dir` is not a version dir with a manifest (or has been pruned),
     BundleError when it is incomplete or corrupt; LATEST is unchanged then.
     """
-    from .reader import open_bundle
-
     vdir = Path(version_dir)
     if parse_version_dir(vdir.name) is None or not vdir.is_dir() or not (vdir / MANIFEST_NAME).is_file():
         raise InputError(f"{vdir}: not a version dir of an OUT dir (OUT/vNNNNNN with a {MANIFEST_NAME})")
@@ -328,128 +253,7 @@ def promote_bundle(version_dir: str | Path) -> Path:
     with out_lock(out):
         if not (vdir / MANIFEST_NAME).is_file():  # pruned or deleted since the check above
             raise InputError(f"{vdir}: no longer a version dir (pruned or deleted)")
-        _recover_journal(vdir)  # an interrupted add_bundle_files (tune) is completed first, as writers do
+        recover_journal(vdir)  # an interrupted add_bundle_files (tune) is completed first, as writers do
         open_bundle(vdir, verify_checksums=False)
-        _replace_latest(out, vdir.name)
+        replace_latest(out, vdir.name)
     return vdir
-
-
-# ------------------------------------------------------------------------------------ add_bundle_files
-
-
-def add_bundle_files(version_dir: str | Path, files: Mapping[str, bytes]) -> dict:
-    """Add or replace files of a published version (tune's plans/<device-key>.json, kernels/<arch>/*),
-    keeping the manifest's file list and checksums right. Returns the new manifest.
-
-    Under the OUT lock: write each file to a temp name and fsync; record a journal (the new manifest plus
-    the renames) atomically; rename the files into place; replace manifest.json atomically; drop the
-    journal. A crash after the journal is rolled forward by the next writer (publish or add), so even a
-    replaced file and its checksum change together. Index files and the manifest cannot be replaced.
-    """
-    from .reader import load_manifest, resolve_bundle
-
-    vdir = resolve_bundle(version_dir)
-    if not files:
-        return load_manifest(vdir)
-    out = vdir.parent
-    with out_lock(out):
-        _recover_journal(vdir)
-        _remove_version_temps(vdir)
-        manifest = load_manifest(vdir)
-        protected = _index_file_names(manifest)
-        renames: list[list[str]] = []
-        new_entries: dict[str, dict] = {}
-        try:
-            for rel, data in files.items():
-                name = check_relpath(rel, "add_bundle_files")
-                if name in protected:
-                    raise BundleError(f"{name}: index files of a published bundle cannot be replaced")
-                if not isinstance(data, (bytes, bytearray, memoryview)):
-                    raise TypeError(f"{name}: file content must be bytes, got {type(data).__name__}")
-                target = _safe_target(vdir, name)
-                temp = target.with_name(f"{TEMP_PREFIX}{temp_tag()}-{target.name}")
-                size, digest = write_bytes_durable(temp, bytes(data))
-                renames.append([temp.relative_to(vdir).as_posix(), name])
-                new_entries[name] = {"bytes": size, "sha256": digest}
-            manifest["files"] = dict(sorted({**manifest["files"], **new_entries}.items()))
-            validate_manifest(manifest, "manifest being written")
-            journal = {"renames": renames, "manifest": manifest}
-            atomic_replace_bytes(vdir / JOURNAL_NAME, _manifest_bytes(journal))
-        except BaseException:
-            for temp_rel, _ in renames:
-                (vdir / temp_rel).unlink(missing_ok=True)
-            raise
-        _crash_point("journal_written")
-        _apply_journal(vdir, journal)
-    return manifest
-
-
-def _index_file_names(manifest: dict) -> set[str]:
-    names = {MANIFEST_NAME}
-    for entry in manifest["steps"]:
-        names.update(entry["files"].values())
-    names.update(manifest["leaves"]["files"].values())
-    return names
-
-
-def _safe_target(vdir: Path, name: str) -> Path:
-    """vdir/name, with parent dirs created, refusing any path that a symlink would lead out of vdir.
-
-    The deepest existing (or symlinked) ancestor is checked before anything is created, so a symlinked dir
-    on the way cannot make mkdir create directories outside the bundle."""
-    target = vdir / name
-    root = vdir.resolve()
-    existing = target.parent
-    while not (existing.exists() or existing.is_symlink()):
-        existing = existing.parent
-    if not existing.resolve().is_relative_to(root):
-        raise BundleError(f"{name}: path leads outside the bundle dir {vdir}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not target.parent.resolve().is_relative_to(root) or target.is_symlink():
-        raise BundleError(f"{name}: path leads outside the bundle dir {vdir}")
-    return target
-
-
-def _apply_journal(vdir: Path, journal: dict) -> None:
-    for temp_rel, name in journal["renames"]:
-        temp = vdir / temp_rel
-        if temp.exists():
-            os.replace(temp, vdir / name)
-            fsync_dir(temp.parent)
-        _crash_point("add_renamed")
-    atomic_replace_bytes(vdir / MANIFEST_NAME, _manifest_bytes(journal["manifest"]))
-    (vdir / JOURNAL_NAME).unlink(missing_ok=True)
-    fsync_dir(vdir)
-
-
-def _recover_journal(vdir: Path) -> None:
-    """Roll an interrupted add_bundle_files forward (the journal exists only once all temps are durable)."""
-    path = vdir / JOURNAL_NAME
-    if not path.exists():
-        return
-    try:
-        journal = json.loads(path.read_text())
-        validate_manifest(journal["manifest"], str(path))
-        for temp_rel, name in journal["renames"]:
-            check_relpath(name, str(path))
-            if not Path(temp_rel).name.startswith(TEMP_PREFIX) or ".." in Path(temp_rel).parts:
-                raise BundleError(f"{path}: bad temp name {temp_rel!r}")
-    except (ValueError, KeyError, TypeError, BundleError):
-        path.unlink(missing_ok=True)  # unusable journal: the old manifest still describes the old files
-        return
-    _apply_journal(vdir, journal)
-
-
-def _recover_journals(out: Path) -> None:
-    for number in list_versions(out):
-        vdir = out / version_dir_name(number)
-        if (vdir / JOURNAL_NAME).exists():
-            _recover_journal(vdir)
-            _remove_version_temps(vdir)
-
-
-def _remove_version_temps(vdir: Path) -> None:
-    """Stray temp files of an interrupted add (only written under the OUT lock, which we hold)."""
-    for path in vdir.rglob(f"{TEMP_PREFIX}*"):
-        if path.is_file() or path.is_symlink():
-            path.unlink(missing_ok=True)
