@@ -14,6 +14,7 @@ import torch
 
 from ..bundle import open_bundle, resolve_bundle
 from ..errors import InputError
+from ..index.tables import csr_gather
 from ..progress import NULL_PROGRESS, Progress
 from ..runtime.decoder import ORDERS, Decoder
 from ..runtime.weights import normalize_weights
@@ -35,13 +36,7 @@ def valid_token_mask(table: Any, rows: np.ndarray) -> np.ndarray:
     if table.format == "dense":
         mask[real] = np.asarray(table.next)[rows[real]] >= 0
         return mask
-    # H2-contract: csr_gather -> positions, counts = csr_gather(table.indptr, rows[real])
-    indptr = np.asarray(table.indptr, dtype=np.int64)
-    starts, ends = indptr[rows[real]], indptr[rows[real] + 1]
-    counts = ends - starts
-    # Flat child positions of every selected row, concatenated: start of its row + offset inside it.
-    offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    positions = np.repeat(starts, counts) + offsets
+    positions, counts = csr_gather(table.indptr, rows[real])
     mask[np.repeat(real, counts), np.asarray(table.tokens)[positions].astype(np.int64)] = True
     return mask
 
