@@ -20,22 +20,27 @@ from .bundle import (
     verify_bundle,
 )
 from .catalog import Catalog, read_catalog
-from .config import BuildSettings, load_settings
+from .config import BuildSettings, TuneSettings, load_settings
 from .errors import BundleError, InputError, ZerogrError
 from .index import FormatPolicy, SidIndex, StepTable, build_index
 from .runtime.hotswap import HotSwap
+from .runtime.plan import find_plan
 from .runtime.stream import load_arrays_to_device, open_bundle_on_device
-from .tune import TuneSettings, find_plan, tune_bundle
 
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """Decoder, BeamState, SearchResult load on first use (they import torch; the CLI need not)."""
+    """Decoder, BeamState, SearchResult and tune_bundle load on first use (they import torch; the CLI need
+    not)."""
     if name in ("Decoder", "BeamState", "SearchResult"):
         from .runtime import decoder
 
         return getattr(decoder, name)
+    if name == "tune_bundle":
+        from .tune import tune_bundle
+
+        return tune_bundle
     raise AttributeError(f"module 'zerogr_build' has no attribute {name!r}")
 
 

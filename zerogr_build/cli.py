@@ -578,8 +578,9 @@ def tune(
     """Time every scoring mode per step x batch size x dtype on this device and write the fastest into the
     bundle as plans/<device-key>.json (plus compiled kernels under kernels/<arch>/ on a GPU)."""
     with cli_errors():
-        from .config import check_device
-        from .tune import load_tune_settings, parse_device, plan_table, tune_bundle
+        from .config import check_device, load_tune_settings
+        from .runtime.device import device_for
+        from .tune import tune_bundle
 
         overrides = {
             "batch_sizes": batch_sizes,
@@ -591,7 +592,7 @@ def tune(
             "iters": iters,
         }
         settings, config_device = load_tune_settings(config, overrides)
-        dev = parse_device(gpu, device if device is not None or gpu is not None else config_device)
+        dev = device_for(gpu, device if device is not None or gpu is not None else config_device)
         check_device(dev)
         with _progress(quiet) as progress, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -616,8 +617,25 @@ def tune(
             sys.stdout.write(f"{plan_path}\n")
         else:
             console = _stdout()
-            console.print(plan_table(plan))
+            console.print(_plan_table(plan))
             console.print(f"plan written: {plan_path}", markup=False)
+
+
+def _plan_table(plan: dict) -> Table:
+    """A rich Table of a plan: one row per dtype x step x batch size with the chosen mode, every mode's
+    median ms and the chosen mode's speedup over `full`."""
+    modes = list(dict.fromkeys(m for e in plan["entries"] for m in e["timings_ms"]))
+    table = Table(title=f"zerogr tune: {plan['device']['name']} ({plan['device_key']})")
+    for col in ("dtype", "step", "batch", "rows", "chosen", *[f"{m} ms" for m in modes], "vs full"):
+        table.add_column(col, justify="right" if col not in ("dtype", "chosen") else "left")
+    for e in plan["entries"]:
+        t = e["timings_ms"]
+        speedup = f"{t['full'] / t[e['mode']]:.2f}x" if "full" in t and t[e["mode"]] > 0 else "-"
+        cells = [f"{t[m]:.3f}" if m in t else "-" for m in modes]
+        table.add_row(
+            e["dtype"], str(e["step"]), str(e["batch_size"]), str(e["rows"]), e["mode"], *cells, speedup
+        )
+    return table
 
 
 @app.command()

@@ -47,6 +47,7 @@ from .timing import fastest, time_modes, timer
 
 REFERENCE_MODE = "selective"
 TORCH_MODES = ("full", "selective")
+DEFAULT_SETTINGS = TuneSettings()
 
 
 class KernelMismatchWarning(UserWarning):
@@ -96,7 +97,7 @@ def compile_and_check_kernels(
 def tune_bundle(
     bundle_path: str | Path | None,
     device: str,
-    settings: TuneSettings = TuneSettings(),
+    settings: TuneSettings = DEFAULT_SETTINGS,
     *,
     progress: Progress = NULL_PROGRESS,
 ) -> TuneResult:
