@@ -24,6 +24,7 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +65,16 @@ class Plan:
         (log scale, ties to the larger). With `available`: that mode if it is available, else the fastest
         available mode of the entry's timings; None when the plan has nothing (usable) for this step."""
         want = dtype_name(dtype)
-        target = math.log(max(batch_size, 1))
+        target = max(batch_size, 1)
         chosen: PlanEntry | None = None
-        best: tuple[float, int] | None = None
+        best: tuple[Fraction, int] | None = None
         for entry in self.entries:
             if entry.step != step or entry.dtype != want:
                 continue
-            key = (abs(math.log(entry.batch_size) - target), -entry.batch_size)
+            # Distance on a log scale is the ratio of the larger to the smaller size; exact, so that a
+            # batch at the geometric mean of two entries is a true tie (floats would pick by rounding).
+            ratio = Fraction(max(entry.batch_size, target), min(entry.batch_size, target))
+            key = (ratio, -entry.batch_size)
             if best is None or key < best:
                 best, chosen = key, entry
         if chosen is None:
