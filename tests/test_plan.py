@@ -1,5 +1,6 @@
 """Plans (runtime/plan.py): lookup by nearest batch, the heuristic, the strict reader of plans/<key>.json
-(docs/bundle-format.md, "Plans"), and Decoder(plan="auto") falling back with one warning on a broken file."""
+(docs/bundle-format.md, section 11), and Decoder(plan="auto") falling back with one warning on a broken
+file."""
 
 from __future__ import annotations
 

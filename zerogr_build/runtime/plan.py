@@ -1,7 +1,7 @@
 """Which scoring mode a step uses: the tuned plan's choice, else a documented heuristic.
 
 A plan is what `zerogr tune` measured on one device class, stored in the bundle as plans/<device-key>.json
-(format: docs/bundle-format.md, "Plans"). `load_plan` reads and validates one, `find_plan` finds the one of
+(format: docs/bundle-format.md, section 11). `load_plan` reads and validates one, `find_plan` finds the one of
 a device in a bundle, `Plan.mode_for` answers the Decoder's question for (step, batch size, dtype):
 
   - lookup: the entries of that step and dtype, the one whose batch size is nearest in log scale (ties go
@@ -88,17 +88,22 @@ class Plan:
 # ------------------------------------------------------------------------------------------ reading
 
 
-def load_plan(source: Plan | Mapping[str, Any] | Sequence[Mapping[str, Any]] | str | Path) -> Plan:
+def load_plan(
+    source: Plan | Mapping[str, Any] | Sequence[Mapping[str, Any]] | str | Path,
+    *,
+    expect_key: str | None = None,
+) -> Plan:
     """A validated Plan from a plan file (str / Path), a plan document (dict) or a bare list of entries.
 
-    A file must be a whole plan document (docs/bundle-format.md, "Plans"); BundleError naming the file
-    and the broken rule otherwise. An in-memory dict needs only `entries` (`format`, `format_version` and
-    `device_key` are checked when present); InputError for a broken in-memory plan."""
+    A file must be a whole plan document (docs/bundle-format.md, section 11), with `device_key` equal to
+    `expect_key` when given; BundleError naming the file and the first broken rule otherwise. An
+    in-memory dict needs only `entries` (`format`, `format_version` and `device_key` are checked when
+    present); InputError for a broken in-memory plan."""
     if isinstance(source, Plan):
         return source
     if isinstance(source, (str, Path)):
         path = Path(source)
-        return _validate(_read_json(path), str(path), BundleError, whole=True, path=path)
+        return _validate(_read_json(path), str(path), BundleError, whole=True, path=path, key=expect_key)
     if isinstance(source, Mapping):
         return _validate(source, "plan", InputError, whole=False)
     if isinstance(source, Sequence):
@@ -111,13 +116,7 @@ def find_plan(bundle: Any, device: Any) -> Plan | None:
     bundle has none. BundleError naming the file when it has one that breaks the format."""
     key = device_key(str(device))
     name = bundle.plans().get(key)
-    if name is None:
-        return None
-    path = bundle.file(name)
-    plan = load_plan(path)
-    if plan.device_key != key:
-        raise BundleError(f"{path}: device_key {plan.device_key!r} differs from the file name's {key!r}")
-    return plan
+    return None if name is None else load_plan(bundle.file(name), expect_key=key)
 
 
 def auto_plan(bundle: Any, device: Any) -> Plan | None:
@@ -153,7 +152,13 @@ def _read_json(path: Path) -> Any:
 
 
 def _validate(
-    data: Any, where: str, error: type[Exception], *, whole: bool, path: Path | None = None
+    data: Any,
+    where: str,
+    error: type[Exception],
+    *,
+    whole: bool,
+    path: Path | None = None,
+    key: str | None = None,
 ) -> Plan:
     """Every rule of the plan format, in order; the first broken one raises `error` naming `where`."""
 
@@ -167,9 +172,11 @@ def _validate(
             got = data.get(name)
             if type(got) is not type(want) or got != want:
                 raise fail(f"{name} must be {want!r}, got {got!r} (not a zerogr plan of this version)")
-    key = data.get("device_key")
-    if (key is not None or whole) and not (isinstance(key, str) and key):
-        raise fail(f"device_key must be a non-empty string, got {key!r}")
+    got_key = data.get("device_key")
+    if (got_key is not None or whole) and not (isinstance(got_key, str) and got_key):
+        raise fail(f"device_key must be a non-empty string, got {got_key!r}")
+    if key is not None and got_key != key:
+        raise fail(f"device_key {got_key!r} differs from the file name's {key!r}")
     entries = data.get("entries")
     if not isinstance(entries, list):
         raise fail(f"entries must be a list, got {type(entries).__name__}")
@@ -181,7 +188,7 @@ def _validate(
                 f"entries[{i}]: a second entry for step {e.step}, batch_size {e.batch_size}, {e.dtype}"
             )
         seen.add((e.step, e.batch_size, e.dtype))
-    return Plan(parsed, key, dict(data), path)
+    return Plan(parsed, got_key, dict(data), path)
 
 
 def _entry(entry: Any, i: int, fail: Any) -> PlanEntry:

@@ -11,7 +11,7 @@ A kernel mode (anything beyond the torch `full` / `selective` implementations) i
 reference on this device first (check.py) and refused if it differs: it is then never chosen, the plan
 lists it under `refused`, and a `KernelMismatchWarning` is raised as a warning.
 
-The plan goes into the bundle as `plans/<device-key>.json` (format: docs/bundle-format.md, "Plans"; read
+The plan goes into the bundle as `plans/<device-key>.json` (format: docs/bundle-format.md, section 11; read
 back by `runtime.plan.find_plan` for `Decoder(..., plan="auto")`), and on a GPU the kernels compiled for
 its architecture go under `kernels/<arch>/`, through `bundle.add_bundle_files` (atomic, manifest updated,
 so `zerogr verify` keeps passing).
