@@ -15,7 +15,8 @@ Rows of the main table (same index, weights and step function in every row):
                          [n, d] weight matrix, segment log-softmax, sort-based top-M per request
 Targets on CPU: last (sparse) step filter_first/selective >= 10x faster than score_first/full; whole
 filter_first search >= 1.5x faster than score_first/full; naive slower than filter_first/auto.
-The catalog comes from scripts/make_catalog.py's skewed generator (the same process as its CLI).
+The catalog comes from scripts/make_catalog.py's skewed generator (the same process as its CLI); weights
+and the step function from zerogr_build.testing.SeededModel; timing from zerogr_build.tune.timing.
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from zerogr_build.index import build_index  # noqa: E402
-from zerogr_build.runtime import Decoder  # noqa: E402
-from zerogr_build.runtime.decoder import BeamState  # noqa: E402
+from zerogr_build.runtime.decoder import BeamState, Decoder  # noqa: E402
+from zerogr_build.runtime.dtypes import DTYPE_NAMES, torch_dtype  # noqa: E402
 from zerogr_build.runtime.scoring import available_modes  # noqa: E402
 from zerogr_build.runtime.slots import child_counts  # noqa: E402
-
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+from zerogr_build.testing import SeededModel  # noqa: E402
+from zerogr_build.tune.timing import timer  # noqa: E402
 
 
 def make_sids(items: int, sizes: list[int], seed: int, catalog: Path | None) -> tuple[np.ndarray, list[int]]:
@@ -50,23 +51,6 @@ def make_sids(items: int, sizes: list[int], seed: int, catalog: Path | None) -> 
     from zerogr_build.synthetic import generate_sids
 
     return generate_sids(items, sizes, seed=seed, mode="skewed"), sizes
-
-
-class SeededStepFn:
-    """hidden = base[step] + request[batch] + sum_j emb_j[prefix_j]: cheap, deterministic, per prefix."""
-
-    def __init__(self, sizes, dim, batch_size, device, dtype, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        self.emb = [(torch.randn(v, dim, generator=g) * 0.3).to(device) for v in sizes]
-        self.base = torch.randn(len(sizes), dim, generator=g).to(device)
-        self.req = (torch.randn(batch_size, dim, generator=g) * 0.3).to(device)
-        self.dtype = dtype
-
-    def __call__(self, step, prefixes, batch):
-        h = self.base[step] + self.req[batch]
-        for j in range(step):
-            h = h + self.emb[j][prefixes[:, j]]
-        return h.to(self.dtype)
 
 
 class NaiveFilterFirst:
@@ -113,30 +97,13 @@ class NaiveFilterFirst:
         sel = order[pick.clamp(max=max(order.numel() - 1, 0))]
         values = torch.where(ok, total[sel], torch.full_like(total[sel], float("-inf")))
         beam = torch.where(ok, beam_of[sel], torch.zeros_like(sel))
-        return dec._new_state(state, values, beam, tok[sel], nxt[sel])
+        return state.advance(values, beam, tok[sel], nxt[sel])
 
     def search(self, step_fn, batch_size, beam_width):
         state = self.dec.start(batch_size, beam_width, "filter_first")
         for t in range(self.dec.num_steps):
             state = self.step(state, step_fn(t, state.prefixes, state.batch))
         return self.dec.finish(state)
-
-
-def timer(device: torch.device):
-    """time_once(fn) -> ms of one call, synchronising the device around it."""
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    def time_once(fn) -> float:
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        return (time.perf_counter() - t0) * 1e3
-
-    return time_once
 
 
 def variants(device: torch.device) -> list[tuple[str, str, str | None]]:
@@ -159,11 +126,11 @@ def bench_one(index, sizes, args, device, time_once):
     Rounds are interleaved (every variant once per round, round 0 = warm-up) and each number is the best
     of `repeats` rounds, so a burst of load on a shared machine hits every variant alike instead of
     skewing whichever happened to run during it."""
-    g = torch.Generator().manual_seed(args.seed)
-    dtype = DTYPES[args.dtype]
-    weights = [(torch.randn(v, args.dim, generator=g) / args.dim**0.5).to(dtype) for v in sizes]
-    step_fn = SeededStepFn(sizes, args.dim, args.batch, device, dtype, seed=args.seed)
-    dec = Decoder(index, weights, device=device)
+    model = SeededModel(
+        sizes, args.seed, args.batch, dim=args.dim, scale=args.dim**-0.5, emb_scale=0.3, req_scale=0.3
+    )
+    step_fn = model.to(device).step_fn
+    dec = Decoder(index, model.layers(torch_dtype(args.dtype)), device=device)
     naive = NaiveFilterFirst(dec)
     plans = []  # (label, step(state, hidden), search(), [(state_t, hidden_t)])
     with torch.no_grad():
@@ -225,7 +192,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--beam", type=int, default=64)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--dtype", choices=sorted(DTYPE_NAMES), default="fp32")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--catalog", type=Path, default=None, help="Parquet catalog instead of generating")

@@ -9,7 +9,7 @@
 # ZG_TOTAL_S; a missing optional piece is reported as SKIP with the reason, not as a failure):
 #   env      torch / CUDA / CuPy / nvcc versions and the device
 #   tests    python -m pytest -m gpu -q tests/
-#   decode   scripts/bench_decode.py --device $ZG_DEVICE (small config; override with ZG_DECODE_ARGS)
+#   decode   scripts/bench_decode.py --device $ZG_DEVICE --items 200000 --repeats 3 (override: ZG_DECODE_ARGS)
 #   stream   scripts/bench_stream.py (small config; override with ZG_STREAM_ARGS)
 #   catalog, bundle   a small synthetic bundle in a temp dir (make_catalog.py, zerogr build), unless
 #            ZG_BUNDLE names an existing bundle to use instead (tune then writes its plan into that bundle)
@@ -80,7 +80,7 @@ run_part() {
 }
 
 # help_has SCRIPT FLAG: whether SCRIPT --help mentions FLAG (so optional small-config flags are only passed
-# to scripts that have them).
+# to scripts that have them; bench_decode.py's flags are known and passed directly).
 help_has() {
     timeout 60 "$PY" "$1" --help 2>/dev/null | grep -q -- "$2"
 }
@@ -122,10 +122,7 @@ else
     if [[ -n ${ZG_DECODE_ARGS:-} ]]; then
         read -r -a decode_args <<<"$ZG_DECODE_ARGS"
     else
-        decode_args=(--device "$DEVICE")
-        help_has scripts/bench_decode.py --quick && decode_args+=(--quick)
-        help_has scripts/bench_decode.py --items && decode_args+=(--items 200000)
-        help_has scripts/bench_decode.py --repeats && decode_args+=(--repeats 3)
+        decode_args=(--device "$DEVICE" --items 200000 --repeats 3)
     fi
     run_part decode "${ZG_T_DECODE:-140}" "$PY" scripts/bench_decode.py "${decode_args[@]}"
 fi

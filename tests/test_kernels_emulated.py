@@ -2,7 +2,7 @@
 the CUDA features it uses, then compared with the torch reference (selective_torch).
 
 Why: CPU CI has no GPU, and compiling with nvcc proves only that the kernels build. Here the packaged
-source itself (indexing, slot loops, block partitioning from `selective_cuda`'s launch geometry, vectorised
+source itself (indexing, slot loops, block partitioning from `cuda_launch`'s launch geometry, vectorised
 and scalar paths, warp shuffles, the online log-sum-exp and its block reduction, -inf handling) runs with
 one OS thread per CUDA thread: `__syncthreads` is a block-wide barrier, `__shfl_xor_sync` a warp-wide
 exchange through memory between two barriers, `__shared__` memory is shared by the block's threads, and
@@ -24,8 +24,9 @@ import pytest
 import torch
 
 from zerogr_build.runtime.scoring import compile as kc
-from zerogr_build.runtime.scoring import selective_cuda as sc
+from zerogr_build.runtime.scoring import cuda_launch as cl
 from zerogr_build.runtime.scoring import selective_torch as st
+from zerogr_build.testing import make_case
 
 SHIM = r"""
 #include <barrier>
@@ -241,17 +242,8 @@ SHAPES = [  # (R, K, d, V): one slot; d below the vector width; d = 130 (vector 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_emulated_kernels_match_reference(harness: Path, tmp_path: Path, dtype, shape) -> None:
     rows, slots, dim, vocab = shape
-    with_bias = rows % 2 == 1
-    gen = torch.Generator().manual_seed(zlib.crc32(repr((dtype, shape)).encode()))
-    hidden = (torch.randn(rows, dim, generator=gen) / dim**0.5).to(dtype)
-    weight = torch.randn(vocab, dim, generator=gen).to(dtype)
-    bias = torch.randn(vocab, generator=gen).to(dtype) if with_bias else None
-    tokens = torch.randint(0, vocab, (rows, slots), generator=gen, dtype=torch.int32)
-    tokens[torch.rand(rows, slots, generator=gen) < 0.3] = -1
-    if rows > 1:
-        tokens[0] = -1  # a row without any valid slot
-    if rows * slots > 4:
-        tokens.view(-1)[1], tokens.view(-1)[-1] = vocab, -7  # out of range: empty
+    seed = zlib.crc32(repr((dtype, shape)).encode())
+    hidden, weight, bias, tokens = make_case(seed, dtype, rows, slots, dim, vocab, with_bias=rows % 2 == 1)
     # Strided operands, as the launcher passes them: hidden rows 2*d apart, token rows K+2 apart, out rows
     # K+3 apart (the padding must stay NaN: nothing may be written outside [R, K]).
     hidden_buf = torch.zeros(2 * rows, dim, dtype=dtype)
@@ -262,65 +254,37 @@ def test_emulated_kernels_match_reference(harness: Path, tmp_path: Path, dtype, 
     want_log = st.selective_log_softmax(hidden, weight, bias, tokens.long()).numpy()
     valid = ((tokens >= 0) & (tokens < vocab)).numpy()
     emu = Emulated(harness, tmp_path)
-    dims = (rows, slots, dim, vocab)
-    suffix = sc.DTYPE_SUFFIX[dtype]
+    suffix = cl.entry_suffix(dtype)
     element = torch.empty((), dtype=dtype).element_size()
+
+    def run(entry, geometry, out, **kw):
+        """One launch on the strided buffers, writing into `out` fp32 [R, K + 3] (NaN-poisoned)."""
+        return emu.launch(
+            entry, geometry, hidden_buf, 2 * dim, weight, kw.pop("bias", bias), tokens_buf, out,
+            dims=(rows, slots, dim, vocab), **kw,
+        )  # fmt: skip
 
     def poisoned() -> np.ndarray:
         return np.full((rows, slots + 3), np.nan, dtype=np.float32)
 
     results = {}
     for offset in (0, element):  # 16-byte aligned weight (vector loads) and misaligned (scalar loads)
-        geo = sc.scores_geometry(rows, slots, dim)
-        per_block = min(slots, sc.SLOTS_PER_BLOCK)
-        results[f"scores+{offset}"] = (
-            emu.launch(
-                f"selective_scores_{suffix}",
-                geo,
-                hidden_buf,
-                2 * dim,
-                weight,
-                bias,
-                tokens_buf,
-                poisoned(),
-                dims=dims,
-                slots_per_block=per_block,
-                weight_byte_offset=offset,
-            ),
-            want_scores,
-        )
-        geo = sc.fused_geometry(rows, slots, dim)
-        results[f"fused+{offset}"] = (
-            emu.launch(
-                f"selective_log_softmax_{suffix}",
-                geo,
-                hidden_buf,
-                2 * dim,
-                weight,
-                bias,
-                tokens_buf,
-                poisoned(),
-                dims=dims,
-                weight_byte_offset=offset,
-            ),
-            want_log,
-        )
-    scores = results["scores+0"][0].copy()
-    geo = sc.row_log_softmax_geometry(rows, slots)
-    results["two-pass"] = (
-        emu.launch(
-            "selective_row_log_softmax_inplace",
+        geo = cl.scores_geometry(rows, slots, dim)
+        per_block = min(slots, cl.SLOTS_PER_BLOCK)
+        scores = run(
+            f"selective_scores_{suffix}",
             geo,
-            hidden_buf,
-            2 * dim,
-            weight,
-            None,
-            tokens_buf,
-            scores,
-            dims=dims,
-        ),
-        want_log,
-    )
+            poisoned(),
+            slots_per_block=per_block,
+            weight_byte_offset=offset,
+        )
+        results[f"scores+{offset}"] = (scores, want_scores)
+        geo = cl.fused_geometry(rows, slots, dim)
+        fused = run(f"selective_log_softmax_{suffix}", geo, poisoned(), weight_byte_offset=offset)
+        results[f"fused+{offset}"] = (fused, want_log)
+    geo = cl.row_log_softmax_geometry(rows, slots)
+    two_pass = run("selective_row_log_softmax_inplace", geo, results["scores+0"][0].copy(), bias=None)
+    results["two-pass"] = (two_pass, want_log)
     for name, (full, want) in results.items():
         assert np.isnan(full[:, slots:]).all(), f"{name}: wrote outside the [R, K] view"
         got = full[:, :slots]

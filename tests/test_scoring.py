@@ -1,8 +1,7 @@
-"""The selective-scoring contract (torch reference and full-GEMM mode), the mode registry, plan lookup."""
+"""The selective-scoring contract (torch reference and full-GEMM mode), the mode registry, dtype names,
+slot caps."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from hypothesis import strategies as st
 
 from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
-from zerogr_build.runtime.plan import dtype_name, heuristic_mode, load_plan, planned_mode
+from zerogr_build.runtime.dtypes import DTYPE_NAMES, DTYPES, dtype_name, torch_dtype
 from zerogr_build.runtime.scoring import MODE_NAMES, available_modes, full_torch, get_mode, selective_torch
 from zerogr_build.runtime.slots import MIN_CAP, default_slot_cap, lane_count, lane_width
 
@@ -51,10 +50,9 @@ def reference(hidden, weight, bias, slot_tokens):
 )
 def test_contract_matches_fp64_reference(rows, slots, dim, vocab, with_bias, dtype, seed, block):
     g = torch.Generator().manual_seed(seed)
-    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    hidden = torch.randn(rows, dim, generator=g).to(torch_dtype)
-    weight = torch.randn(vocab, dim, generator=g).to(torch_dtype)
-    bias = torch.randn(vocab, generator=g).to(torch_dtype) if with_bias else None
+    hidden = torch.randn(rows, dim, generator=g).to(DTYPES[dtype])
+    weight = torch.randn(vocab, dim, generator=g).to(DTYPES[dtype])
+    bias = torch.randn(vocab, generator=g).to(DTYPES[dtype]) if with_bias else None
     # tokens in [-3, V+3): -1 marks empty; anything outside [0, V) must count as empty too
     slot_tokens = torch.randint(-3, vocab + 3, (rows, slots), generator=g, dtype=torch.int32)
     if rows:
@@ -93,56 +91,17 @@ def test_registry():
         get_mode("fast")
 
 
-def test_plan_lookup_nearest_batch_and_dtype():
-    plan = load_plan(
-        [
-            {"step": 1, "batch_size": 1, "dtype": "fp32", "mode": "full"},
-            {"step": 1, "batch_size": 32, "dtype": "fp32", "mode": "selective"},
-            {"step": 1, "batch_size": 8, "dtype": "bf16", "mode": "full"},
-            {
-                "step": 2,
-                "batch_size": 8,
-                "dtype": "fp32",
-                "mode": "selective_cuda",
-                "timings_ms": {"full": 3.0, "selective": 1.0, "selective_cuda": 0.5},
-            },
-        ]
-    )
-    assert planned_mode(plan, 1, 1, torch.float32) == "full"
-    assert planned_mode(plan, 1, 4, "float32") == "full"  # log(4/1) < log(32/4)
-    assert planned_mode(plan, 1, 6, torch.float32) == "selective"  # log(32/6) < log(6/1)
-    assert planned_mode(plan, 1, 1000, torch.float32) == "selective"
-    assert planned_mode(plan, 1, 2, torch.bfloat16) == "full"
-    assert planned_mode(plan, 0, 8, torch.float32) is None
-    assert planned_mode(plan, 1, 8, torch.float16) is None
-    assert planned_mode(plan, 2, 8, torch.float32) == "selective_cuda"
-    assert planned_mode(plan, 2, 8, torch.float32, available=["full", "selective"]) == "selective"
-    assert planned_mode(None, 0, 1, torch.float32) is None
-    assert dtype_name("bfloat16") == "bf16"
-    with pytest.raises(InputError):
-        load_plan({"device": "cpu"})
-
-
-def test_plan_ties_go_to_the_larger_batch():
-    plan = load_plan(
-        [
-            {"step": 0, "batch_size": 2, "dtype": "fp32", "mode": "full"},
-            {"step": 0, "batch_size": 8, "dtype": "fp32", "mode": "selective"},
-        ]
-    )
-    assert math.isclose(abs(math.log(4 / 2)), abs(math.log(8 / 4)))
-    assert planned_mode(plan, 0, 4, torch.float32) == "selective"
-
-
-def test_heuristic():
-    kw = dict(codebook_size=8192, device_type="cpu", available=["full", "selective"])
-    assert heuristic_mode(step_format="dense", cap=8192, order="filter_first", **kw) == "full"
-    assert heuristic_mode(step_format="sparse", cap=8, order="filter_first", **kw) == "selective"
-    assert heuristic_mode(step_format="sparse", cap=8, order="score_first", **kw) == "full"
-    assert heuristic_mode(step_format="sparse", cap=8, order="unconstrained", **kw) == "full"
-    assert heuristic_mode(step_format="sparse", cap=1024, order="filter_first", **kw) == "full"
-    cuda = dict(codebook_size=8192, device_type="cuda", available=["full", "selective", "selective_cuda"])
-    assert heuristic_mode(step_format="sparse", cap=1024, order="filter_first", **cuda) == "selective_cuda"
+def test_dtype_names_are_one_table():
+    assert DTYPE_NAMES == ("fp32", "fp16", "bf16")
+    torch_dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    assert torch_dtypes == DTYPES
+    for name, dtype in DTYPES.items():
+        assert dtype_name(dtype) == name and torch_dtype(name) is dtype
+    assert dtype_name("bfloat16") == dtype_name("torch.bfloat16") == "bf16" and dtype_name("half") == "fp16"
+    with pytest.raises(InputError, match="unsupported weight dtype"):
+        dtype_name(torch.float64)
+    with pytest.raises(InputError, match="unknown dtype name"):
+        dtype_name("fp8")
 
 
 def test_slot_caps_follow_the_p99_row():

@@ -1,10 +1,13 @@
-"""`zerogr tune` on CPU, end to end on a small bundle, plus the kernel check and plan lookup it relies on."""
+"""`zerogr tune` on CPU, end to end on a small bundle, plus the kernel check, timing and option parsing it
+relies on, and a Decoder following the plan it writes."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -12,38 +15,35 @@ import pytest
 import torch
 
 from zerogr_build.bundle import add_bundle_files, open_bundle, publish_bundle, verify_bundle
+from zerogr_build.config import TuneSettings, parse_dtypes, parse_positive_ints
 from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
-from zerogr_build.runtime.scoring import get_mode
-from zerogr_build.tune import (
-    TunedPlan,
-    TuneSettings,
-    check_mode_against_reference,
-    current_device_key,
-    fastest,
-    find_plan,
-    load_weights_file,
-    parse_device,
-    parse_dtypes,
-    parse_int_list,
-    plan_table,
-    time_modes,
-    tune_bundle,
-)
+from zerogr_build.runtime.decoder import Decoder
+from zerogr_build.runtime.device import device_for, device_key
+from zerogr_build.runtime.plan import find_plan
+from zerogr_build.runtime.scoring import get_mode, selective_cuda
+from zerogr_build.runtime.weights import load_weights_file
+from zerogr_build.testing import SeededModel
+from zerogr_build.tune import compile_and_check_kernels, tune_bundle
+from zerogr_build.tune.check import check_mode_against_reference
+from zerogr_build.tune.timing import fastest, time_modes
 
 SIZES = (16, 64, 256)
 SETTINGS = TuneSettings(batch_sizes=(1, 4), beam_width=8, hidden_dim=16, warmup=1, iters=3)
 
 
-@pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory):
+def _publish(out):
     """A small 3-step bundle: dense step 0, sparse steps 1 and 2 (so modes matter at two steps)."""
     rng = np.random.default_rng(7)
     n = 4000
     sids = np.stack([rng.integers(0, v, n) for v in SIZES], axis=1)
     index = build_index(sids, SIZES, step_formats="0=dense,1=sparse,2=sparse")
-    out = tmp_path_factory.mktemp("bundles")
     return publish_bundle(index, pa.array(np.arange(n, dtype=np.int64)), out).path
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory):
+    return _publish(tmp_path_factory.mktemp("bundles"))
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def tuned(bundle_dir):
 
 def test_plan_is_complete_and_chooses_the_fastest(tuned, bundle_dir):
     plan = tuned.plan
-    assert tuned.plan_path == bundle_dir / "plans" / f"{current_device_key('cpu')}.json"
+    assert tuned.plan_path == bundle_dir / "plans" / f"{device_key('cpu')}.json"
     assert json.loads(tuned.plan_path.read_text()) == plan
     assert plan["format"] == "zerogr-plan" and plan["device"]["type"] == "cpu"
     assert plan["settings"]["batch_sizes"] == [1, 4] and plan["settings"]["dtypes"] == ["fp32"]
@@ -72,8 +72,8 @@ def test_bundle_still_verifies_and_lists_the_plan(tuned, bundle_dir):
     report = verify_bundle(bundle_dir)
     assert report["ok"]
     bundle = open_bundle(bundle_dir)
-    assert f"plans/{current_device_key('cpu')}.json" in bundle.manifest["files"]
-    assert current_device_key("cpu") in bundle.plans()
+    assert f"plans/{device_key('cpu')}.json" in bundle.manifest["files"]
+    assert device_key("cpu") in bundle.plans()
 
 
 def test_several_device_plans_live_in_one_bundle(tuned, bundle_dir):
@@ -81,52 +81,42 @@ def test_several_device_plans_live_in_one_bundle(tuned, bundle_dir):
     add_bundle_files(bundle_dir, {"plans/cuda-some-gpu-sm90.json": json.dumps(other).encode()})
     again = tune_bundle(bundle_dir, "cpu", SETTINGS)  # re-tuning replaces only this device's plan
     bundle = open_bundle(bundle_dir)
-    assert set(bundle.plans()) == {current_device_key("cpu"), "cuda-some-gpu-sm90"}
+    assert set(bundle.plans()) == {device_key("cpu"), "cuda-some-gpu-sm90"}
     assert verify_bundle(bundle_dir)["ok"]
     assert find_plan(bundle, "cpu").data == again.plan
 
 
-def _step_fn(dim: int):
-    table = torch.randn(997, dim, generator=torch.Generator().manual_seed(3))
-
-    def step_fn(step, prefixes, batch):
-        key = (
-            (prefixes * torch.tensor([31, 17, 7][: prefixes.shape[1]], dtype=torch.long)).sum(dim=1)
-            + batch * 101
-            + step
-        )
-        return table[key % table.shape[0]]
-
-    return step_fn
-
-
-def test_planned_decoder_matches_forced_modes(tuned, bundle_dir):
-    from zerogr_build.runtime.decoder import Decoder
-    from zerogr_build.tune import random_weights
-
-    bundle = open_bundle(bundle_dir)
-    weights = random_weights(SIZES, SETTINGS.hidden_dim, seed=5)
+def test_decoder_follows_the_plan_tune_wrote_step_by_step(tmp_path):
+    """Decoder(plan="auto") runs each step with the mode the bundle's plan names. The plan written by tune is
+    rewritten to pick, at every sparse step, the mode the heuristic would NOT pick; with bf16 weights the
+    two modes score differently (full rounds the GEMM output to bf16, selective accumulates in fp32), so
+    the search shows which mode ran at each step."""
+    path = _publish(tmp_path)
+    tuned = tune_bundle(path, "cpu", replace(SETTINGS, dtypes=("bf16",)))
+    model = SeededModel(SIZES, 3, batch_size=4, dim=SETTINGS.hidden_dim, scale=SETTINGS.hidden_dim**-0.5)
+    weights = model.layers(torch.bfloat16)
+    heuristic = Decoder(open_bundle(path), weights)
+    other = {"full": "selective", "selective": "full"}
+    entries = [
+        dict(e, mode=other[heuristic.mode_for(e["step"], e["batch_size"])]) if e["format"] == "sparse" else e
+        for e in tuned.plan["entries"]
+    ]
+    rewritten = json.dumps(dict(tuned.plan, entries=entries)).encode()
+    add_bundle_files(path, {f"plans/{device_key('cpu')}.json": rewritten})
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a plan fits: no fallback warning
-        planned = Decoder(bundle, weights, device="cpu", plan="auto")
-    plan = find_plan(bundle, "cpu")
-    assert planned.plan is not None
-    for t in (1, 2):
-        for batch in (1, 3, 4, 50):
-            assert planned.mode_for(t, batch) == plan.mode_for(t, batch, "fp32")
-    step_fn = _step_fn(SETTINGS.hidden_dim)
-    forced = Decoder(bundle, weights, device="cpu")
-    for batch in (1, 4):
-        got = planned.search(step_fn, batch, 8)
-        for mode in ("full", "selective"):
-            want = forced.search(step_fn, batch, 8, mode=mode)
-            assert torch.equal(got.sids, want.sids) and torch.equal(got.leaves, want.leaves)
-            torch.testing.assert_close(got.scores, want.scores, rtol=1e-5, atol=1e-5)
+        warnings.simplefilter("error")  # the plan fits: no fallback warning
+        planned = Decoder(open_bundle(path), weights, plan="auto")
+    for batch in (1, 3, 4):  # 3: the plan's nearest batch size is 4
+        plan_modes = [planned.plan.mode_for(t, batch, "bf16") for t in range(3)]
+        assert plan_modes[1:] == [other[heuristic.mode_for(t, batch)] for t in (1, 2)]
+        got = planned.search(model.step_fn, batch, 8)
+        want = heuristic.search(model.step_fn, batch, 8, mode=plan_modes)
+        ignored = heuristic.search(model.step_fn, batch, 8)
+        assert not torch.equal(want.scores, ignored.scores)  # the modes are told apart by the scores
+        assert torch.equal(got.scores, want.scores) and torch.equal(got.sids, want.sids)
 
 
 def test_decoder_without_a_plan_for_its_device_warns_and_falls_back(tmp_path):
-    from zerogr_build.runtime.decoder import Decoder
-
     rng = np.random.default_rng(1)
     index = build_index(rng.integers(0, 8, (50, 2)), (8, 8))
     path = publish_bundle(index, pa.array(np.arange(50)), tmp_path).path
@@ -194,24 +184,6 @@ def test_kernel_check_refuses_nan_wrong_padding_and_crashes():
     assert "raised RuntimeError" in check_mode_against_reference(Crash, reference, "cpu", "fp16", **kw)
 
 
-def test_plan_lookup_nearest_batch_and_availability():
-    entries = [
-        {"step": 1, "batch_size": b, "dtype": "fp32", "mode": m, "timings_ms": t}
-        for b, m, t in [
-            (1, "selective", {"full": 2.0, "selective": 1.0, "selective_cuda": 1.5}),
-            (32, "selective_cuda", {"full": 3.0, "selective": 2.0, "selective_cuda": 0.5}),
-            (128, "full", {"full": 1.0, "selective": 2.0}),
-        ]
-    ]
-    plan = TunedPlan("k", {"entries": entries})
-    assert plan.mode_for(1, 1, "fp32") == "selective"
-    assert plan.mode_for(1, 5, "fp32") == "selective"  # log-nearest to 1 (5/1 < 32/5)
-    assert plan.mode_for(1, 8, "fp32") == "selective_cuda"  # 32/8 == 8/1 tie -> the larger batch
-    assert plan.mode_for(1, 1000, "fp32") == "full"
-    assert plan.mode_for(1, 32, "fp32", available=["full", "selective"]) == "selective"
-    assert plan.mode_for(0, 32, "fp32") is None and plan.mode_for(1, 32, "bf16") is None
-
-
 def test_time_modes_interleaves_and_takes_medians():
     calls = []
     fake_ms = iter([5.0, 1.0, 7.0, 2.0, 6.0, 3.0])
@@ -243,17 +215,19 @@ def test_tune_with_a_weights_file(tmp_path, bundle_dir):
 
 
 def test_option_parsing():
-    assert parse_device(0, None) == "cuda:0" and parse_device(None, "cpu") == "cpu"
-    assert parse_device(None, "cuda") == "cuda:0"
-    for gpu, dev in [(None, None), (1, "cpu"), (None, "tpu"), (-1, None)]:
+    assert device_for(0, None) == "cuda:0" and device_for(None, "cpu") == "cpu"
+    assert device_for(None, "cuda") == "cuda:0" and device_for(None, "cuda:3") == "cuda:3"
+    for gpu, dev in [(None, None), (1, "cpu"), (None, "tpu"), (-1, None), (None, "cuda:"), (None, "cpu\n")]:
         with pytest.raises(InputError):
-            parse_device(gpu, dev)
-    assert parse_int_list("1, 8,32", "--batch-sizes") == (1, 8, 32)
-    with pytest.raises(InputError, match="--batch-sizes"):
-        parse_int_list("1,x", "--batch-sizes")
-    assert parse_dtypes("fp32,bf16") == ("fp32", "bf16")
-    with pytest.raises(InputError):
-        parse_dtypes("fp8")
+            device_for(gpu, dev)
+    assert parse_positive_ints("1, 8,32", "--batch-sizes") == (1, 8, 32)
+    for bad in ("1,x", "0", "", "4,-1"):
+        with pytest.raises(InputError, match="--batch-sizes"):
+            parse_positive_ints(bad, "--batch-sizes")
+    assert parse_dtypes("fp32,bf16") == ("fp32", "bf16") and parse_dtypes(None) is None
+    for bad in ("fp8", "", "fp32,float64"):
+        with pytest.raises(InputError, match="--dtypes"):
+            parse_dtypes(bad)
 
 
 def test_tune_refuses_cuda_without_cuda(bundle_dir):
@@ -263,28 +237,30 @@ def test_tune_refuses_cuda_without_cuda(bundle_dir):
         tune_bundle(bundle_dir, "cuda:0", SETTINGS)
 
 
-def test_plan_table_renders_every_entry(tuned):
-    table = plan_table(tuned.plan)
-    assert table.row_count == len(tuned.plan["entries"])
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_tune_checks_kernels_and_ships_them(bundle_dir):
+    if not selective_cuda.is_available():
+        pytest.skip("no CuPy on this GPU machine: no kernel mode to check or ship")
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH on this GPU machine: tune cannot compile kernels to ship")
     result = tune_bundle(bundle_dir, "cuda:0", SETTINGS)
     plan = result.plan
+    arch = selective_cuda.device_arch("cuda:0")
     assert plan["refused"] == [], plan["refused"]
+    assert "selective_cuda" in plan["modes"]
     assert {e["dtype"] for e in plan["entries"]} == {"fp32", "bf16"}
-    if "selective_cuda" in plan["modes"] and not (plan["kernels"] or {}).get("skipped"):
-        assert any(name.endswith(".cubin") for name in result.kernel_files)
+    shipped = [f"kernels/{arch}/selective.cubin", f"kernels/{arch}/selective.ptx"]
+    assert plan["kernels"] == {"arch": arch, "files": shipped, "skipped": None}
+    assert sorted(result.kernel_files) == shipped
     assert verify_bundle(bundle_dir)["ok"]
+    bundle = open_bundle(bundle_dir)
+    assert set(bundle.files("kernels/")) == set(shipped)
+    loaded = selective_cuda.load_bundle_kernels(bundle, "cuda:0")  # what Decoder(plan="auto") loads
+    assert loaded is not None and loaded.origin == str(bundle.file(shipped[0]))
 
 
 def test_compiled_kernels_are_shipped_only_after_loading_and_checking():
-    import shutil
-
-    from zerogr_build.tune import compile_and_check_kernels
-
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed")
     if torch.cuda.is_available():

@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 
 from zerogr_build.bundle import publish_bundle, verify_bundle
 from zerogr_build.cli import app
+from zerogr_build.config import TuneSettings, load_tune_settings
+from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
 
 
@@ -47,9 +49,6 @@ def test_tune_cli_usage_errors_exit_2(tmp_path):
 
 
 def test_tune_settings_from_config_and_overrides(tmp_path):
-    from zerogr_build.errors import InputError
-    from zerogr_build.tune import TuneSettings, load_tune_settings
-
     root = Path(__file__).resolve().parent.parent
     settings, device = load_tune_settings(root / "configs" / "default.toml")
     assert settings == TuneSettings() and device is None  # the shipped file states the defaults

@@ -1,69 +1,61 @@
 """zerogr: per-step constrained-decoding indexes for generative recommenders.
 
-Public API (everything else is internal):
-    build_index(sids, codebook_sizes) -> SidIndex       the step tables, in memory (pure numpy/numba)
-    read_catalog(path, ...) -> Catalog                  a Parquet SID catalog, validated
-    publish_bundle / open_bundle / verify_bundle        the versioned on-disk bundle (docs/bundle-format.md)
-    Decoder(index_or_bundle, weights, device, order, plan)   filter-first constrained beam search (torch)
-    tune_bundle / find_plan                             per-step scoring plans measured on a device
-    HotSwap, load_arrays_to_device                      double-buffered loading and version swaps on a GPU
-Nothing here imports torch, cupy or CUDA at import time.
+This is the public API of zerogr; everything else is reached through its submodules.
+
+    read_catalog(path, ...) -> Catalog                      a Parquet SID catalog, validated
+    build_index(sids, codebook_sizes) -> SidIndex           the step tables, in memory (pure numpy/numba)
+    publish_bundle / promote_bundle                         the versioned on-disk bundle (bundle-format.md)
+    open_bundle(path) -> Bundle / verify_bundle(path)       read (checksums, shapes) / check every invariant
+    Decoder(index_or_bundle, weights, device, order, plan)  constrained beam search (torch)
+    BeamState / SearchResult                                 the Decoder's step state and result
+    HotSwap                                                  load the next version beside the live one, swap
+    tune_bundle(bundle, ...)                                 per-step scoring plans measured on a device
+    ZerogrError / InputError / BundleError                   what zerogr raises
+
+Nothing here imports torch, cupy or CUDA at import time: the names that need torch load on first use.
 """
 
-from .bundle import (
-    Bundle,
-    add_bundle_files,
-    open_bundle,
-    promote_bundle,
-    publish_bundle,
-    resolve_bundle,
-    verify_bundle,
-)
+from .bundle import Bundle, open_bundle, promote_bundle, publish_bundle, verify_bundle
 from .catalog import Catalog, read_catalog
-from .config import BuildSettings, load_settings
 from .errors import BundleError, InputError, ZerogrError
-from .index import FormatPolicy, SidIndex, StepTable, build_index
+from .index import SidIndex, build_index
 from .runtime.hotswap import HotSwap
-from .runtime.stream import load_arrays_to_device
-from .tune import TuneSettings, find_plan, tune_bundle
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "Decoder": "zerogr_build.runtime.decoder",
+    "BeamState": "zerogr_build.runtime.decoder",
+    "SearchResult": "zerogr_build.runtime.decoder",
+    "tune_bundle": "zerogr_build.tune",
+}
+
 
 def __getattr__(name: str):
-    """Decoder, BeamState, SearchResult load on first use (they import torch; the CLI need not)."""
-    if name in ("Decoder", "BeamState", "SearchResult"):
-        from .runtime import decoder
+    """The names that import torch (the Decoder and its types, tune_bundle) load on first use."""
+    if name in _LAZY:
+        import importlib
 
-        return getattr(decoder, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'zerogr_build' has no attribute {name!r}")
 
 
 __all__ = [
     "BeamState",
-    "BuildSettings",
     "Bundle",
     "BundleError",
     "Catalog",
     "Decoder",
-    "FormatPolicy",
     "HotSwap",
     "InputError",
     "SearchResult",
     "SidIndex",
-    "StepTable",
-    "TuneSettings",
     "ZerogrError",
-    "add_bundle_files",
     "build_index",
-    "find_plan",
-    "load_arrays_to_device",
-    "load_settings",
     "open_bundle",
     "promote_bundle",
     "publish_bundle",
     "read_catalog",
-    "resolve_bundle",
     "tune_bundle",
     "verify_bundle",
 ]

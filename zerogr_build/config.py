@@ -1,31 +1,31 @@
-"""Build settings: defaults (in code, so an installed package needs no checkout), a TOML file, CLI overrides.
+"""Build and tune settings: defaults (in code, so an installed package needs no checkout), a TOML file, CLI
+overrides.
 
-Precedence: dataclass defaults < `[build]` table of the config file < CLI flags. configs/default.toml lists
-every key with its default (a test keeps the two in step). TOML has no null, so "not set" is spelled as an
-empty value: sid_columns = [] (use sid_column), codebook_sizes = [] (infer), workers = 0 (all cores),
-keep = 0 (keep every version), model_version = "".
+Precedence: dataclass defaults < `[build]` / `[tune]` table of the config file < CLI flags.
+configs/default.toml lists every key with its default (a test keeps the two in step). TOML has no null, so
+"not set" is spelled as an empty value: sid_columns = [] (use sid_column), codebook_sizes = [] (infer),
+workers = 0 (all cores), keep = 0 (keep every version), model_version = "", device = "" (tune).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from .errors import InputError
+from .runtime.device import parse_device
+from .runtime.dtypes import DTYPE_NAMES
 
 try:  # Python >= 3.11
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-#: Tables a config file may hold. `build` is read here; other commands read their own table.
+#: Tables a config file may hold.
 KNOWN_TABLES = frozenset({"build", "tune"})
-
-_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
 @dataclass(frozen=True)
@@ -111,23 +111,9 @@ def _check_values(s: BuildSettings, where: str) -> None:
         raise InputError(f"{where}: dense_max_bytes must be >= 0, got {s.dense_max_bytes}")
     if any(v < 1 for v in s.codebook_sizes):
         raise InputError(f"{where}: codebook sizes must be >= 1, got {list(s.codebook_sizes)}")
-    if not _DEVICE.match(s.device):
-        raise InputError(f"{where}: device must be cpu or cuda:N, got {s.device!r}")
+    parse_device(s.device, f"{where}: device")
     if s.sid_columns and len(set(s.sid_columns)) != len(s.sid_columns):
         raise InputError(f"{where}: sid_columns names a column twice: {list(s.sid_columns)}")
-
-
-def check_device(device: str) -> None:
-    """Fail before any work when a CUDA device was asked for but is not there (torch imported only then)."""
-    if device == "cpu":
-        return
-    import torch
-
-    index = int(device.split(":", 1)[1]) if ":" in device else 0
-    if not torch.cuda.is_available():
-        raise InputError(f"--device {device}: no CUDA device is available on this machine")
-    if index >= torch.cuda.device_count():
-        raise InputError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) present")
 
 
 def read_config_table(config_file: str | Path, table: str) -> dict[str, Any]:
@@ -184,6 +170,51 @@ def load_settings(
     return settings
 
 
+@dataclass(frozen=True)
+class TuneSettings:
+    """What `zerogr tune` measures. dtypes None: fp32 and bf16 on a GPU, fp32 on a CPU."""
+
+    batch_sizes: tuple[int, ...] = (1, 8, 32, 128)
+    beam_width: int = 16
+    dtypes: tuple[str, ...] | None = None
+    hidden_dim: int = 128
+    weights: str | None = None
+    warmup: int = 3
+    iters: int = 10
+    order: str = "filter_first"
+    seed: int = 0
+
+
+def load_tune_settings(
+    config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> tuple[TuneSettings, str | None]:
+    """(TuneSettings, device or None): defaults, then the config file's [tune] table, then `overrides`
+    (None values ignored, so CLI flags not given keep the file's value). Keys: the TuneSettings fields plus
+    `device` ("" = not set: the command line must name it). Lists may be TOML arrays or "1,8,32" strings;
+    an empty dtypes / weights means "not set". Unknown keys and bad values raise InputError."""
+    defaults = TuneSettings()
+    known = [*(f.name for f in fields(TuneSettings)), "device"]
+    values, _ = layered_values("tune", config_file, overrides, known, _coerce_tune)
+    device = values.pop("device", None) or None
+    return dataclasses.replace(defaults, **values), device
+
+
+def _coerce_tune(key: str, value: Any, where: str) -> Any:
+    option = f"{where}: {key}"
+    if key in ("batch_sizes", "dtypes"):
+        text = ",".join(str(v) for v in value) if isinstance(value, list | tuple) else str(value)
+        if key == "batch_sizes":
+            return parse_positive_ints(text, option)
+        return parse_dtypes(text) if text.strip() else None
+    if key in ("weights", "device", "order"):
+        if not isinstance(value, str):
+            raise InputError(f"{option}: expected a string, got {value!r}")
+        return value or (None if key != "order" else TuneSettings().order)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{option}: expected an integer, got {value!r}")
+    return value
+
+
 def layered_values(
     section: str,
     config_file: str | Path | None,
@@ -220,3 +251,22 @@ def parse_int_list(text: str, option: str) -> tuple[int, ...]:
 def parse_name_list(text: str) -> tuple[str, ...]:
     """ "c0, c1,c2" -> ("c0", "c1", "c2")."""
     return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def parse_positive_ints(text: str, option: str) -> tuple[int, ...]:
+    """'1,8,32' -> (1, 8, 32): one value or more, each >= 1; InputError naming the option otherwise."""
+    values = parse_int_list(text, option)
+    if not values or any(v < 1 for v in values):
+        raise InputError(f"{option}: expected positive integers, got {text!r}")
+    return values
+
+
+def parse_dtypes(text: str | None) -> tuple[str, ...] | None:
+    """'fp32,bf16' -> ("fp32", "bf16") (None stays None); InputError for anything but fp32, fp16, bf16."""
+    if text is None:
+        return None
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [n for n in names if n not in DTYPE_NAMES]
+    if not names or bad:
+        raise InputError(f"--dtypes: expected a list of {', '.join(DTYPE_NAMES)}, got {text!r}")
+    return names

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .config import BuildSettings, check_device, load_settings
+from .config import BuildSettings, load_settings
 from .progress import NULL_PROGRESS, Progress
+from .runtime.device import check_device
 
 if TYPE_CHECKING:
     from .catalog import Catalog

@@ -40,9 +40,9 @@ def compare(
     with cli_errors():
         # Imported when the command runs: compare decodes with torch, `zerogr --help` should not load it.
         from ..compare import parse_ks, run_compare
-        from ..config import check_device  # H1-contract: from ..runtime.device import parse_device
+        from ..runtime.device import check_device
 
-        check_device(device)  # H1-contract: parse_device(device)
+        check_device(device)
         with progress_for(json_out) as progress:
             report = run_compare(
                 bundle_path(bundle, config), model, requests, beam_width=beam_width, ks=parse_ks(k),

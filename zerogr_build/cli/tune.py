@@ -54,12 +54,9 @@ def tune(
     bundle as plans/<device-key>.json (plus compiled kernels under kernels/<arch>/ on a GPU)."""
     with cli_errors():
         # Imported when the command runs: tune needs torch, and `zerogr --help` should not pay for it.
-        from ..config import check_device  # H1-contract: from ..runtime.device import parse_device
-        from ..tune import (
-            load_tune_settings,  # H1-contract: from ..config import load_tune_settings
-            tune_bundle,  # H1-contract: tune_bundle from the tune/ package
-        )
-        from ..tune import parse_device as device_for  # H1-contract: from ..runtime.device import device_for
+        from ..config import load_tune_settings
+        from ..runtime.device import check_device, device_for
+        from ..tune import tune_bundle
 
         overrides = {
             "batch_sizes": batch_sizes,
@@ -72,7 +69,7 @@ def tune(
         }
         settings, config_device = load_tune_settings(config, overrides)
         dev = device_for(gpu, device if device is not None or gpu is not None else config_device)
-        check_device(dev)  # H1-contract: dev = parse_device(dev)
+        check_device(dev)
         with progress_for(quiet) as progress, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = tune_bundle(bundle_path(bundle, config), dev, settings, progress=progress)

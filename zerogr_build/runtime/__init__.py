@@ -1,29 +1,12 @@
-"""The serving side: Decoder (filter-first constrained beam search), scoring modes, plans, streaming.
+"""The serving side: filter-first constrained beam search over a bundle's step tables.
 
-Names are imported lazily so that `import zerogr_build.runtime.stream` (or anything else here) does not pay
-for torch until a Decoder is actually used.
+    decoder.py      Decoder, BeamState, SearchResult (zerogr_build.Decoder loads it on first use)
+    slots.py        slot caps and candidate slots per beam; lanes.py: overflow lanes of heavy beams
+    scoring/        scoring modes (full, selective, selective_cuda) and the CUDA kernels
+    plan.py         tuned plans (plans/<device>.json) and the mode heuristic
+    weights.py      per-step output layers
+    device.py       device strings and identity; dtypes.py: dtype names
+    stream.py, hotswap.py   loading tables onto a device, swapping versions
+
+This package imports nothing itself, so `import zerogr_build.runtime.device` does not pay for torch.
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-_LAZY = {
-    "Decoder": ".decoder",
-    "BeamState": ".decoder",
-    "SearchResult": ".decoder",
-    "ORDERS": ".decoder",
-    "available_modes": ".scoring",
-    "get_mode": ".scoring",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = sorted(_LAZY)

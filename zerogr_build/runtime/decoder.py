@@ -26,7 +26,6 @@ score underflows to -inf would be treated as padding.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,11 +36,13 @@ import torch
 from ..errors import InputError
 from ..index import SidIndex
 from .device_tables import DeviceStep, index_to_device
-from .plan import dtype_name, find_bundle_plan, heuristic_mode, load_plan, planned_mode
+from .lanes import plan_lanes
+from .plan import ModeChooser, auto_plan, load_plan
 from .scoring import available_modes, get_mode
 from .scoring.full_torch import full_logits, read_slots
+from .scoring.selective_cuda import load_bundle_kernels
 from .scoring.selective_torch import masked_log_softmax
-from .slots import fill_slots, lane_count, lane_width, row_extent
+from .slots import fill_slots, row_extent
 from .weights import normalize_weights
 
 ORDERS = ("filter_first", "score_first", "unconstrained")
@@ -73,6 +74,30 @@ class BeamState:
     def num_beams(self) -> int:
         return int(self.batch.shape[0])
 
+    def advance(
+        self, values: torch.Tensor, beam: torch.Tensor, token: torch.Tensor, next_row: torch.Tensor
+    ) -> BeamState:
+        """The state after every request keeps its M continuations (a new state; this one is unchanged).
+
+        Shape: values fp32 [B, M] (new totals, best first; -inf = padding); beam int64 [B, M] (the beam of
+        this state each continues); token int64 [B, M]; next_row int64 [B, M] (its row of the next table).
+        """
+        b, m = self.batch_size, self.beam_width
+        real = torch.isfinite(values.reshape(-1))
+        beam = beam.reshape(-1)
+        token = torch.where(real, token.reshape(-1), torch.zeros_like(beam))
+        rows = torch.where(real, next_row.reshape(-1), torch.full_like(beam, -1))
+        return BeamState(
+            step=self.step + 1,
+            prefixes=torch.cat([self.prefixes[beam], token[:, None]], dim=1),
+            batch=torch.arange(b, device=beam.device).repeat_interleave(m),
+            scores=values.reshape(-1).contiguous(),
+            rows=rows,
+            batch_size=b,
+            beam_width=m,
+            order=self.order,
+        )
+
 
 @dataclass(frozen=True, eq=False)
 class SearchResult:
@@ -101,8 +126,8 @@ class Decoder:
         {"weight", "bias"} dict or an nn.Linear; fp32, fp16 or bf16.
     device: "cpu", "cuda:0", ...; every step table is copied there once, here.
     order: default order of searches ("filter_first", "score_first", "unconstrained").
-    plan: None (heuristic), a plan dict / list of entries / JSON path, or "auto" (the bundle's plan for
-        this device, with a warning and the heuristic when none fits).
+    plan: None (heuristic), a Plan / plan dict / list of entries / plan file (plan.load_plan), or "auto":
+        the bundle's plan for this device (plan.find_plan), else one warning and the heuristic.
     slot_caps: slot cap K of sparse steps: None (p99-based default, see slots.py), an int, a per-step
         sequence or {step: K}.
     low_priority: on CUDA, stream the tables on low-priority copy streams (loading a new version beside
@@ -147,19 +172,15 @@ class Decoder:
         self.steps: tuple[DeviceStep, ...] = index_to_device(
             self.index, self.device, slot_caps, low_priority=low_priority
         )
-        self.leaf_offsets = np.asarray(self.index.leaf_offsets, dtype=np.int64)
         self.available_modes = available_modes(self.device)
-        auto_plan = isinstance(plan, str) and plan == "auto"
-        if auto_plan:
-            self.plan = find_bundle_plan(self.bundle, self.device)
+        self.kernels = None  # the compiled selective_cuda kernels tune shipped (plan="auto" on CUDA)
+        if isinstance(plan, str) and plan == "auto":
+            self.plan = auto_plan(self.bundle, self.device)
+            if self.bundle is not None:
+                self.kernels = load_bundle_kernels(self.bundle, self.device)
         else:
-            self.plan = load_plan(plan) if plan is not None else None
-        self._warned: set[tuple[int, str]] = set()
-        self.kernels = None  # compiled selective_cuda kernels loaded from the bundle (plan="auto", CUDA)
-        if auto_plan and self.bundle is not None and self.device.type == "cuda":
-            from ..tune import load_bundle_kernels
-
-            self.kernels = load_bundle_kernels(self.bundle, self.device)
+            self.plan = None if plan is None else load_plan(plan)
+        self._modes = ModeChooser(self.plan, self.available_modes, self.device.type)
 
     @property
     def slot_caps(self) -> tuple[int, ...]:
@@ -182,26 +203,10 @@ class Decoder:
             get_mode(requested, self.device)  # raises for unknown / unavailable
             return requested
         table = self.steps[step]
-        planned = planned_mode(
-            self.plan, step, batch_size, self.weights[step][0].dtype, available=self.available_modes
-        )
-        if planned is not None:
-            if planned in self.available_modes:
-                return planned
-            self._warn_once(step, planned, f"plan mode {planned!r} for step {step} unavailable here")
-        elif self.plan:
-            dtype = dtype_name(self.weights[step][0].dtype)
-            self._warn_once(step, dtype, f"the plan has no entry for step {step} at {dtype}")
-        return heuristic_mode(
+        return self._modes.choose(
+            step, batch_size, self.weights[step][0].dtype,
             step_format=table.format, cap=table.cap, codebook_size=table.codebook_size, order=order,
-            device_type=self.device.type, available=self.available_modes,
         )  # fmt: skip
-
-    def _warn_once(self, step: int, what: str, message: str) -> None:
-        """Warn once per (step, what) that the plan could not be followed (the heuristic is used)."""
-        if (step, what) not in self._warned:
-            self._warned.add((step, what))
-            warnings.warn(f"{message}; heuristic used", stacklevel=4)
 
     # ------------------------------------------------------------------ search
     def start(self, batch_size: int, beam_width: int, order: str | None = None) -> BeamState:
@@ -307,8 +312,8 @@ class Decoder:
     ) -> list[list[list[Any]]]:
         """Item ids of every result beam: [B][M] lists (several items may share a SID; [] at padding).
 
-        Through leaf_offsets: leaf j owns positions leaf_offsets[j]:leaf_offsets[j+1] of the leaf-ordered
-        items table. What a position resolves to:
+        Through the index's leaf map (SidIndex.leaf_items): leaf j owns a run of positions of the
+        leaf-ordered items table. What a position resolves to:
           - `items` given (ids in *catalog row order*, i.e. the rows build_index was given; needs an in-memory
             index with item_order): items[item_order[position]];
           - a Bundle: its items table (bundle.items(), leaf order);
@@ -341,23 +346,6 @@ class Decoder:
             candidates = torch.cat([candidates, pad], dim=1)
         return torch.topk(candidates, m, dim=1, sorted=True)
 
-    def _new_state(self, state: BeamState, values, beam, token, next_row) -> BeamState:
-        b, m = state.batch_size, state.beam_width
-        real = torch.isfinite(values.reshape(-1))
-        beam = beam.reshape(-1)
-        token = torch.where(real, token.reshape(-1), torch.zeros_like(beam))
-        rows = torch.where(real, next_row.reshape(-1), torch.full_like(beam, -1))
-        return BeamState(
-            step=state.step + 1,
-            prefixes=torch.cat([state.prefixes[beam], token[:, None]], dim=1),
-            batch=torch.arange(b, device=self.device).repeat_interleave(m),
-            scores=values.reshape(-1).contiguous(),
-            rows=rows,
-            batch_size=b,
-            beam_width=m,
-            order=state.order,
-        )
-
     def _step_dense(self, state: BeamState, hidden: torch.Tensor, table: DeviceStep) -> BeamState:
         """Dense step or unconstrained order: slot k = token k, one GEMM over V_t."""
         weight, bias = self.weights[table.step]
@@ -384,10 +372,10 @@ class Decoder:
             next_row = torch.zeros_like(token)
         else:
             next_row = table.next[state.rows[beam].clamp(min=0), token].long()
-        return self._new_state(state, values, beam, token, next_row)
+        return state.advance(values, beam, token, next_row)
 
     def _step_sparse(self, state: BeamState, hidden: torch.Tensor, table: DeviceStep, scoring) -> BeamState:
-        """Sparse step: K main slots per beam, overflow lanes for heavy beams (see slots.py)."""
+        """Sparse step: K main slots per beam, overflow lanes for heavy beams (see slots.py, lanes.py)."""
         weight, bias = self.weights[table.step]
         b, m = state.batch_size, state.beam_width
         per = state.num_beams // b
@@ -419,37 +407,16 @@ class Decoder:
             return raw - (lse if rows is None else lse[rows])[:, None]
 
         main = (state.scores[:, None] + log_probs(None, main_tokens)).view(b, per * k)
-        if self.static_shapes:
-            # Lane r is beam r, max_slots wide (empty unless the beam is heavy): shapes depend on the step
-            # alone and nothing is read back to the host, so the step can be captured in a CUDA graph.
-            lanes = state.num_beams if table.max_slots > k else 0
-            lane_beam = torch.where(heavy, torch.arange(lanes, device=self.device), -1) if lanes else None
-            width = table.max_slots
-        else:
-            # The one device->host sync of a step: how many lanes, how wide.
-            num_heavy, heaviest = (int(x) for x in torch.stack([heavy.sum(), count.max()]).tolist())
-            lanes = lane_count(num_heavy)
-            width = lane_width(heaviest, table.max_slots)
-            if lanes:
-                # Heavy beam j (in beam order) -> lane j, -1 = unused lane. A scatter by running count, not
-                # torch.nonzero (a second device->host sync); light beams land in a discarded slot.
-                target = torch.where(heavy, torch.cumsum(heavy, 0) - 1, lanes)
-                all_beams = torch.arange(state.num_beams, device=self.device)
-                lane_beam = torch.full((lanes + 1,), -1, dtype=torch.int64, device=self.device)
-                lane_beam = lane_beam.scatter_(0, target, all_beams)[:lanes]
-        if lanes:
-            lane_alive = lane_beam >= 0
-            lb = lane_beam.clamp(min=0)
-            lane_tokens = fill_slots(table, start[lb], torch.where(lane_alive, count[lb], 0), width)
-            lane_totals = state.scores[lb][:, None] + log_probs(lb, lane_tokens)
-            lane_keep = min(m, width)
-            lane_values, lane_slot = torch.topk(lane_totals, lane_keep, dim=1, sorted=False)
-            if self.static_shapes:  # a request's lanes are its own beams, in order
-                extra = lane_values.view(b, per * lane_keep)
-            else:
-                extra = main.new_full((b, lanes, lane_keep), NEG_INF)
-                extra[state.batch[lb], torch.arange(lanes, device=self.device)] = lane_values
-                extra = extra.view(b, lanes * lane_keep)
+        lanes = plan_lanes(heavy, count, k, table.max_slots, static=self.static_shapes)
+        if lanes.count:
+            assert lanes.beam is not None
+            lane_beam = lanes.beam.clamp(min=0)
+            lane_count = torch.where(lanes.beam >= 0, count[lane_beam], 0)
+            lane_tokens = fill_slots(table, start[lane_beam], lane_count, lanes.width)
+            lane_totals = state.scores[lane_beam][:, None] + log_probs(lane_beam, lane_tokens)
+            keep = min(m, lanes.width)
+            lane_values, lane_slot = torch.topk(lane_totals, keep, dim=1, sorted=False)
+            extra = lanes.per_request(lane_values, state.batch[lane_beam], b)
             candidates = torch.cat([main, extra], dim=1)
         else:
             candidates = main
@@ -460,17 +427,15 @@ class Decoder:
         main_cols = cols.clamp(max=num_main - 1)
         beam = torch.arange(b, device=self.device)[:, None] * per + main_cols // k
         slot = main_cols % k
-        if lanes:
+        if lanes.count:
             extra_cols = (cols - num_main).clamp(min=0, max=extra.shape[1] - 1)
-            lane, rank = extra_cols // lane_keep, extra_cols % lane_keep
-            if self.static_shapes:
-                lane = torch.arange(b, device=self.device)[:, None] * per + lane
-            beam = torch.where(is_main, beam, lb[lane])
-            slot = torch.where(is_main, slot, lane_slot[lane, rank])
+            lane = lanes.lane_of(extra_cols // keep)
+            beam = torch.where(is_main, beam, lane_beam[lane])
+            slot = torch.where(is_main, slot, lane_slot[lane, extra_cols % keep])
         flat = (start[beam] + slot).clamp(max=table.nnz - 1)
         assert table.tokens is not None
         token = table.tokens[flat].long()
-        return self._new_state(state, values, beam, token, flat)
+        return state.advance(values, beam, token, flat)
 
 
 __all__ = ["ORDERS", "BeamState", "Decoder", "SearchResult"]

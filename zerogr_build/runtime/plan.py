@@ -1,18 +1,20 @@
 """Which scoring mode a step uses: the tuned plan's choice, else a documented heuristic.
 
-A plan (written by `zerogr tune` into the bundle as plans/<device-key>.json) is a dict with `entries`, each
-{"step": t, "batch_size": B, "dtype": "fp32"|"fp16"|"bf16", "mode": name, ...}. Lookup for (step, batch,
-dtype) takes the entries of that step and dtype and picks the one whose batch size is nearest in log scale
-(ties go to the larger batch); no entry -> no plan answer. If the planned mode is not available on this
-device (e.g. the kernel backend failed to load), the fastest *available* mode in the entry's `timings_ms`.
+A plan is what `zerogr tune` measured on one device class, stored in the bundle as plans/<device-key>.json
+(format: docs/bundle-format.md, section 11). `load_plan` reads and validates one, `find_plan` finds the one of
+a device in a bundle, `Plan.mode_for` answers the Decoder's question for (step, batch size, dtype):
 
-Heuristic (no plan, or no entry, or the planned mode is not available here):
-  - dense steps, the score-first order and the unconstrained order -> "full": all V_t logits are needed
-    anyway (slot k is token k at a dense step; score-first normalises over all V_t), so one GEMM is the
-    cheapest way to get them.
-  - sparse steps under filter-first -> a selective mode when the slot cap K is small against V_t:
-    K * 32 <= V_t on CPU (a gathered dot product costs several GEMM flops there), K * 8 <= V_t on CUDA;
-    "selective_cuda" when that backend is available, else "selective"; otherwise "full".
+  - lookup: the entries of that step and dtype, the one whose batch size is nearest in log scale (ties go
+    to the larger batch); no entry -> no plan answer. If the planned mode is not available on this device
+    (e.g. the kernel backend failed to load), the fastest *available* mode in the entry's `timings_ms`.
+  - heuristic (no plan, no entry, or nothing available): dense steps, the score-first order and the
+    unconstrained order -> "full": all V_t logits are needed anyway (slot k is token k at a dense step;
+    score-first normalises over all V_t), so one GEMM is the cheapest way to get them. Sparse steps under
+    filter-first -> a selective mode when the slot cap K is small against V_t: K * 32 <= V_t on CPU (a
+    gathered dot product costs several GEMM flops there), K * 8 <= V_t on CUDA; "selective_cuda" when
+    that backend is available, else "selective"; otherwise "full".
+
+`ModeChooser` combines the two for a Decoder and warns once per step when the plan cannot be followed.
 """
 
 from __future__ import annotations
@@ -21,90 +23,197 @@ import json
 import math
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import torch
+from ..errors import BundleError, InputError
+from .device import device_key
+from .dtypes import DTYPE_NAMES, dtype_name
 
-from ..errors import InputError
-
-DTYPE_NAMES = {
-    torch.float32: "fp32",
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-}
-_DTYPE_ALIASES = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
-    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
-}  # fmt: skip
+PLAN_FORMAT = "zerogr-plan"
+PLAN_FORMAT_VERSION = 1
+MAX_PLAN_BYTES = 16 << 20  # far above any real plan; a bigger file is refused unread
 
 
-def dtype_name(dtype: torch.dtype | str) -> str:
-    """Canonical plan dtype name ("fp32", "fp16", "bf16") of a torch dtype or an alias string."""
-    if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPE_NAMES:
-            raise InputError(f"unsupported weight dtype {dtype} (fp32, fp16 or bf16)")
-        return DTYPE_NAMES[dtype]
-    key = str(dtype).lower()
-    if key not in _DTYPE_ALIASES:
-        raise InputError(f"unknown dtype name {dtype!r} in plan (fp32, fp16 or bf16)")
-    return _DTYPE_ALIASES[key]
+@dataclass(frozen=True)
+class PlanEntry:
+    """One measurement: at `step`, `batch_size` requests, weights of `dtype`, `mode` was fastest.
+    timings_ms: median ms of every mode timed ({} when the plan did not record them)."""
+
+    step: int
+    batch_size: int
+    dtype: str
+    mode: str
+    timings_ms: Mapping[str, float] = field(default_factory=dict)
 
 
-def load_plan(plan: Mapping[str, Any] | Sequence[Mapping[str, Any]] | str | Path) -> dict[str, Any]:
-    """A plan as a dict with "entries": from a dict, a bare list of entries, or a JSON file path."""
-    if isinstance(plan, (str, Path)):
-        path = Path(plan)
-        try:
-            plan = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{path}: cannot read plan ({exc})") from exc
-    if isinstance(plan, Mapping):
-        entries = plan.get("entries")
-        if not isinstance(entries, list):
-            raise InputError("plan has no 'entries' list")
-        return dict(plan)
-    if isinstance(plan, Sequence):
-        return {"entries": list(plan)}
-    raise InputError(f"plan must be a dict, a list of entries or a JSON path, got {type(plan).__name__}")
+@dataclass(frozen=True)
+class Plan:
+    """A validated plan. data: the whole document as read (what tune wrote); path: its file, if any."""
 
+    entries: tuple[PlanEntry, ...]
+    device_key: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    path: Path | None = None
 
-def planned_mode(
-    plan: Mapping[str, Any] | None,
-    step: int,
-    batch_size: int,
-    dtype: torch.dtype | str,
-    available: Sequence[str] | None = None,
-) -> str | None:
-    """The plan's mode for (step, batch_size, dtype): the entry of that step and dtype whose batch size is
-    nearest in log scale (ties -> larger); None without a plan or a matching entry. With `available`, a
-    planned mode not in it is replaced by the fastest available mode of the entry's timings_ms (if any)."""
-    if not plan:
-        return None
-    want = dtype_name(dtype)
-    best: tuple[float, int] | None = None
-    chosen: Mapping[str, Any] | None = None
-    for entry in plan.get("entries", ()):
-        try:
-            if int(entry["step"]) != step or dtype_name(entry["dtype"]) != want:
+    def mode_for(
+        self, step: int, batch_size: int, dtype: Any, available: Sequence[str] | None = None
+    ) -> str | None:
+        """The planned mode of the entry of `step` and `dtype` at the batch size nearest to `batch_size`
+        (log scale, ties to the larger). With `available`: that mode if it is available, else the fastest
+        available mode of the entry's timings; None when the plan has nothing (usable) for this step."""
+        want = dtype_name(dtype)
+        target = max(batch_size, 1)
+        chosen: PlanEntry | None = None
+        best: tuple[Fraction, int] | None = None
+        for entry in self.entries:
+            if entry.step != step or entry.dtype != want:
                 continue
-            size = int(entry["batch_size"])
-            str(entry["mode"])
-        except (KeyError, TypeError, ValueError, InputError):
-            continue
-        key = (abs(math.log(max(size, 1)) - math.log(max(batch_size, 1))), -size)
-        if best is None or key < best:
-            best, chosen = key, entry
-    if chosen is None:
-        return None
-    mode = str(chosen["mode"])
-    if available is not None and mode not in available:
-        timings = chosen.get("timings_ms") or {}
-        usable = {m: float(v) for m, v in timings.items() if m in available}
-        if usable:
-            return min(usable, key=usable.__getitem__)
-    return mode
+            # Distance on a log scale is the ratio of the larger to the smaller size; exact, so that a
+            # batch at the geometric mean of two entries is a true tie (floats would pick by rounding).
+            ratio = Fraction(max(entry.batch_size, target), min(entry.batch_size, target))
+            key = (ratio, -entry.batch_size)
+            if best is None or key < best:
+                best, chosen = key, entry
+        if chosen is None:
+            return None
+        if available is None or chosen.mode in available:
+            return chosen.mode
+        usable = {m: t for m, t in chosen.timings_ms.items() if m in available}
+        return min(usable, key=usable.__getitem__) if usable else None
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+def load_plan(
+    source: Plan | Mapping[str, Any] | Sequence[Mapping[str, Any]] | str | Path,
+    *,
+    expect_key: str | None = None,
+) -> Plan:
+    """A validated Plan from a plan file (str / Path), a plan document (dict) or a bare list of entries.
+
+    A file must be a whole plan document (docs/bundle-format.md, section 11), with `device_key` equal to
+    `expect_key` when given; BundleError naming the file and the first broken rule otherwise. An
+    in-memory dict needs only `entries` (`format`, `format_version` and `device_key` are checked when
+    present); InputError for a broken in-memory plan."""
+    if isinstance(source, Plan):
+        return source
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        return _validate(_read_json(path), str(path), BundleError, whole=True, path=path, key=expect_key)
+    if isinstance(source, Mapping):
+        return _validate(source, "plan", InputError, whole=False)
+    if isinstance(source, Sequence):
+        return _validate({"entries": list(source)}, "plan", InputError, whole=False)
+    raise InputError(f"plan must be a dict, a list of entries or a JSON path, got {type(source).__name__}")
+
+
+def find_plan(bundle: Any, device: Any) -> Plan | None:
+    """The plan measured on this device's class (same device_key) in an opened Bundle, or None when the
+    bundle has none. BundleError naming the file when it has one that breaks the format."""
+    key = device_key(str(device))
+    name = bundle.plans().get(key)
+    return None if name is None else load_plan(bundle.file(name), expect_key=key)
+
+
+def auto_plan(bundle: Any, device: Any) -> Plan | None:
+    """plan="auto": the bundle's plan for this device, or None with one warning saying why (no bundle, no
+    plan for the device, or a plan file that breaks the format, named) - never an error."""
+    if bundle is None:
+        reason = "plan='auto' needs a Bundle"
+    else:
+        try:
+            found = find_plan(bundle, device)
+        except BundleError as exc:
+            found, reason = None, f"plan='auto': ignoring a broken plan: {exc}"
+        else:
+            reason = f"plan='auto': no plan for {device} in the bundle"
+        if found is not None:
+            return found
+    warnings.warn(f"{reason}; using the heuristic", stacklevel=3)
+    return None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_PLAN_BYTES + 1)
+    except OSError as exc:
+        raise BundleError(f"{path}: cannot read plan ({exc})") from exc
+    if len(raw) > MAX_PLAN_BYTES:
+        raise BundleError(f"{path}: plan larger than {MAX_PLAN_BYTES} bytes")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise BundleError(f"{path}: plan is not valid JSON ({type(exc).__name__}: {exc})") from exc
+
+
+def _validate(
+    data: Any,
+    where: str,
+    error: type[Exception],
+    *,
+    whole: bool,
+    path: Path | None = None,
+    key: str | None = None,
+) -> Plan:
+    """Every rule of the plan format, in order; the first broken one raises `error` naming `where`."""
+
+    def fail(rule: str) -> Exception:
+        return error(f"{where}: {rule}")
+
+    if not isinstance(data, Mapping):
+        raise fail(f"a plan must be a JSON object, got {type(data).__name__}")
+    for name, want in (("format", PLAN_FORMAT), ("format_version", PLAN_FORMAT_VERSION)):
+        if name in data or whole:
+            got = data.get(name)
+            if type(got) is not type(want) or got != want:
+                raise fail(f"{name} must be {want!r}, got {got!r} (not a zerogr plan of this version)")
+    got_key = data.get("device_key")
+    if (got_key is not None or whole) and not (isinstance(got_key, str) and got_key):
+        raise fail(f"device_key must be a non-empty string, got {got_key!r}")
+    if key is not None and got_key != key:
+        raise fail(f"device_key {got_key!r} differs from the file name's {key!r}")
+    entries = data.get("entries")
+    if not isinstance(entries, list):
+        raise fail(f"entries must be a list, got {type(entries).__name__}")
+    parsed = tuple(_entry(e, i, fail) for i, e in enumerate(entries))
+    seen: set[tuple[int, int, str]] = set()
+    for i, e in enumerate(parsed):
+        if (e.step, e.batch_size, e.dtype) in seen:
+            raise fail(
+                f"entries[{i}]: a second entry for step {e.step}, batch_size {e.batch_size}, {e.dtype}"
+            )
+        seen.add((e.step, e.batch_size, e.dtype))
+    return Plan(parsed, got_key, dict(data), path)
+
+
+def _entry(entry: Any, i: int, fail: Any) -> PlanEntry:
+    at = f"entries[{i}]"
+    if not isinstance(entry, Mapping):
+        raise fail(f"{at} must be an object, got {type(entry).__name__}")
+    for name, low in (("step", 0), ("batch_size", 1)):
+        value = entry.get(name)
+        if type(value) is not int or value < low:
+            raise fail(f"{at}: {name} must be an integer >= {low}, got {value!r}")
+    dtype, mode, timings = entry.get("dtype"), entry.get("mode"), entry.get("timings_ms", {})
+    if dtype not in DTYPE_NAMES:
+        raise fail(f"{at}: dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+    if not (isinstance(mode, str) and mode):
+        raise fail(f"{at}: mode must be a non-empty string, got {mode!r}")
+    if not isinstance(timings, Mapping) or not all(
+        isinstance(m, str) and type(t) in (int, float) and math.isfinite(t) and t >= 0
+        for m, t in timings.items()
+    ):
+        raise fail(f"{at}: timings_ms must map mode names to finite numbers >= 0")
+    timings = {m: float(t) for m, t in timings.items()}
+    return PlanEntry(entry["step"], entry["batch_size"], dtype, mode, timings)
+
+
+# ------------------------------------------------------------------------------------------ choosing
 
 
 def heuristic_mode(
@@ -119,15 +228,57 @@ def heuristic_mode(
     return "selective_cuda" if "selective_cuda" in available else "selective"
 
 
-def find_bundle_plan(bundle: Any, device: torch.device) -> dict[str, Any] | None:
-    """plan="auto": the bundle's plan measured on this device class (tune.find_plan), or None (warns)."""
-    if bundle is None:
-        warnings.warn("plan='auto' needs a Bundle; using the heuristic", stacklevel=3)
-        return None
-    from ..tune import find_plan  # tune imports the runtime: resolve at call time
+class ModeChooser:
+    """A Decoder's mode choice without an explicit mode: the plan (nearest batch), else the heuristic.
+    Warns once per (step, reason) when there is a plan that cannot be followed."""
 
-    found = find_plan(bundle, str(device))
-    if found is None:
-        warnings.warn(f"plan='auto': no plan for {device} in the bundle; using the heuristic", stacklevel=3)
-        return None
-    return dict(found.data)
+    def __init__(self, plan: Plan | None, available: Sequence[str], device_type: str) -> None:
+        self.plan = plan
+        self.available = list(available)
+        self.device_type = device_type
+        self._warned: set[tuple[int, str]] = set()
+
+    def choose(
+        self,
+        step: int,
+        batch_size: int,
+        dtype: Any,
+        *,
+        step_format: str,
+        cap: int,
+        codebook_size: int,
+        order: str,
+    ) -> str:
+        """The mode of `step` for `batch_size` requests with weights of `dtype` (see the module docstring)."""
+        if self.plan is not None:
+            planned = self.plan.mode_for(step, batch_size, dtype, self.available)
+            if planned is not None:
+                return planned
+            wanted = self.plan.mode_for(step, batch_size, dtype)
+            if wanted is None:
+                name = dtype_name(dtype)
+                self._warn(step, name, f"the plan has no entry for step {step} at {name}")
+            else:
+                self._warn(step, wanted, f"plan mode {wanted!r} for step {step} unavailable here")
+        return heuristic_mode(
+            step_format=step_format, cap=cap, codebook_size=codebook_size, order=order,
+            device_type=self.device_type, available=self.available,
+        )  # fmt: skip
+
+    def _warn(self, step: int, what: str, message: str) -> None:
+        if (step, what) not in self._warned:
+            self._warned.add((step, what))
+            warnings.warn(f"{message}; heuristic used", stacklevel=5)
+
+
+__all__ = [
+    "PLAN_FORMAT",
+    "PLAN_FORMAT_VERSION",
+    "ModeChooser",
+    "Plan",
+    "PlanEntry",
+    "auto_plan",
+    "find_plan",
+    "heuristic_mode",
+    "load_plan",
+]

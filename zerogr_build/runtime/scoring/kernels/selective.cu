@@ -210,6 +210,40 @@ __device__ __forceinline__ void normalise_row(float* out_row, int K, float lse) 
     }
 }
 
+// What every thread of the block that owns beam row r = blockIdx.x works with: hidden[r] in shared memory as
+// fp32, the row's slot tokens and output, its lane and warp, and whether weight rows are read as vectors.
+struct RowContext {
+    const float* hidden_s;
+    const int* tokens_row;
+    float* out_row;
+    int lane;
+    int warp;
+    int warps;
+    bool vectorised;
+};
+
+// The block prologue of both kernels: loads hidden[r] into dynamic shared memory (d * 4 bytes; ends with a
+// block barrier) and locates row r of slot_tokens and out.
+template <typename T>
+__device__ __forceinline__ RowContext row_context(const T* __restrict__ hidden, long long hidden_row_stride,
+                                                  const T* __restrict__ weight, long long weight_row_stride,
+                                                  const int* slot_tokens, long long slots_row_stride,
+                                                  float* out, long long out_row_stride, int d) {
+    extern __shared__ float4 zg_dynamic_smem[];
+    float* hidden_s = reinterpret_cast<float*>(zg_dynamic_smem);
+    const long long r = blockIdx.x;
+    load_hidden<T>(hidden + r * hidden_row_stride, hidden_s, d);
+    RowContext row;
+    row.hidden_s = hidden_s;
+    row.tokens_row = slot_tokens + r * slots_row_stride;
+    row.out_row = out + r * out_row_stride;
+    row.lane = threadIdx.x & 31;
+    row.warp = threadIdx.x >> 5;
+    row.warps = blockDim.x >> 5;
+    row.vectorised = rows_are_vector_aligned<T>(weight, weight_row_stride);
+    return row;
+}
+
 // grid = (R, ceil(K / slots_per_block)), block = 32 * warps threads, dynamic shared memory = d * 4 bytes.
 template <typename T>
 __device__ __forceinline__ void scores_impl(const T* __restrict__ hidden, long long hidden_row_stride,
@@ -218,23 +252,14 @@ __device__ __forceinline__ void scores_impl(const T* __restrict__ hidden, long l
                                             long long slots_row_stride, float* __restrict__ out,
                                             long long out_row_stride, int K, int d, long long V,
                                             int slots_per_block) {
-    extern __shared__ float4 zg_dynamic_smem[];
-    float* hidden_s = reinterpret_cast<float*>(zg_dynamic_smem);
-    const long long r = blockIdx.x;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int warps = blockDim.x >> 5;
+    const RowContext row = row_context<T>(hidden, hidden_row_stride, weight, weight_row_stride, slot_tokens,
+                                          slots_row_stride, out, out_row_stride, d);
     const int k_begin = blockIdx.y * slots_per_block;
     const int k_end = min(K, k_begin + slots_per_block);
-
-    load_hidden<T>(hidden + r * hidden_row_stride, hidden_s, d);
-    const bool vectorised = rows_are_vector_aligned<T>(weight, weight_row_stride);
-    const int* tokens_row = slot_tokens + r * slots_row_stride;
-    float* out_row = out + r * out_row_stride;
-    for (int k = k_begin + warp; k < k_end; k += warps) {
-        const float s =
-            slot_score<T>(weight, weight_row_stride, bias, tokens_row[k], V, hidden_s, d, vectorised, lane);
-        if (lane == 0) out_row[k] = s;
+    for (int k = k_begin + row.warp; k < k_end; k += row.warps) {
+        const float s = slot_score<T>(weight, weight_row_stride, bias, row.tokens_row[k], V, row.hidden_s, d,
+                                      row.vectorised, row.lane);
+        if (row.lane == 0) row.out_row[k] = s;
     }
 }
 
@@ -247,29 +272,20 @@ __device__ __forceinline__ void log_softmax_impl(const T* __restrict__ hidden, l
                                                  const int* __restrict__ slot_tokens,
                                                  long long slots_row_stride, float* out,
                                                  long long out_row_stride, int K, int d, long long V) {
-    extern __shared__ float4 zg_dynamic_smem[];
-    float* hidden_s = reinterpret_cast<float*>(zg_dynamic_smem);
-    const long long r = blockIdx.x;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int warps = blockDim.x >> 5;
-
-    load_hidden<T>(hidden + r * hidden_row_stride, hidden_s, d);
-    const bool vectorised = rows_are_vector_aligned<T>(weight, weight_row_stride);
-    const int* tokens_row = slot_tokens + r * slots_row_stride;
-    float* out_row = out + r * out_row_stride;
+    const RowContext row = row_context<T>(hidden, hidden_row_stride, weight, weight_row_stride, slot_tokens,
+                                          slots_row_stride, out, out_row_stride, d);
     Lse mine = lse_empty();
-    for (int k = warp; k < K; k += warps) {
-        const float s =
-            slot_score<T>(weight, weight_row_stride, bias, tokens_row[k], V, hidden_s, d, vectorised, lane);
-        if (lane == 0) {
-            out_row[k] = s;
+    for (int k = row.warp; k < K; k += row.warps) {
+        const float s = slot_score<T>(weight, weight_row_stride, bias, row.tokens_row[k], V, row.hidden_s, d,
+                                      row.vectorised, row.lane);
+        if (row.lane == 0) {
+            row.out_row[k] = s;
             mine = lse_add(mine, s);
         }
     }
     // block_log_sum_exp's barriers also make lane 0's global writes above visible to the whole block.
     const float lse = block_log_sum_exp(mine);
-    normalise_row(out_row, K, lse);
+    normalise_row(row.out_row, K, lse);
 }
 
 }  // namespace zg
