@@ -108,15 +108,22 @@ def _random_prefixes(rng, sids, token_table, step: int, rows: int, vocab: int) -
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=catalogs(), prompt=st.integers(0, 3), explicit=st.booleans())
-def test_processor_masks_equal_the_dict_trie(case, prompt: int, explicit: bool) -> None:
+@given(
+    case=catalogs(),
+    prompt=st.integers(0, 3),
+    explicit=st.booleans(),
+    table_bytes=st.sampled_from([0, 200, 10**6]),  # every layout mix (see vocab_masks.py)
+)
+def test_processor_masks_equal_the_dict_trie(case, prompt: int, explicit: bool, table_bytes: int) -> None:
     sids, sizes, formats, sid_map, seed = case
     rng = np.random.default_rng(seed + 1)
     index = build_index(sids, sizes, step_formats=formats)
     table = sid_map.token_table(sizes)
     vocab = int(max(int(t.max()) for t in table)) + 5
     trie = trie_children(sids, table, sid_map.eos_token_id)
-    proc = hf.SidLogitsProcessor(index, sid_map, prompt_length=prompt if explicit else None)
+    proc = hf.SidLogitsProcessor(
+        index, sid_map, prompt_length=prompt if explicit else None, table_bytes=table_bytes
+    )  # table_bytes 0: every sparse step in the slots layout
     last = len(sizes) + (sid_map.eos_token_id is not None)
     for generation in range(2):  # the second generation must be detected as a new one
         rows = int(rng.integers(1, 7))

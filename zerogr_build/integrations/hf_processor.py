@@ -24,7 +24,7 @@ from transformers import LogitsProcessor
 
 from ..errors import InputError
 from .sid_map import SidMap, catalog_token_table
-from .vocab_masks import VocabMasks
+from .vocab_masks import TABLE_BYTES, VocabMasks
 
 
 class SidLogitsProcessor(LogitsProcessor):
@@ -32,9 +32,13 @@ class SidLogitsProcessor(LogitsProcessor):
 
     bundle: a Bundle or SidIndex. sid_map: how codes are spelled as tokens (SidMap).
     prompt_length: tokens before the SID in input_ids (see the module docstring), or None to infer.
+    table_bytes: sparse steps up to this many rows * V_t get a bool row table on the device (one row
+        copy per beam); larger ones read each beam's children into slots (see vocab_masks.py).
     """
 
-    def __init__(self, bundle, sid_map: SidMap, prompt_length: int | None = None) -> None:
+    def __init__(
+        self, bundle, sid_map: SidMap, prompt_length: int | None = None, *, table_bytes: int = TABLE_BYTES
+    ) -> None:
         self.index = bundle.index if hasattr(bundle, "index") else bundle
         self.sid_map = sid_map
         self.token_table = catalog_token_table(sid_map, self.index)
@@ -43,6 +47,7 @@ class SidLogitsProcessor(LogitsProcessor):
         self.prompt_length = None if prompt_length is None else int(prompt_length)
         self.num_steps = len(self.token_table)
         self.eos_token_id = sid_map.eos_token_id
+        self.table_bytes = int(table_bytes)
         self._masks: VocabMasks | None = None
         self._start: int | None = None
         self._last: tuple[int, int] | None = None
@@ -57,7 +62,8 @@ class SidLogitsProcessor(LogitsProcessor):
         if masks is None or masks.vocab_size != vocab_size or masks.device != torch.device(device):
             if self.eos_token_id is not None and self.eos_token_id >= vocab_size:
                 raise InputError(f"eos_token_id {self.eos_token_id} is outside the vocabulary ({vocab_size})")
-            masks = self._masks = VocabMasks(self.index, self.token_table, vocab_size, device)
+            masks = VocabMasks(self.index, self.token_table, vocab_size, device, self.table_bytes)
+            self._masks = masks
         return masks
 
     def generated_length(self, input_ids: torch.Tensor) -> int:
@@ -87,18 +93,15 @@ class SidLogitsProcessor(LogitsProcessor):
         masks = self.masks_for(int(scores.shape[1]), scores.device)
         rows = masks.rows(input_ids[:, input_ids.shape[1] - step :])
         if step < self.num_steps:
-            allowed = masks.allowed(rows, step)
-        elif step == self.num_steps and self.eos_token_id is not None:
-            allowed = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
-            allowed[:, self.eos_token_id] = rows >= 0
-        else:
-            raise InputError(
-                f"generation went past the SID ({self.num_steps} tokens"
-                + (" + EOS" if self.eos_token_id is not None else "")
-                + "): set max_new_tokens to "
-                + str(self.num_steps + (self.eos_token_id is not None))
-            )
-        return scores.masked_fill(~allowed, float("-inf"))
+            return masks.apply(scores, rows, step)
+        if step == self.num_steps and self.eos_token_id is not None:
+            return masks.apply_eos(scores, rows, self.eos_token_id)
+        raise InputError(
+            f"generation went past the SID ({self.num_steps} tokens"
+            + (" + EOS" if self.eos_token_id is not None else "")
+            + "): set max_new_tokens to "
+            + str(self.num_steps + (self.eos_token_id is not None))
+        )
 
     def sids(self, sequences: torch.Tensor) -> np.ndarray:
         """int64 [n, L] codes of the SID at the end of generated sequences [n, >= L] (-1 = not a code).
