@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
 
-hf = pytest.importorskip("zerogr_build.integrations.hf")
+pytest.importorskip("transformers")
+from zerogr_build.integrations import hf  # noqa: E402
 
 
 def trie_children(sids: np.ndarray, token_table, eos: int | None) -> dict[tuple[int, ...], set[int]]:

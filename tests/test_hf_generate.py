@@ -24,11 +24,12 @@ from hypothesis import strategies as st
 from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
 
-from .conftest import HF_SID_OFFSET, HF_VOCAB
-
-hf = pytest.importorskip("zerogr_build.integrations.hf")
+pytest.importorskip("transformers")
 from transformers import LogitsProcessorList  # noqa: E402
 
+from zerogr_build.integrations import hf  # noqa: E402
+
+SID_OFFSET = 3  # conftest's tiny models: 0 pad, 1 eos, 2 bos / decoder start, then SID tokens
 TOL = 2e-4
 PADDING = -1e8  # HF beam search starts M-1 beams at -1e9: anything below this is HF's padding
 REPO = Path(__file__).resolve().parents[1]
@@ -47,17 +48,15 @@ def catalogs(draw, max_steps: int = 3):
 
 
 def sid_map_for(sizes, eos: int | None):
-    return hf.SidMap.from_offsets(
-        [HF_SID_OFFSET + sum(sizes[:t]) for t in range(len(sizes))], eos_token_id=eos
-    )
+    return hf.SidMap.from_offsets([SID_OFFSET + sum(sizes[:t]) for t in range(len(sizes))], eos_token_id=eos)
 
 
-def prompts(kind: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def prompts(model, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Two requests; for decoder-only models the second is left-padded (HF's convention)."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(HF_SID_OFFSET, HF_VOCAB, (2, 5), generator=g)
+    ids = torch.randint(SID_OFFSET, model.config.vocab_size, (2, 5), generator=g)
     mask = torch.ones_like(ids)
-    if kind in ("gpt2", "llama"):
+    if not model.config.is_encoder_decoder:
         ids[1, :2], mask[1, :2] = 0, 0
     return ids, mask
 
@@ -156,7 +155,7 @@ def test_hf_beam_search_with_processor_equals_score_first_generate(
     model = tiny_hf_models[kind]
     index = build_index(sids, sizes, step_formats=formats)
     sid_map = sid_map_for(sizes, eos)
-    ids, mask = prompts(kind)
+    ids, mask = prompts(model)
     proc = hf.SidLogitsProcessor(index, sid_map)
     out = model.generate(
         ids, attention_mask=mask, num_beams=beam_width, num_return_sequences=beam_width, do_sample=False,
@@ -196,7 +195,7 @@ def test_generate_equals_exhaustive_scoring_of_every_catalog_sid(
     sids, sizes, formats = case
     model = tiny_hf_models[kind]
     index = build_index(sids, sizes, step_formats=formats)
-    ids, mask = prompts(kind, seed=1)
+    ids, mask = prompts(model, seed=1)
     beam_width = len({tuple(s) for s in sids.tolist()}) + extra  # every prefix survives; extra = padding
     gen = hf.SidGenerator(model, index, sid_map_for(sizes, eos), slot_caps=slot_caps)
     res = gen.generate(ids, mask, beam_width=beam_width, order=order, mode=mode)
@@ -211,8 +210,8 @@ def test_unconstrained_generate_equals_exhaustive_scoring_of_every_code_tuple(
 ) -> None:
     sizes = [3, 2, 3]
     sids = np.array([[0, 1, 2], [2, 0, 0]])
-    ids, mask = prompts(kind, seed=2)
     model = tiny_hf_models[kind]
+    ids, mask = prompts(model, seed=2)
     res = hf.generate(
         model, build_index(sids, sizes), ids, mask, beam_width=18, order="unconstrained",
         sid_map=sid_map_for(sizes, eos),
@@ -234,7 +233,7 @@ def test_items_of_each_beam_are_the_catalog_items_with_that_sid(tiny_hf_models) 
     sids = np.array([[0, 1], [1, 1], [0, 1], [2, 0], [1, 2]])
     item_ids = ["a", "b", "c", "d", "e"]
     gen = hf.SidGenerator(tiny_hf_models["t5"], build_index(sids, [3, 3]), sid_map_for([3, 3], None))
-    res = gen.generate(*prompts("t5"), beam_width=6)
+    res = gen.generate(*prompts(gen.model), beam_width=6)
     items = gen.items(res, item_ids)
     for b in range(2):
         for sid, got in zip(res.sids[b].tolist(), items[b], strict=True):
@@ -247,7 +246,7 @@ def test_models_that_transform_logits_after_the_head_are_refused() -> None:
 
     torch.manual_seed(0)
     config = transformers.Gemma2Config(
-        vocab_size=HF_VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=1, head_dim=8, final_logit_softcapping=0.5, initializer_range=0.3,
     )  # fmt: skip
     model = transformers.Gemma2ForCausalLM(config).eval()
@@ -256,7 +255,7 @@ def test_models_that_transform_logits_after_the_head_are_refused() -> None:
         hf.generate(
             model,
             build_index(sids, [2, 2]),
-            *prompts("gpt2"),
+            *prompts(model),
             beam_width=2,
             sid_map=sid_map_for([2, 2], None),
         )
