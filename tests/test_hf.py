@@ -108,7 +108,7 @@ def _random_prefixes(rng, sids, token_table, step: int, rows: int, vocab: int) -
     return out
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     case=catalogs(),
     prompt=st.integers(0, 3),
