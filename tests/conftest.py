@@ -3,8 +3,57 @@ points at a change, not at a lucky draw); locally every run draws new examples."
 
 import os
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+# --- hf integration (issue 12) ---
+# Tiny, seeded, randomly initialised transformers models (no downloads). Vocabulary: 0 pad, 1 eos,
+# 2 bos / decoder start, SID tokens from HF_SID_OFFSET on, and ordinary words above them, so normalising
+# over the whole vocabulary differs from normalising over the SID codes.
+HF_VOCAB = 40
+HF_SID_OFFSET = 3
+
+
+HF_CONFIGS = {  # (config class, model class, config kwargs); std 0.3 keeps scores apart (no near-ties)
+    "t5": ("T5Config", "T5ForConditionalGeneration", {
+        "d_model": 16, "d_kv": 8, "d_ff": 32, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 2,
+        "decoder_start_token_id": 2}),
+    "bart": ("BartConfig", "BartForConditionalGeneration", {
+        "d_model": 16, "encoder_layers": 1, "decoder_layers": 2, "encoder_attention_heads": 2,
+        "decoder_attention_heads": 2, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32,
+        "max_position_embeddings": 64, "init_std": 0.3, "decoder_start_token_id": 2,
+        "forced_bos_token_id": None, "forced_eos_token_id": None}),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", {
+        "n_embd": 16, "n_layer": 2, "n_head": 2, "n_positions": 64, "initializer_range": 0.3}),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {
+        "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "max_position_embeddings": 64, "initializer_range": 0.3}),
+}  # fmt: skip
+
+
+def _tiny_hf_model(kind: str, seed: int):
+    import torch
+    import transformers
+
+    config_cls, model_cls, kwargs = HF_CONFIGS[kind]
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_cls)(
+        vocab_size=HF_VOCAB, pad_token_id=0, eos_token_id=1, bos_token_id=2, **kwargs
+    )
+    model = getattr(transformers, model_cls)(config)
+    if kind == "bart":
+        with torch.no_grad():
+            model.final_logits_bias.normal_()  # zeros by default: let the tests see whether it is added
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_models() -> dict:
+    """{"t5", "bart", "gpt2", "llama"}: tiny seeded models in eval mode, built once per session."""
+    pytest.importorskip("transformers")
+    return {kind: _tiny_hf_model(kind, seed) for seed, kind in enumerate(HF_CONFIGS, start=1)}

@@ -59,6 +59,8 @@ class BeamState:
     batch    int64 [R]: request of each beam; beams of request b are rows b*R/B .. (b+1)*R/B - 1.
     scores   fp32 [R]: sum of per-step log-probabilities (-inf at padded beams).
     rows     int64 [R]: each beam's row of step `step`'s table (its leaf once step == L); -1 = padding.
+    parents  int64 [R] or None: each beam's beam in the previous state (None at start), e.g. to reorder a
+             model's KV cache with the beams.
     """
 
     step: int
@@ -69,6 +71,7 @@ class BeamState:
     batch_size: int
     beam_width: int
     order: str
+    parents: torch.Tensor | None = None
 
     @property
     def num_beams(self) -> int:
@@ -96,6 +99,7 @@ class BeamState:
             batch_size=b,
             beam_width=m,
             order=self.order,
+            parents=beam,
         )
 
 
@@ -228,10 +232,20 @@ class Decoder:
             order=order,
         )
 
-    def step(self, state: BeamState, hidden: torch.Tensor, mode: ModeArg = None) -> BeamState:
+    def step(
+        self,
+        state: BeamState,
+        hidden: torch.Tensor,
+        mode: ModeArg = None,
+        *,
+        log_normalizer: torch.Tensor | None = None,
+    ) -> BeamState:
         """Advance every beam by one token. hidden [R, d] (any float dtype; cast to the weights').
 
-        Returns a new BeamState with R = B * M beams; `state` is not modified.
+        log_normalizer fp32 [R] (optional): under score_first / unconstrained, each beam's log softmax
+        denominator, used instead of the logsumexp over the step's V_t logits - for step layers that are
+        a subset of a larger output vocabulary (a language model's, see integrations/hf). Ignored under
+        filter_first. Returns a new BeamState with R = B * M beams; `state` is not modified.
         """
         t = state.step
         if t >= self.num_steps:
@@ -243,12 +257,16 @@ class Decoder:
                 f"step {t}: hidden must be [{state.num_beams}, {weight.shape[1]}], got {tuple(hidden.shape)}"
             )
         hidden = hidden.to(device=self.device, dtype=weight.dtype)
+        if log_normalizer is not None:
+            log_normalizer = torch.as_tensor(log_normalizer).to(device=self.device, dtype=torch.float32)
+            if log_normalizer.shape != (state.num_beams,):
+                raise InputError(f"step {t}: log_normalizer must be [{state.num_beams}]")
         table = self.steps[t]
         scoring = get_mode(self.mode_for(t, state.batch_size, mode, state.order), self.device)
         with torch.no_grad():
             if state.order == "unconstrained" or table.format == "dense":
-                return self._step_dense(state, hidden, table)
-            return self._step_sparse(state, hidden, table, scoring)
+                return self._step_dense(state, hidden, table, log_normalizer)
+            return self._step_sparse(state, hidden, table, scoring, log_normalizer)
 
     def finish(self, state: BeamState) -> SearchResult:
         """The final beams of a state that has taken all L steps."""
@@ -346,21 +364,27 @@ class Decoder:
             candidates = torch.cat([candidates, pad], dim=1)
         return torch.topk(candidates, m, dim=1, sorted=True)
 
-    def _step_dense(self, state: BeamState, hidden: torch.Tensor, table: DeviceStep) -> BeamState:
+    def _step_dense(
+        self, state: BeamState, hidden: torch.Tensor, table: DeviceStep, log_normalizer=None
+    ) -> BeamState:
         """Dense step or unconstrained order: slot k = token k, one GEMM over V_t."""
         weight, bias = self.weights[table.step]
         vocab = table.codebook_size
         logits = full_logits(hidden, weight, bias)
         alive = state.rows >= 0
+
+        def log_softmax(x: torch.Tensor) -> torch.Tensor:
+            return torch.log_softmax(x, dim=1) if log_normalizer is None else x - log_normalizer[:, None]
+
         if state.order == "unconstrained":
-            logp = torch.log_softmax(logits, dim=1).masked_fill_(~alive[:, None], NEG_INF)
+            logp = log_softmax(logits).masked_fill_(~alive[:, None], NEG_INF)
         else:
             assert table.next is not None
             valid = (table.next[state.rows.clamp(min=0)] >= 0) & alive[:, None]
             if state.order == "filter_first":
                 logp = masked_log_softmax(logits.masked_fill_(~valid, NEG_INF))
             else:
-                logp = torch.log_softmax(logits, dim=1).masked_fill_(~valid, NEG_INF)
+                logp = log_softmax(logits).masked_fill_(~valid, NEG_INF)
         b = state.batch_size
         per = state.num_beams // b
         totals = (state.scores[:, None] + logp).view(b, per * vocab)
@@ -374,7 +398,9 @@ class Decoder:
             next_row = table.next[state.rows[beam].clamp(min=0), token].long()
         return state.advance(values, beam, token, next_row)
 
-    def _step_sparse(self, state: BeamState, hidden: torch.Tensor, table: DeviceStep, scoring) -> BeamState:
+    def _step_sparse(
+        self, state: BeamState, hidden: torch.Tensor, table: DeviceStep, scoring, log_normalizer=None
+    ) -> BeamState:
         """Sparse step: K main slots per beam, overflow lanes for heavy beams (see slots.py, lanes.py)."""
         weight, bias = self.weights[table.step]
         b, m = state.batch_size, state.beam_width
@@ -385,10 +411,12 @@ class Decoder:
         main_tokens = fill_slots(table, start, torch.where(heavy, torch.zeros_like(count), count), k)
 
         logits = lse = None
-        if scoring.uses_full_logits or state.order == "score_first":
+        own_lse = state.order == "score_first" and log_normalizer is None
+        if scoring.uses_full_logits or own_lse:
             logits = full_logits(hidden, weight, bias)
-            if state.order == "score_first":  # padded beams' hidden may be anything: keep their lse finite
-                lse = torch.logsumexp(logits, dim=1).masked_fill_(state.rows < 0, 0.0)
+        if state.order == "score_first":  # padded beams' hidden may be anything: keep their lse finite
+            lse = torch.logsumexp(logits, dim=1) if own_lse else log_normalizer.clone()
+            lse = lse.masked_fill_(state.rows < 0, 0.0)
 
         def log_probs(rows: torch.Tensor | None, slot_tokens: torch.Tensor) -> torch.Tensor:
             """Per-order log-probabilities fp32 [n, width] of the slots of beams `rows` (None = all)."""

@@ -1,0 +1,21 @@
+"""zerogr for Hugging Face transformers models (extra `[hf]`): the public names, from one place.
+
+    from transformers import LogitsProcessorList
+    from zerogr_build.integrations import hf as zg_hf
+
+    sid_map = zg_hf.SidMap.from_offsets([o_0, ..., o_{L-1}], eos_token_id=None)
+    proc = zg_hf.SidLogitsProcessor(bundle, sid_map)          # HF generate, constrained to the catalog
+    out = model.generate(input_ids, num_beams=M, num_return_sequences=M, max_new_tokens=L,
+                         logits_processor=LogitsProcessorList([proc]))
+    res = zg_hf.generate(model, bundle, input_ids, beam_width=M, order="filter_first", sid_map=sid_map)
+
+Importing this module imports transformers; `import zerogr_build` never does.
+"""
+
+from __future__ import annotations
+
+from .hf_generate import SidGenerator, generate
+from .hf_processor import SidLogitsProcessor
+from .sid_map import SidMap
+
+__all__ = ["SidGenerator", "SidLogitsProcessor", "SidMap", "generate"]

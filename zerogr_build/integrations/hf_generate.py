@@ -1,0 +1,151 @@
+"""The zerogr Decoder over a Hugging Face model: constrained beam search with the model's own KV cache.
+
+    gen = SidGenerator(model, bundle, sid_map)             # step layers = the head's SID rows, built once
+    res = gen.generate(input_ids, attention_mask, beam_width=M, order="filter_first")
+    res.sids, res.scores, res.leaves                       # the Decoder's SearchResult: [B, M, L], [B, M]
+    gen.items(res)                                         # item ids per beam
+    res = generate(model, bundle, input_ids, beam_width=M, sid_map=sid_map)   # one-off form
+
+Step t's output layer is the rows of the model's head that spell step t's codes (token = o_t + code), with
+the head's bias; the hidden vector is what the model hands its head (ModelSession), so code c's logit is
+exactly the model's logit of its token. Orders:
+  - filter_first: log-softmax over each beam's valid codes only; the full-vocabulary head never runs.
+  - score_first: log-softmax over the model's whole vocabulary (HF's normalisation), then the mask - the
+    same beams as HF beam search with SidLogitsProcessor.
+  - unconstrained: any code of step t, normalised over the whole vocabulary (a speed/quality reference).
+After every step the KV cache is reordered with the beams (BeamState.parents). With an EOS in the SidMap,
+score_first and unconstrained add each final beam's log p(EOS) over the whole vocabulary and re-sort, as
+HF beam search does with the forced EOS; under filter_first EOS is the only valid token, log 1 = 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..runtime.decoder import ORDERS, Decoder, SearchResult
+from .hf_model import ModelSession, output_layer
+from .sid_map import SidMap, catalog_token_table
+
+
+class SidGenerator:
+    """A Decoder whose step layers are a model's head rows for the SID tokens. Build once, generate often.
+
+    model: a transformers model with a language-model head (encoder-decoder or decoder-only).
+    bundle: a Bundle (item ids through `items`) or a SidIndex. sid_map: the SID spelling (SidMap).
+    device: where the Decoder runs (default: the head's device). plan, slot_caps: as for Decoder.
+    The head rows are copied here: rebuild the generator after changing the model's weights.
+    """
+
+    def __init__(
+        self, model, bundle, sid_map: SidMap, *, device=None, plan: Any = None, slot_caps: Any = None
+    ) -> None:
+        if not isinstance(sid_map, SidMap):
+            raise InputError(f"sid_map must be a SidMap, got {type(sid_map).__name__}")
+        index = bundle.index if hasattr(bundle, "index") else bundle
+        self.model = model
+        self.sid_map = sid_map
+        table = catalog_token_table(sid_map, index)
+        weight, bias = output_layer(model)
+        vocab = weight.shape[0]
+        if max(int(line.max()) for line in table) >= vocab:
+            raise InputError(f"the SidMap spells tokens beyond the model's vocabulary ({vocab})")
+        self.step_tokens = [torch.as_tensor(line, device=weight.device) for line in table]
+        self.decoder = Decoder(
+            bundle,
+            [_step_layer(weight, bias, tokens) for tokens in self.step_tokens],
+            device=device if device is not None else weight.device,
+            plan=plan,
+            slot_caps=slot_caps,
+        )
+        self._checked = False
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        beam_width: int,
+        order: str = "filter_first",
+        mode: Any = None,
+    ) -> SearchResult:
+        """Beam search over the catalog: SearchResult with sids [B, M, L] (codes), scores [B, M], leaves.
+
+        input_ids int [B, S] (encoder input, or left-padded prompts for decoder-only models).
+        mode: the Decoder's scoring mode(s) ("full", "selective", ...; None = plan / heuristic).
+        """
+        if order not in ORDERS:
+            raise InputError(f"unknown order {order!r} ({', '.join(ORDERS)})")
+        dec = self.decoder
+        session = ModelSession(self.model, input_ids, attention_mask)
+        state = dec.start(session.input_ids.shape[0], beam_width, order)
+        hidden = session.first(check=not self._checked)
+        self._checked = True
+        eos = self.sid_map.eos_token_id if order != "filter_first" else None
+        for t in range(dec.num_steps):
+            norm = None if order == "filter_first" else session.log_normalizer(hidden)
+            state = dec.step(state, hidden, mode, log_normalizer=norm)
+            if t + 1 < dec.num_steps or eos is not None:
+                codes = state.prefixes[:, -1].to(self.step_tokens[t].device)
+                tokens = self.step_tokens[t][codes].clamp(min=0)  # padded beams: any token will do
+                hidden = session.next(tokens, state.parents)
+        res = dec.finish(state)
+        if eos is None:
+            return res
+        return _resorted(res, session.token_log_prob(hidden, eos).to(res.scores.device))
+
+    def items(self, res: SearchResult, items: Sequence[Any] | np.ndarray | None = None):
+        """Item ids of every result beam, [B][M] lists (Decoder.items)."""
+        return self.decoder.items(res, items)
+
+
+def generate(
+    model,
+    bundle,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    beam_width: int,
+    sid_map: SidMap,
+    order: str = "filter_first",
+    mode: Any = None,
+    device=None,
+) -> SearchResult:
+    """One-off SidGenerator(model, bundle, sid_map).generate(...); build a SidGenerator to call it often."""
+    gen = SidGenerator(model, bundle, sid_map, device=device)
+    return gen.generate(input_ids, attention_mask, beam_width=beam_width, order=order, mode=mode)
+
+
+def _resorted(res: SearchResult, extra: torch.Tensor) -> SearchResult:
+    """res with extra fp32 [B * M] added to its beams' scores, re-sorted best first per request."""
+    scores = res.scores + extra.view(res.scores.shape)  # -inf (padding) stays -inf
+    order = torch.argsort(scores, dim=1, descending=True, stable=True)
+    return SearchResult(
+        sids=torch.gather(res.sids, 1, order[:, :, None].expand_as(res.sids)),
+        scores=torch.gather(scores, 1, order),
+        leaves=torch.gather(res.leaves, 1, order),
+        order=res.order,
+    )
+
+
+def _step_layer(weight: torch.Tensor, bias: torch.Tensor | None, tokens: torch.Tensor):
+    """(weight [V_t, d], bias [V_t]) of one step: the head rows of its codes' tokens.
+
+    A code the SidMap does not spell (explicit tables) gets a zero row and bias -inf: never chosen.
+    """
+    spelled = tokens >= 0
+    safe = tokens.clamp(min=0)
+    rows = weight[safe] * spelled[:, None].to(weight.dtype)
+    if bias is None and bool(spelled.all()):
+        return rows, None
+    step_bias = torch.zeros(tokens.shape[0], dtype=weight.dtype, device=weight.device)
+    if bias is not None:
+        step_bias = bias[safe].to(weight.dtype)
+    return rows, step_bias.masked_fill(~spelled, float("-inf"))
+
+
+__all__ = ["SidGenerator", "generate"]
