@@ -160,15 +160,22 @@ def test_int64_tokens_beyond_int32_are_empty_not_wrapped():
     assert torch.isneginf(out[0, [0, 2]]).all() and torch.isfinite(out[0, 1])
 
 
-def test_numba_threads_follow_torch():
-    """One setting for both pools: the kernel runs with torch.get_num_threads() threads."""
+def test_numba_threads_follow_torch_and_small_calls_run_alone():
+    """One setting for both pools: a call of PARALLEL_MIN_WORK multiply-adds runs with
+    torch.get_num_threads() threads, a smaller one on the calling thread alone."""
     before = torch.get_num_threads()
-    hidden, weight, tokens = torch.randn(4, 8), torch.randn(6, 8), torch.zeros(4, 2, dtype=torch.int32)
+    rows, slots, dim = 64, 256, 256
+    assert rows * slots * dim >= selective_numba.PARALLEL_MIN_WORK
+    big = (torch.randn(rows, dim), torch.randn(300, dim), None, torch.zeros(rows, slots, dtype=torch.int32))
+    small = (torch.randn(4, 8), torch.randn(6, 8), None, torch.zeros(4, 2, dtype=torch.int32))
+    most = min(2, numba.config.NUMBA_NUM_THREADS)
     try:
-        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+        for threads in (most, 1, most):
             torch.set_num_threads(threads)
-            selective_numba.selective_log_softmax(hidden, weight, None, tokens)
+            selective_numba.selective_log_softmax(*big)
             assert numba.get_num_threads() == threads
+            selective_numba.selective_log_softmax(*small)
+            assert numba.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
 
