@@ -3,7 +3,7 @@
     full            full_torch.py       one GEMM over all V_t, then read the slots       every device
     selective       selective_torch.py  score only the slots' tokens, torch reference    every device
     selective_cuda  selective_cuda.py   the same contract as a CUDA kernel (CuPy)        CUDA, when loadable
-    selective_numba selective_numba.py  the same contract as a numba kernel              CPU
+    selective_numba selective_numba.py  the same contract as a numba kernel (lazy import) CPU
 
 Every mode implements the selective-scoring contract (`selective_scores`, `selective_log_softmax`; see
 selective_torch.py). Optional backends are probed lazily - on the first `available_modes` / `get_mode`
