@@ -82,7 +82,7 @@ def test_all_empty_rows_are_minus_inf_never_nan():
 
 
 def test_registry():
-    assert available_modes("cpu") == ["full", "selective"]
+    assert available_modes("cpu") == ["full", "selective", "selective_numba"]
     assert set(MODE_NAMES) >= {"full", "selective", "selective_cuda"}
     assert get_mode("full").uses_full_logits and not get_mode("selective").uses_full_logits
     with pytest.raises(InputError):

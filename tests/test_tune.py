@@ -57,11 +57,12 @@ def test_plan_is_complete_and_chooses_the_fastest(tuned, bundle_dir):
     assert json.loads(tuned.plan_path.read_text()) == plan
     assert plan["format"] == "zerogr-plan" and plan["device"]["type"] == "cpu"
     assert plan["settings"]["batch_sizes"] == [1, 4] and plan["settings"]["dtypes"] == ["fp32"]
-    assert plan["modes"] == ["full", "selective"] and plan["refused"] == [] and plan["kernels"] is None
+    assert plan["modes"] == ["full", "selective", "selective_numba"]
+    assert plan["refused"] == [] and plan["kernels"] is None
     keys = {(e["step"], e["batch_size"], e["dtype"]) for e in plan["entries"]}
     assert keys == {(t, b, "fp32") for t in range(3) for b in (1, 4)}
     for e in plan["entries"]:
-        expected_modes = {"full"} if e["format"] == "dense" else {"full", "selective"}
+        expected_modes = {"full"} if e["format"] == "dense" else {"full", "selective", "selective_numba"}
         assert set(e["timings_ms"]) == expected_modes
         assert all(v > 0 and math.isfinite(v) for v in e["timings_ms"].values())
         assert e["timings_ms"][e["mode"]] == min(e["timings_ms"].values())
@@ -96,7 +97,7 @@ def test_decoder_follows_the_plan_tune_wrote_step_by_step(tmp_path):
     model = SeededModel(SIZES, 3, batch_size=4, dim=SETTINGS.hidden_dim, scale=SETTINGS.hidden_dim**-0.5)
     weights = model.layers(torch.bfloat16)
     heuristic = Decoder(open_bundle(path), weights)
-    other = {"full": "selective", "selective": "full"}
+    other = {"full": "selective", "selective": "full", "selective_numba": "full"}
     entries = [
         dict(e, mode=other[heuristic.mode_for(e["step"], e["batch_size"])]) if e["format"] == "sparse" else e
         for e in tuned.plan["entries"]

@@ -210,6 +210,7 @@ class Decoder:
         return self._modes.choose(
             step, batch_size, self.weights[step][0].dtype,
             step_format=table.format, cap=table.cap, codebook_size=table.codebook_size, order=order,
+            mean_children=table.nnz / max(table.rows, 1),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ search

@@ -9,10 +9,18 @@ a device in a bundle, `Plan.mode_for` answers the Decoder's question for (step, 
     (e.g. the kernel backend failed to load), the fastest *available* mode in the entry's `timings_ms`.
   - heuristic (no plan, no entry, or nothing available): dense steps, the score-first order and the
     unconstrained order -> "full": all V_t logits are needed anyway (slot k is token k at a dense step;
-    score-first normalises over all V_t), so one GEMM is the cheapest way to get them. Sparse steps under
-    filter-first -> a selective mode when the slot cap K is small against V_t: K * 32 <= V_t on CPU (a
-    gathered dot product costs several GEMM flops there), K * 8 <= V_t on CUDA; "selective_cuda" when
-    that backend is available, else "selective"; otherwise "full".
+    score-first normalises over all V_t), so one GEMM is the cheapest way to get them.
+    Sparse steps under filter-first on CPU with the numba kernel -> "selective_numba" when a row has at
+    most CPU_KERNEL_MAX_SHARE * V_t children on average (the table's nnz / rows; the slot cap K when not
+    given), else "full". The kernel computes only valid slots (work per beam: its row's children) and
+    fuses the log-softmax; "full" pays V_t multiply-adds per beam plus a gather and a log-softmax over K
+    slots. scripts/bench_cpu_sweep.py found the kernel's step faster at every density it measured on the
+    2-core reference machine, up to 0.88 V_t children per row, so the threshold is the density at which
+    the build stores a step dense anyway (FormatPolicy: 0.9). A faster GEMM (more cores, AVX-512, AMX)
+    moves the crossover down: `zerogr tune` measures it.
+    Other sparse steps under filter-first -> a selective mode when the slot cap K is small against V_t:
+    K * 32 <= V_t on CPU (torch's gathered dot product costs several GEMM flops there), K * 8 <= V_t on
+    CUDA; "selective_cuda" when that backend is available, else "selective"; otherwise "full".
 
 `ModeChooser` combines the two for a Decoder and warns once per step when the plan cannot be followed.
 """
@@ -216,12 +224,27 @@ def _entry(entry: Any, i: int, fail: Any) -> PlanEntry:
 # ------------------------------------------------------------------------------------------ choosing
 
 
+CPU_KERNEL_MAX_SHARE = 0.9
+"""Densest rows (children / V_t) at which the CPU heuristic still picks the numba kernel over the GEMM."""
+
+
 def heuristic_mode(
-    *, step_format: str, cap: int, codebook_size: int, order: str, device_type: str, available: Sequence[str]
+    *,
+    step_format: str,
+    cap: int,
+    codebook_size: int,
+    order: str,
+    device_type: str,
+    available: Sequence[str],
+    mean_children: float | None = None,
 ) -> str:
-    """Mode for a step without a plan (rules in the module docstring)."""
+    """Mode for a step without a plan (rules in the module docstring). mean_children: the step table's
+    children per row (nnz / rows); None bounds it by the cap."""
     if step_format == "dense" or order != "filter_first":
         return "full"
+    if device_type == "cpu" and "selective_numba" in available:
+        children = cap if mean_children is None else mean_children
+        return "selective_numba" if children <= CPU_KERNEL_MAX_SHARE * codebook_size else "full"
     ratio = 8 if device_type == "cuda" else 32
     if cap * ratio > codebook_size:
         return "full"
@@ -248,6 +271,7 @@ class ModeChooser:
         cap: int,
         codebook_size: int,
         order: str,
+        mean_children: float | None = None,
     ) -> str:
         """The mode of `step` for `batch_size` requests with weights of `dtype` (see the module docstring)."""
         if self.plan is not None:
@@ -262,7 +286,7 @@ class ModeChooser:
                 self._warn(step, wanted, f"plan mode {wanted!r} for step {step} unavailable here")
         return heuristic_mode(
             step_format=step_format, cap=cap, codebook_size=codebook_size, order=order,
-            device_type=self.device_type, available=self.available,
+            device_type=self.device_type, available=self.available, mean_children=mean_children,
         )  # fmt: skip
 
     def _warn(self, step: int, what: str, message: str) -> None:

@@ -80,7 +80,9 @@ def fill_slots(step: SparseStepTensors, start: torch.Tensor, count: torch.Tensor
     rank = torch.arange(width, device=start.device)
     used = rank[None, :] < count[:, None]
     flat = (start[:, None] + rank[None, :]).clamp(max=step.nnz - 1)
-    return torch.where(used, step.tokens[flat], -1)
+    # gather, not step.tokens[flat]: advanced indexing into the large tokens array goes multi-threaded even
+    # for a few thousand slots, and on a busy CPU that region waits milliseconds for its second thread.
+    return torch.where(used, torch.gather(step.tokens, 0, flat.view(-1)).view(flat.shape), -1)
 
 
 def lane_count(num_heavy: int) -> int:

@@ -3,6 +3,7 @@
     full            full_torch.py       one GEMM over all V_t, then read the slots       every device
     selective       selective_torch.py  score only the slots' tokens, torch reference    every device
     selective_cuda  selective_cuda.py   the same contract as a CUDA kernel (CuPy)        CUDA, when loadable
+    selective_numba selective_numba.py  the same contract as a numba kernel (lazy import) CPU
 
 Every mode implements the selective-scoring contract (`selective_scores`, `selective_log_softmax`; see
 selective_torch.py). Optional backends are probed lazily - on the first `available_modes` / `get_mode`
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ...errors import InputError
-from . import full_torch, selective_torch
+from . import full_torch, selective_numba, selective_torch
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,13 @@ _BUILTIN: dict[str, ScoringMode] = {
         selective_torch.selective_log_softmax,
         False,
         ("cpu", "cuda"),
+    ),
+    "selective_numba": ScoringMode(
+        "selective_numba",
+        selective_numba.selective_scores,
+        selective_numba.selective_log_softmax,
+        False,
+        ("cpu",),
     ),
 }
 
@@ -103,7 +111,11 @@ def get_mode(name: str, device: str | torch.device = "cpu") -> ScoringMode:
     """The implementation of mode `name` for `device`; InputError if unknown or not available there."""
     device_type = torch.device(device).type
     if name in _BUILTIN:
-        return _BUILTIN[name]
+        mode = _BUILTIN[name]
+        if device_type not in mode.device_types:
+            where = ", ".join(mode.device_types)
+            raise InputError(f"scoring mode {name!r} is not available on {device} (runs on {where} only)")
+        return mode
     if name in _OPTIONAL:
         mode = _optional(name) if device_type == "cuda" else None
         if mode is None:

@@ -1,0 +1,160 @@
+"""numba kernel of the CPU selective-scoring mode (compiled on first use, cached on disk).
+
+One kernel, `score_slots`, specialised by numba on the *raw* element type of the weight rows, which names
+the weight's format (the wrapper in selective_numba.py passes the tensor's bits, never a converted copy):
+
+    float32  fp32 weights, read as they are
+    uint16   bf16 weights as their 16-bit patterns: the fp32 value is the pattern shifted into the high half
+    int16    fp16 weights as their 16-bit patterns: widened exactly to fp32 by bit arithmetic (numba has no
+             float16 type on CPU)
+
+Every conversion is exact, so the only difference from the torch reference is the summation order of the
+fp32 dot products (the kernel lets LLVM reassociate them into SIMD lanes and fuse multiply-adds).
+"""
+
+from __future__ import annotations
+
+import llvmlite.ir as llvm_ir
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic, overload
+
+#: Reassociation (SIMD partial sums) and FMA contraction for the dot products. Deliberately not "fast":
+#: the log-softmax relies on -inf and NaN behaving as IEEE says.
+_FASTMATH = {"reassoc", "contract"}
+
+_HALF_SHIFTED_EXP = np.uint32(0x7C00 << 13)  # fp16 exponent mask, moved to where fp32 keeps it
+_HALF_EXP_ADJUST = np.uint32((127 - 15) << 23)  # fp16 -> fp32 exponent bias
+_HALF_INF_ADJUST = np.uint32((128 - 16) << 23)  # Inf/NaN: exponent all ones in fp32 too
+_HALF_DENORMAL_ADJUST = np.uint32(1 << 23)
+_HALF_MAGIC = np.float32(2.0**-14)  # the fp32 whose bits are 113 << 23: renormalises fp16 denormals
+
+
+@intrinsic
+def _bits_to_f32(typingctx, bits):
+    """float32 whose bits are the low 32 bits of an unsigned integer (a bitcast, no conversion).
+
+    Any unsigned width is accepted because numba widens uint32 arithmetic to uint64."""
+    if not isinstance(bits, types.Integer) or bits.signed or bits.bitwidth < 32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        value = args[0]
+        if bits.bitwidth > 32:
+            value = builder.trunc(value, llvm_ir.IntType(32))
+        return builder.bitcast(value, llvm_ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def _f32_to_bits(typingctx, value):
+    """float32 -> uint32 with the same 32 bits."""
+    if value != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], llvm_ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+@njit(cache=True)
+def half_bits_to_f32(bits: np.int16) -> np.float32:
+    """The fp32 value of an fp16 bit pattern, exact for every pattern (normals, denormals, +-0, Inf, NaN).
+
+    Move exponent and mantissa into fp32's fields and rebias the exponent; Inf/NaN get the all-ones fp32
+    exponent; a denormal gets exponent 1 and the magic value (2**-14) subtracted, which renormalises it.
+    """
+    half = np.uint32(np.uint16(bits))
+    out = (half & np.uint32(0x7FFF)) << np.uint32(13)
+    exponent = out & _HALF_SHIFTED_EXP
+    out += _HALF_EXP_ADJUST
+    if exponent == _HALF_SHIFTED_EXP:
+        out += _HALF_INF_ADJUST
+    elif exponent == 0:
+        out += _HALF_DENORMAL_ADJUST
+        out = _f32_to_bits(_bits_to_f32(out) - _HALF_MAGIC)
+    return _bits_to_f32(out | ((half & np.uint32(0x8000)) << np.uint32(16)))
+
+
+def widen(raw):
+    """fp32 value of one raw weight element (float32 / bf16 bits as uint16 / fp16 bits as int16)."""
+    raise NotImplementedError("widen is compiled by numba only")
+
+
+@overload(widen)
+def _widen_impl(raw):
+    if raw == types.float32:
+        return lambda raw: raw
+    if raw == types.uint16:
+        return lambda raw: _bits_to_f32(np.uint32(raw) << np.uint32(16))
+    if raw == types.int16:
+        return lambda raw: half_bits_to_f32(raw)
+    return None
+
+
+@njit(cache=True, parallel=True, fastmath=_FASTMATH)
+def score_slots(
+    hidden: np.ndarray,
+    weight: np.ndarray,
+    row_stride: int,
+    bias: np.ndarray,
+    slot_tokens: np.ndarray,
+    vocab: int,
+    log_softmax: bool,
+    out: np.ndarray,
+) -> None:
+    """Write each slot's score (or each row's log-softmax over its valid slots) into `out`, in place.
+
+    Args:
+        hidden: beams' hidden vectors, float32. Shape: (R, d), C-contiguous.
+        weight: the weight matrix's elements from row 0 on, raw (see module docstring); row v starts at
+            v * row_stride. Shape: ((V - 1) * row_stride + d,).
+        row_stride: elements between consecutive weight rows (d for a contiguous weight).
+        bias: raw bias elements, the weight's element type; empty = no bias. Shape: (V,) or (0,).
+        slot_tokens: token of every slot; tokens outside [0, vocab) mark empty slots. Shape: (R, K), int32.
+        vocab: V, the number of weight rows.
+        log_softmax: False: out[r, k] = hidden[r] . weight[tok] + bias[tok]; True: those scores
+            log-softmaxed over row r's valid slots.
+        out: float32, -inf at empty slots (a row without valid slots is all -inf, never NaN).
+            Shape: (R, K).
+
+    Parallel over beams (rows of slot_tokens); each slot's weight row is read in place and only valid
+    slots are computed, so the work is proportional to the number of valid slots, not to R * K.
+    """
+    rows, slots = slot_tokens.shape
+    dim = hidden.shape[1]
+    has_bias = bias.shape[0] > 0
+    neg_inf = np.float32(-np.inf)
+    for r in prange(rows):
+        h = hidden[r]
+        best = neg_inf
+        for k in range(slots):
+            token = slot_tokens[r, k]
+            if token < 0 or token >= vocab:
+                out[r, k] = neg_inf
+                continue
+            # A slice per row: indexing weight[base + j] directly makes numba check every index for
+            # wrap-around (base could be negative as far as it knows), which blocks SIMD (3.5x slower).
+            base = np.int64(token) * row_stride
+            w = weight[base : base + dim]
+            acc = np.float32(0.0)
+            for j in range(dim):
+                acc += h[j] * widen(w[j])
+            if has_bias:
+                acc += widen(bias[token])
+            out[r, k] = acc
+            if acc > best:
+                best = acc
+        if log_softmax and best > neg_inf:
+            # logsumexp over the valid slots (empty ones are -inf: exp gives 0). A non-finite total
+            # (an infinite or NaN score) subtracts nothing, as selective_torch.masked_log_softmax does.
+            total = np.float32(0.0)
+            for k in range(slots):
+                if out[r, k] > neg_inf:  # exp(-inf) is 0: empty slots only cost the compare
+                    total += np.exp(out[r, k] - best)
+            lse = best + np.log(total)
+            if np.isfinite(lse):
+                for k in range(slots):
+                    out[r, k] -= lse

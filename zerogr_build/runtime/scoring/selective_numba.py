@@ -1,0 +1,164 @@
+"""Selective scoring on CPU with a numba kernel: the "selective_numba" scoring mode.
+
+Contract: the one of selective_torch.py (`selective_scores`, `selective_log_softmax`; fp32 [R, K] out,
+fp32 accumulation, -inf at empty slots, tokens outside [0, V) empty, all -inf rows never NaN), for CPU
+tensors only.
+
+Why a kernel. Scoring a beam's slots is one d-long dot product per valid slot, with the weight row its
+token names. torch has no gathered dot product, so selective_torch.py copies every slot's weight row into a
+tile first (`F.embedding`) and computes every slot, empty or not. The kernel (_numba_kernels.score_slots)
+runs in parallel over beams, reads each valid slot's weight row where it lies, skips empty slots, and
+log-softmaxes each row over its valid slots in the same pass. At a mid-density step (1M items, V=8192:
+~100 children per row against V=8192) that is ~70x fewer multiply-adds than the full GEMM.
+
+Zero copy. torch CPU tensors are handed to numba through `.numpy()` views of their memory:
+  - weight [V, d]: any row stride with unit stride along d (e.g. `weight[:, :70]` of a wider matrix) is
+    read in place, through a flat view of its elements plus the row stride. Only a weight whose d axis is
+    itself strided (e.g. a transposed matrix) is copied to a contiguous one first - once per call, V * d
+    elements - so keep weights row-major.
+  - bf16 / fp16 weights and bias are read as their 16-bit patterns (`.view(torch.int16)`) and widened to
+    fp32 inside the kernel, exactly (no fp32 copy of the weight).
+  - hidden [R, d] is widened to fp32 contiguous (a no-op for fp32 contiguous input; R * d otherwise).
+  - slot_tokens: int32 contiguous is used as it is; other integer dtypes or layouts are converted (R * K),
+    int64 clamped to [-1, V] first so a huge token can never wrap into range.
+
+Threads. The kernel runs with `torch.get_num_threads()` threads (capped by numba's own maximum), so
+`torch.set_num_threads(n)` (or OMP_NUM_THREADS at start-up) is the one setting for both runtimes; see
+docs/cpu-threads.md. A small call (under PARALLEL_MIN_WORK multiply-adds, e.g. a last step with K = 4)
+runs on the calling thread alone, as torch does with small tensors.
+
+Compile cost. numba compiles the kernel for a weight dtype on its first call (a few seconds) and caches
+the machine code on disk next to the module (`cache=True`), so later processes load it in milliseconds.
+`warm_up()` compiles (or loads) every dtype up front; the decoder never has to pay for it inside a timed
+region if the caller warms up first. numba is imported on the first call, not when this module is.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+_RAW_VIEW = {torch.float32: None, torch.bfloat16: np.uint16, torch.float16: np.int16}
+"""numpy element type the kernel reads each weight dtype as (None: the fp32 values themselves)."""
+
+_WARM_LOCK = threading.Lock()
+
+PARALLEL_MIN_WORK = 1 << 22
+"""Calls with fewer multiply-adds than this (R * K * d, counting empty slots too) run on one thread: waking
+the pool costs more than it saves, and on a busy machine a parallel region waits until every one of its
+threads is scheduled (measured: the 1M-item benchmark's last step, 1024 x 4 slots, 2.8x faster alone)."""
+
+
+def _kernels() -> Any:
+    """The compiled-kernel module (imports numba on the first call)."""
+    from . import _numba_kernels
+
+    return _numba_kernels
+
+
+def set_kernel_threads(work: int) -> int:
+    """Set numba's thread count for this thread from torch's (one setting for both pools), or 1 for a call
+    of fewer than PARALLEL_MIN_WORK multiply-adds; returns it."""
+    import numba
+
+    threads = 1
+    if work >= PARALLEL_MIN_WORK:
+        threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    if numba.get_num_threads() != threads:
+        numba.set_num_threads(threads)
+    return threads
+
+
+def raw_elements(tensor: torch.Tensor) -> np.ndarray:
+    """The elements of a CPU fp32 / bf16 / fp16 tensor as numpy, without copying (16-bit types as their
+    bit patterns, see _numba_kernels); same shape and strides."""
+    if tensor.dtype not in _RAW_VIEW:
+        raise TypeError(f"selective_numba supports float32, float16 and bfloat16, got {tensor.dtype}")
+    view = _RAW_VIEW[tensor.dtype]
+    if view is None:
+        return tensor.numpy()
+    return tensor.view(torch.int16).numpy().view(view)
+
+
+def weight_rows(weight: torch.Tensor) -> tuple[np.ndarray, int]:
+    """(flat raw elements from row 0's first element, row stride) of weight [V, d], read in place.
+
+    The flat view spans (V - 1) * row_stride + d elements of the weight's storage, so rows of a sliced
+    matrix (`w[:, :70]`, `w[10:20]`) are read where they are. A weight with a non-unit stride along d is
+    copied to a contiguous one first.
+    """
+    vocab, dim = weight.shape
+    if dim > 1 and weight.stride(1) != 1:
+        weight = weight.contiguous()
+    stride = int(weight.stride(0)) if vocab > 1 else dim
+    span = (vocab - 1) * stride + dim if vocab else 0
+    flat = weight.as_strided((span,), (1,))
+    return raw_elements(flat), stride
+
+
+def _check(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, slot_tokens) -> None:
+    for name, t in (("hidden", hidden), ("weight", weight), ("slot_tokens", slot_tokens)):
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+        if t.device.type != "cpu":
+            raise ValueError(f"selective_numba runs on CPU tensors, got {name} on {t.device}")
+    if weight.shape[1] != hidden.shape[1]:
+        raise ValueError(f"weight is {tuple(weight.shape)} but hidden is {tuple(hidden.shape)}: d differs")
+    if slot_tokens.shape[0] != hidden.shape[0]:
+        raise ValueError(f"slot_tokens has {slot_tokens.shape[0]} rows but hidden has {hidden.shape[0]}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    if bias is not None and bias.dtype != weight.dtype:
+        raise TypeError(f"bias dtype {bias.dtype} differs from weight dtype {weight.dtype}")
+
+
+def _run(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    slot_tokens: torch.Tensor,
+    log_softmax: bool,
+) -> torch.Tensor:
+    _check(hidden, weight, bias, slot_tokens)
+    rows, slots = slot_tokens.shape
+    vocab = int(weight.shape[0])
+    out = torch.empty((rows, slots), dtype=torch.float32)
+    if rows == 0 or slots == 0:
+        return out
+    weight, hidden = weight.detach(), hidden.detach()
+    flat, row_stride = weight_rows(weight)
+    raw_bias = np.empty(0, flat.dtype) if bias is None else raw_elements(bias.detach().contiguous())
+    if slot_tokens.dtype != torch.int32:
+        slot_tokens = slot_tokens.clamp(-1, vocab).to(torch.int32)
+    tokens = slot_tokens.contiguous().numpy()
+    hidden32 = hidden.float().contiguous().numpy()
+    set_kernel_threads(rows * slots * int(hidden.shape[1]))
+    _kernels().score_slots(hidden32, flat, row_stride, raw_bias, tokens, vocab, log_softmax, out.numpy())
+    return out
+
+
+def selective_scores(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, slot_tokens: torch.Tensor
+) -> torch.Tensor:
+    """fp32 [R, K]: hidden [R, d] . weight[slot_tokens[r, k]] (+ bias), -inf at empty slots (CPU)."""
+    return _run(hidden, weight, bias, slot_tokens, False)
+
+
+def selective_log_softmax(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, slot_tokens: torch.Tensor
+) -> torch.Tensor:
+    """fp32 [R, K]: the slots' scores log-softmaxed over each row's valid slots, in the same pass (CPU)."""
+    return _run(hidden, weight, bias, slot_tokens, True)
+
+
+def warm_up(dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)) -> None:
+    """Compile (or load from numba's disk cache) the kernel for `dtypes`, outside any timed region."""
+    with _WARM_LOCK:
+        for dtype in dtypes:
+            weight = torch.zeros((2, 4), dtype=dtype)
+            selective_log_softmax(
+                torch.zeros((1, 4), dtype=dtype), weight, None, torch.zeros((1, 1), dtype=torch.int32)
+            )
