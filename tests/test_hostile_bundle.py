@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,7 @@ from zerogr_build.bundle import (
 from zerogr_build.bundle.files import npy_header, sha256_file
 from zerogr_build.bundle.format import manifest_bytes
 from zerogr_build.errors import BundleError, InputError
-from zerogr_build.testing import publish_catalog, random_catalog
+from zerogr_build.testing import finishes, publish_catalog, random_catalog
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,26 +34,6 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def catalog():
     return random_catalog(seed=3, n=300, sizes=(4, 8, 16))
-
-
-def finishes(fn, timeout: float = 10.0):
-    """fn() on a daemon thread; its result or exception, or a test failure if it is still running after
-    `timeout` s (a FIFO or /dev/zero read that never ends)."""
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert not thread.is_alive(), f"still running after {timeout} s (hangs or reads without bound)"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def rewrite_manifest(vdir: Path, change) -> None:

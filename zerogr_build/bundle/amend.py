@@ -145,9 +145,10 @@ def _check_journal_renames(vdir: Path, journal: dict, where: str) -> None:
             raise BundleError(f"{where}: bad rename entry {pair!r}")
         name = check_relpath(pair[1], where)
         temp_rel = pair[0]
-        if not isinstance(temp_rel, str) or temp_rel.startswith("/") or "\\" in temp_rel or "\x00" in temp_rel:
-            raise BundleError(f"{where}: bad temp name {temp_rel!r}")
-        if any(part in ("", ".", "..") for part in temp_rel.split("/")):
+        plain = (
+            isinstance(temp_rel, str) and not temp_rel.startswith("/") and not set(temp_rel) & {"\\", "\x00"}
+        )
+        if not plain or any(part in ("", ".", "..") for part in temp_rel.split("/")):
             raise BundleError(f"{where}: bad temp name {temp_rel!r}")
         temp_path, name_path = PurePosixPath(temp_rel), PurePosixPath(name)
         if not temp_path.name.startswith(TEMP_PREFIX) or temp_path.parent != name_path.parent:

@@ -230,7 +230,7 @@ def read_npy_header(path: Path, name: str) -> tuple[np.dtype, tuple[int, ...], i
         if not all(type(d) is int for d in raw_shape):
             raise ValueError("shape")
         shape = tuple(raw_shape)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         raise BundleError(f"{name}: malformed .npy header") from None
     if header["fortran_order"] is not False:
         raise BundleError(f"{name}: Fortran-order arrays are not allowed")

@@ -11,8 +11,8 @@ import contextlib
 import errno
 import fcntl
 import os
-import stat
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
