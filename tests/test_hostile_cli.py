@@ -209,3 +209,51 @@ def test_hostile_config_file_exits_2_naming_it(tmp_path, kind):
     res = finishes(lambda: invoke("build", catalog, "--codebook-sizes", "6,6,6", "--config", config))
     line = one_error_line(res)
     assert str(config) in line
+
+
+# ------------------------------------------------------------------------------------------ F16, F24
+
+
+def footer_says_fewer_rows(path: Path, rows: int = 2000) -> Path:
+    """A Parquet file whose footer num_rows says 1000 while its one row group holds `rows` = 2000: the
+    FileMetaData num_rows field (compact thrift: header 0x16, zigzag varint) precedes the row groups'."""
+    table = pa.table(
+        {
+            "item_id": pa.array(np.arange(rows), pa.int64()),
+            "sid": pa.array([[1, 2, 3]] * rows, pa.list_(pa.int64())),
+        }
+    )
+    pq.write_table(table, path)
+    data = bytearray(path.read_bytes())
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    at = data.index(b"\x16\xa0\x1f", footer_start)  # 2000 -> 1000
+    data[at : at + 3] = b"\x16\xd0\x0f"
+    path.write_bytes(bytes(data))
+    assert pq.ParquetFile(path).metadata.num_rows == 1000
+    return path
+
+
+def test_footer_row_count_smaller_than_its_row_groups_is_bad_input(tmp_path):
+    path = footer_says_fewer_rows(tmp_path / "cat.parquet")
+    with pytest.raises(InputError, match=r"cat\.parquet: footer says 1000 rows but its row groups hold more"):
+        read_catalog(path, codebook_sizes=[4, 4, 4])
+    res = invoke("build", path, "--out", tmp_path / "out", "--codebook-sizes", "4,4,4")
+    assert "footer says 1000 rows" in one_error_line(res)
+
+
+def test_duplicate_column_names_are_named_as_such(tmp_path):
+    table = pa.Table.from_arrays(
+        [pa.array([1, 2]), pa.array([[1], [2]]), pa.array([[1], [3]])], names=["item_id", "sid", "sid"]
+    )
+    pq.write_table(table, tmp_path / "cat.parquet")
+    with pytest.raises(InputError, match=r"column 'sid' appears 2 times"):
+        read_catalog(tmp_path / "cat.parquet", codebook_sizes=[4])
+
+
+def test_a_huge_item_id_is_cut_in_the_message(tmp_path):
+    big = "x" * 2_000_000
+    pq.write_table(pa.table({"item_id": ["a", big], "sid": [[1, 2], [1, 9]]}), tmp_path / "cat.parquet")
+    with pytest.raises(InputError) as info:
+        read_catalog(tmp_path / "cat.parquet", codebook_sizes=[4, 4])
+    message = str(info.value)
+    assert len(message) < 500 and "(2000002 chars)" in message and "token 9 at step 1" in message

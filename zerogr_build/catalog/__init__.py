@@ -134,6 +134,8 @@ def read_catalog(
                 ) as batches,
             ):
                 for batch in batches:
+                    if file_row + batch.num_rows > rows:  # the footer's count sized the output arrays
+                        raise InputError(f"{name}: footer says {rows} rows but its row groups hold more")
                     reader.add_batch(name, batch, file_row, row)
                     file_row += batch.num_rows
                     row += batch.num_rows

@@ -21,6 +21,9 @@ BATCH_ROWS = 1 << 20
 #: Largest codebook the index and bundle format support (tokens are stored as int32 above 65536).
 MAX_CODEBOOK_SIZE = 2**31 - 1
 
+#: Item ids longer than this are cut in messages.
+MAX_ID_CHARS = 200
+
 
 def _fresh(shape: int | tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A large output array that batches are copied into.
@@ -255,7 +258,10 @@ class BatchReader:
 
 def describe_row(row: int, item: pa.Scalar) -> str:
     """ "row R (item id X)", the locator every per-row message of the reader uses."""
-    return f"row {row} (item id {item.as_py()!r})"
+    text = repr(item.as_py())
+    if len(text) > MAX_ID_CHARS:  # a 2 MB id must not make a 2 MB error line
+        text = f"{text[:MAX_ID_CHARS]}... ({len(text)} chars)"
+    return f"row {row} (item id {text})"
 
 
 def check_codebook_count(name: str, layout: SidLayout, sizes: tuple[int, ...], num_steps: int) -> None:
