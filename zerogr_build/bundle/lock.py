@@ -80,8 +80,10 @@ def _claim_is_dead(claim_path: Path) -> bool:
         fd = os.open(claim_path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return True
-    except OSError:  # a symlink or something else no build of ours created: treat as dead, remove it
-        return True
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink or socket: no build of ours made it
+            return True
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
