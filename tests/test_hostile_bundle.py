@@ -61,6 +61,7 @@ def hostile_journal(vdir: Path, outside: Path) -> tuple[Path, Path]:
     foreign = outside / ".tmp-1234-abcd.lock"
     foreign.write_text("another project's temp\n")
     (vdir / "kernels").symlink_to(outside, target_is_directory=True)
+    (vdir / "plans").mkdir()
     (vdir / ".tmp-evil").write_text("ssh-ed25519 AAAA ATTACKER\n")
     manifest = json.loads((vdir / "manifest.json").read_text())
     journal = {
