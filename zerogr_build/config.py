@@ -10,6 +10,9 @@ workers = 0 (all cores), keep = 0 (keep every version), model_version = "", devi
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import stat
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -26,6 +29,8 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 
 #: Tables a config file may hold.
 KNOWN_TABLES = frozenset({"build", "tune"})
+MAX_CONFIG_BYTES = 1 << 20
+_INT_RE = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -116,18 +121,34 @@ def _check_values(s: BuildSettings, where: str) -> None:
         raise InputError(f"{where}: sid_columns names a column twice: {list(s.sid_columns)}")
 
 
+def _read_config_text(path: Path) -> str:
+    """A config file's text: a regular file of at most MAX_CONFIG_BYTES (a FIFO or /dev/zero is refused
+    before reading; opened non-blocking so a FIFO cannot hang)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"{path}: not a regular file (a config file must be a TOML file)")
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise InputError(f"{path}: config file larger than {MAX_CONFIG_BYTES} bytes")
+    return data.decode("utf-8")
+
+
 def read_config_table(config_file: str | Path, table: str) -> dict[str, Any]:
     """The `[table]` of a TOML config file ({} when absent). Raises InputError for a missing or invalid file
     and for unknown tables."""
     path = Path(config_file)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(_read_config_text(path))
     except FileNotFoundError:
         raise InputError(f"{path}: config file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read config file ({exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: invalid TOML ({exc})") from None
+    except RecursionError:
+        raise InputError(f"{path}: invalid TOML (nested too deep)") from None
     for key, value in data.items():
         if not isinstance(value, dict):
             raise InputError(f"{path}: top-level key {key!r}; put settings under [build] (or [tune])")
@@ -240,12 +261,12 @@ def layered_values(
 
 
 def parse_int_list(text: str, option: str) -> tuple[int, ...]:
-    """ "2048,2048,2048" -> (2048, 2048, 2048). Raises InputError naming the option."""
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    try:
-        return tuple(int(p) for p in parts)
-    except ValueError:
-        raise InputError(f"{option}: expected comma-separated integers, got {text!r}") from None
+    """ "2048,2048,2048" -> (2048, 2048, 2048). Raises InputError naming the option for anything but
+    comma-separated ASCII decimal integers (an empty list or item, "1_0", "²" included)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(_INT_RE.fullmatch(p) for p in parts):
+        raise InputError(f"{option}: expected comma-separated integers, got {text[:200]!r}")
+    return tuple(int(p) for p in parts)
 
 
 def parse_name_list(text: str) -> tuple[str, ...]:

@@ -278,3 +278,27 @@ class SeededModel:
 
 
 __all__ = ["SeededModel", "SelectiveCase", "make_case"]
+
+
+# --- hostile inputs (H9) ---
+
+
+def finishes(fn: Any, timeout: float = 10.0) -> Any:
+    """fn() on a daemon thread: its result, or its exception re-raised, or AssertionError when it still runs
+    after `timeout` s (a FIFO or /dev/zero read that never ends; the thread is abandoned)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise AssertionError(f"still running after {timeout} s (hangs or reads without bound)")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")

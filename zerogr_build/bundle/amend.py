@@ -5,13 +5,22 @@ Index files and the manifest itself cannot be replaced.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ..errors import BundleError
-from .files import _crash_point, atomic_replace_bytes, fsync_dir, temp_tag, write_bytes_durable
+from .files import (
+    _crash_point,
+    atomic_replace_bytes,
+    fsync_dir,
+    read_small_file,
+    temp_tag,
+    write_bytes_durable,
+)
 from .format import (
     JOURNAL_NAME,
     MANIFEST_NAME,
@@ -22,7 +31,7 @@ from .format import (
     version_dir_name,
 )
 from .lock import out_lock
-from .reader import load_manifest
+from .reader import MAX_MANIFEST_BYTES, load_manifest
 from .versions import list_versions, resolve_bundle
 
 
@@ -109,28 +118,77 @@ def _apply_journal(vdir: Path, journal: dict) -> None:
     fsync_dir(vdir)
 
 
+def _real_dir_inside(vdir: Path, rel_dir: PurePosixPath) -> bool:
+    """True when every component of vdir/rel_dir is a real dir (no symlink) or missing: a rename into it
+    then cannot land outside vdir."""
+    current = vdir
+    for part in rel_dir.parts:
+        current = current / part
+        try:
+            mode = current.lstat().st_mode
+        except FileNotFoundError:
+            return True
+        if not stat.S_ISDIR(mode):
+            return False
+    return True
+
+
+def _check_journal_renames(vdir: Path, journal: dict, where: str) -> None:
+    """A journal is untrusted input (a copied OUT dir may hold one): each rename must be exactly what
+    add_bundle_files writes, a .tmp- file beside its target, both relative names inside vdir, no symlink
+    on the way, the temp a regular file or absent, the target not a symlink. BundleError otherwise."""
+    renames = journal["renames"]
+    if not isinstance(renames, list):
+        raise BundleError(f"{where}: renames must be a list")
+    for pair in renames:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise BundleError(f"{where}: bad rename entry {pair!r}")
+        name = check_relpath(pair[1], where)
+        temp_rel = pair[0]
+        plain = (
+            isinstance(temp_rel, str) and not temp_rel.startswith("/") and not set(temp_rel) & {"\\", "\x00"}
+        )
+        if not plain or any(part in ("", ".", "..") for part in temp_rel.split("/")):
+            raise BundleError(f"{where}: bad temp name {temp_rel!r}")
+        temp_path, name_path = PurePosixPath(temp_rel), PurePosixPath(name)
+        if not temp_path.name.startswith(TEMP_PREFIX) or temp_path.parent != name_path.parent:
+            raise BundleError(f"{where}: bad temp name {temp_rel!r} for {name!r}")
+        if not _real_dir_inside(vdir, name_path.parent):
+            raise BundleError(f"{where}: {name!r} leads through a symlink or a file")
+        for rel in (temp_rel, name):
+            with contextlib.suppress(FileNotFoundError):
+                mode = (vdir / rel).lstat().st_mode
+                if not stat.S_ISREG(mode):
+                    raise BundleError(f"{where}: {rel!r} is not a regular file")
+
+
 def recover_journal(vdir: Path) -> None:
-    """Roll an interrupted add_bundle_files forward (the journal exists only once all temps are durable)."""
+    """Roll an interrupted add_bundle_files forward (the journal exists only once all temps are durable).
+
+    A journal that is unusable, or that would rename anything outside vdir or through a symlink, is
+    dropped: the old manifest still describes the old files, and nothing outside vdir is touched."""
     path = vdir / JOURNAL_NAME
-    if not path.exists():
+    if not (path.exists() or path.is_symlink()):
         return
     try:
-        journal = json.loads(path.read_text())
+        if path.is_symlink():
+            raise BundleError(f"{path}: a symlink")
+        journal = json.loads(read_small_file(path, MAX_MANIFEST_BYTES))
         validate_manifest(journal["manifest"], str(path))
-        for temp_rel, name in journal["renames"]:
-            check_relpath(name, str(path))
-            if not Path(temp_rel).name.startswith(TEMP_PREFIX) or ".." in Path(temp_rel).parts:
-                raise BundleError(f"{path}: bad temp name {temp_rel!r}")
-    except (ValueError, KeyError, TypeError, BundleError):
-        path.unlink(missing_ok=True)  # unusable journal: the old manifest still describes the old files
+        _check_journal_renames(vdir, journal, str(path))
+    except (ValueError, KeyError, TypeError, RecursionError, BundleError):
+        path.unlink(missing_ok=True)
         return
     _apply_journal(vdir, journal)
 
 
 def recover_journals(out: Path) -> None:
+    """recover_journal in every version dir of OUT (a symlinked version dir is not ours to write in)."""
     for number in list_versions(out):
         vdir = out / version_dir_name(number)
-        if (vdir / JOURNAL_NAME).exists():
+        if vdir.is_symlink():
+            continue
+        if (vdir / JOURNAL_NAME).exists() or (vdir / JOURNAL_NAME).is_symlink():
             recover_journal(vdir)
             _remove_version_temps(vdir)
 

@@ -9,6 +9,7 @@ import hashlib
 import os
 import secrets
 import signal
+import stat
 from pathlib import Path
 from typing import BinaryIO
 
@@ -163,6 +164,33 @@ def atomic_replace_bytes(path: Path, data: bytes) -> tuple[int, str]:
     return result
 
 
+def read_small_file(path: Path, limit: int) -> bytes:
+    """The bytes of a small regular file (LATEST, manifest.json, a journal, the counter), refusing a special
+    file (FIFO, device: opened non-blocking, so a FIFO cannot hang us) and anything over `limit` bytes
+    before reading it. Raises FileNotFoundError when missing, BundleError naming the file otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise BundleError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BundleError(f"{path}: not a regular file")
+        if info.st_size > limit:
+            raise BundleError(f"{path}: {info.st_size} bytes, more than the {limit} allowed")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise BundleError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise BundleError(f"{path}: more than the {limit} bytes allowed")
+    return data
+
+
 def read_npy_header(path: Path, name: str) -> tuple[np.dtype, tuple[int, ...], int]:
     """Parse a .npy header without trusting it: (dtype, shape, data offset).
 
@@ -193,10 +221,17 @@ def read_npy_header(path: Path, name: str) -> tuple[np.dtype, tuple[int, ...], i
         header = ast.literal_eval(raw.decode("utf8" if major == 3 else "latin1"))
         if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
             raise ValueError("keys")
-        dtype = np.dtype(header["descr"])
-        shape = tuple(int(d) for d in header["shape"])
-    except (ValueError, SyntaxError, TypeError) as exc:
-        raise BundleError(f"{name}: malformed .npy header") from exc
+        descr, raw_shape = header["descr"], header["shape"]
+        if not isinstance(descr, str) or not isinstance(raw_shape, tuple):
+            raise ValueError("descr or shape")
+        dtype = np.dtype(descr)
+        if dtype.str != descr:  # exactly the canonical form the writer uses ('<u2', not 'u2' or '=u2')
+            raise ValueError("descr")
+        if not all(type(d) is int for d in raw_shape):
+            raise ValueError("shape")
+        shape = tuple(raw_shape)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        raise BundleError(f"{name}: malformed .npy header") from None
     if header["fortran_order"] is not False:
         raise BundleError(f"{name}: Fortran-order arrays are not allowed")
     if dtype.hasobject or any(d < 0 for d in shape):

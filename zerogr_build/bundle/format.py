@@ -30,7 +30,7 @@ ITEM_COLUMN = "item_id"
 TEMP_PREFIX = ".tmp-"
 DEFAULT_OUT = "bundles"
 
-VERSION_DIR_RE = re.compile(r"^v(\d{6,})$")
+VERSION_DIR_RE = re.compile(r"v([0-9]{6,})\Z")  # ASCII digits only; used with fullmatch
 
 # Allowed dtypes per array role (little-endian only). tokens may be uint16 only while V <= 65536.
 ROLE_DTYPES: dict[str, tuple[str, ...]] = {
@@ -50,7 +50,7 @@ def version_dir_name(version: int) -> str:
 
 def parse_version_dir(name: str) -> int | None:
     """Version number of a version dir name, or None if the name is not one."""
-    match = VERSION_DIR_RE.match(name)
+    match = VERSION_DIR_RE.fullmatch(name)
     return int(match.group(1)) if match else None
 
 

@@ -8,13 +8,16 @@ can never be left behind by a crash and a dead build's temp dir is recognisable:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..errors import BundleError
 from .files import temp_tag
 from .format import LOCK_NAME, TEMP_PREFIX
 
@@ -27,8 +30,20 @@ UNCLAIMED_TEMP_MAX_AGE_S = 3600.0
 
 @contextlib.contextmanager
 def out_lock(out_dir: Path) -> Iterator[None]:
-    """Hold the exclusive lock OUT/.lock (blocking until it is free)."""
-    fd = os.open(out_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    """Hold the exclusive lock OUT/.lock (blocking until it is free).
+
+    O_NOFOLLOW: a (dangling) symlink named .lock in a copied OUT must not make us create or open a file
+    elsewhere; O_NONBLOCK: a FIFO there must not hang the open (it then fails the regular-file check)."""
+    path = out_dir / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise BundleError(f"{path}: a symlink (refused: the lock must be a plain file in OUT)") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BundleError(f"{path}: not a regular file")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -62,9 +77,13 @@ class BuildClaim:
 def _claim_is_dead(claim_path: Path) -> bool:
     """True when no live process holds this claim (we can lock it ourselves)."""
     try:
-        fd = os.open(claim_path, os.O_RDWR)
+        fd = os.open(claim_path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return True
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink or socket: no build of ours made it
+            return True
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import BundleError
 from ..index import SidIndex, StepTable
-from .files import read_npy_header, sha256_file
+from .files import read_npy_header, read_small_file, sha256_file
 from .format import (
     ITEM_COLUMN,
     JOURNAL_NAME,
@@ -33,15 +33,26 @@ from .versions import resolve_bundle
 HASH_THREADS = 4
 # open_bundle re-reads the manifest this many times when add_bundle_files is replacing files under it.
 CONCURRENT_UPDATE_RETRIES = 20
+# open_bundle(OUT) resolves LATEST again this many times when the version it resolved was pruned under it.
+PRUNED_RETRIES = 5
+# A manifest lists a few dozen files; anything near this size is not one (and is not read).
+MAX_MANIFEST_BYTES = 64 << 20
 
 
 def load_manifest(version_dir: Path) -> dict:
-    """Read and validate manifest.json of a version dir (schema only; files are not touched)."""
+    """Read and validate manifest.json of a version dir (schema only; files are not touched).
+
+    The manifest is untrusted: a symlink leading out of the dir, a special file, more than
+    MAX_MANIFEST_BYTES, or JSON nested too deep is refused with a BundleError naming it."""
     path = version_dir / MANIFEST_NAME
     try:
-        manifest = json.loads(path.read_bytes())
+        if path.is_symlink() and not path.resolve().is_relative_to(version_dir.resolve()):
+            raise BundleError(f"{path}: symlink leading outside the bundle dir")
+        manifest = json.loads(read_small_file(path, MAX_MANIFEST_BYTES))
     except FileNotFoundError as exc:
         raise BundleError(f"{path}: missing") from exc
+    except RecursionError:
+        raise BundleError(f"{path}: not readable JSON (nested too deep)") from None
     except (OSError, ValueError) as exc:
         raise BundleError(f"{path}: not readable JSON ({exc})") from exc
     validate_manifest(manifest, str(path))
@@ -133,11 +144,13 @@ class Bundle:
     index: SidIndex over the mapped step tables (item_order None: items are stored in leaf order).
     """
 
-    def __init__(self, path: Path, manifest: dict, index: SidIndex):
+    def __init__(self, path: Path, manifest: dict, index: SidIndex, items_source: Any = None):
         self.path = path
         self.manifest = manifest
         self.version: int = manifest["version"]
         self.index = index
+        # items.parquet, memory-mapped at open (parsed on first use): a pruned version keeps its items.
+        self._items_source = items_source
 
     def __repr__(self) -> str:
         return f"Bundle({str(self.path)!r}, version={self.version}, items={self.index.num_items})"
@@ -180,9 +193,20 @@ class Bundle:
         import pyarrow.parquet as pq
 
         leaves = self.manifest["leaves"]
-        path = bundle_file(self.path, leaves["files"]["items"])
+        path = self.path / leaves["files"]["items"]
+        source = self._items_source
+        if source is None:
+            source = _map_items(bundle_file(self.path, leaves["files"]["items"]))
         try:
-            table = pq.read_table(path, columns=[ITEM_COLUMN], memory_map=True)
+            parquet = pq.ParquetFile(source)
+            # The footer's row count first: a small file must not expand to millions of rows before the
+            # manifest's count refuses it.
+            rows = parquet.metadata.num_rows
+            if rows != leaves["items"]:
+                raise BundleError(f"{path}: {rows} items, manifest says {leaves['items']}")
+            table = parquet.read(columns=[ITEM_COLUMN])
+        except BundleError:
+            raise
         except Exception as exc:  # pyarrow raises several types for bad files
             raise BundleError(f"{path}: cannot read items ({exc})") from exc
         column = table.column(ITEM_COLUMN).combine_chunks()
@@ -213,18 +237,53 @@ class Bundle:
         return pa.LargeListArray.from_arrays(pa.array(list_offsets, type=pa.int64()), values)
 
 
+def _map_items(path: Path):
+    """items.parquet memory-mapped (nothing parsed yet); the map outlives a prune of its version."""
+    import pyarrow as pa
+
+    try:
+        return pa.memory_map(str(path), "r")
+    except (OSError, pa.ArrowException) as exc:
+        raise BundleError(f"{path}: cannot read items ({exc})") from None
+
+
 def open_bundle(path: str | Path | None = None, *, verify_checksums: bool = True) -> Bundle:
     """Open a bundle version (a version dir, or an OUT dir via LATEST; None -> "bundles").
 
     Validates the manifest, refuses file names that leave the version dir, checks every listed file's size
-    and, unless verify_checksums=False, its sha256; memory-maps the arrays after checking each header's
-    dtype and shape against the manifest. Raises BundleError naming the file, InputError if `path` is
-    missing or not a bundle.
+    and, unless verify_checksums=False, its sha256; memory-maps the arrays (and items.parquet) after
+    checking each header's dtype and shape against the manifest. Raises BundleError naming the file,
+    InputError if `path` is missing or not a bundle. Opened through an OUT dir, a version pruned between
+    resolving LATEST and mapping its files is retried with the new LATEST.
     """
-    version_dir = resolve_bundle(path)
-    manifest = _load_checked(version_dir, verify_checksums)
-    specs = array_specs(manifest)
-    arrays = {name: map_array(bundle_file(version_dir, name), *spec) for name, spec in specs.items()}
+    for attempt in range(PRUNED_RETRIES + 1):
+        version_dir = resolve_bundle(path)
+        try:
+            return _open_version(version_dir, verify_checksums)
+        except BundleError:
+            if attempt == PRUNED_RETRIES or not _moved_on(path, version_dir):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _moved_on(path: str | Path | None, version_dir: Path) -> bool:
+    """True when `path` is an OUT dir whose resolved version has since vanished or been replaced."""
+    try:
+        if not version_dir.is_dir():
+            return True
+        return resolve_bundle(path) != version_dir
+    except (BundleError, OSError):
+        return False
+
+
+def _open_version(version_dir: Path, verify_checksums: bool) -> Bundle:
+    try:
+        manifest = _load_checked(version_dir, verify_checksums)
+        specs = array_specs(manifest)
+        arrays = {name: map_array(bundle_file(version_dir, name), *spec) for name, spec in specs.items()}
+        items_source = _map_items(bundle_file(version_dir, manifest["leaves"]["files"]["items"]))
+    except OSError as exc:  # a file removed or replaced between the checks and the map
+        raise BundleError(f"{exc.filename or version_dir}: cannot read ({exc.strerror or exc})") from None
     steps = []
     for entry, size in zip(manifest["steps"], manifest["codebook_sizes"], strict=True):
         mapped = {role: arrays[name] for role, name in entry["files"].items()}
@@ -246,4 +305,4 @@ def open_bundle(path: str | Path | None = None, *, verify_checksums: bool = True
         leaf_offsets=arrays[manifest["leaves"]["files"]["offsets"]],
         item_order=None,
     )
-    return Bundle(version_dir, manifest, index)
+    return Bundle(version_dir, manifest, index, items_source)

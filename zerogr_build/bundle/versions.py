@@ -9,10 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 from ..errors import BundleError, InputError
-from .files import _crash_point, atomic_replace_bytes, fsync_dir, temp_tag
+from .files import _crash_point, atomic_replace_bytes, fsync_dir, read_small_file, temp_tag
 from .format import (
     COUNTER_NAME,
     DEFAULT_OUT,
@@ -22,6 +23,9 @@ from .format import (
     version_dir_name,
 )
 from .lock import DELETE_PREFIX
+
+# LATEST and the counter hold one short line; anything longer is not ours (and is not read).
+SMALL_FILE_LIMIT = 4096
 
 
 def version_dirs(out: Path) -> list[tuple[int, Path]]:
@@ -41,23 +45,44 @@ def list_versions(out: Path) -> list[int]:
 
 
 def read_latest(out: Path) -> str | None:
-    """The version dir name LATEST holds, or None if there is no LATEST."""
+    """The version dir name LATEST holds, or None if there is no LATEST. A special file, an oversized or
+    non-UTF-8 LATEST is refused with a BundleError naming it (never read without bound)."""
+    path = out / LATEST_NAME
     try:
-        return (out / LATEST_NAME).read_text().strip() or None
+        data = read_small_file(path, SMALL_FILE_LIMIT)
     except FileNotFoundError:
         return None
+    try:
+        return data.decode("utf-8").strip() or None
+    except UnicodeDecodeError:
+        raise BundleError(f"{path}: not UTF-8 text (expected a version dir name)") from None
+
+
+def _used_numbers(out: Path) -> list[int]:
+    """Numbers of every entry in OUT named like a version, whatever it is (dir, file, dangling symlink):
+    a stray file named v000002 must not make the next publish rename onto it forever."""
+    return [n for n in (parse_version_dir(entry.name) for entry in out.iterdir()) if n is not None]
 
 
 def next_version(out: Path) -> int:
-    """1 + the largest number ever used here (counter file, version dirs, LATEST). Call under the lock.
+    """1 + the largest number ever used here (counter file, names in OUT, LATEST). Call under the lock.
 
-    The counter keeps numbers from being reused after versions are deleted by hand."""
-    used = list_versions(out)
-    with contextlib.suppress(FileNotFoundError, ValueError):
-        used.append(int((out / COUNTER_NAME).read_text().strip()))
-    latest = read_latest(out)
-    if latest and parse_version_dir(latest) is not None:
-        used.append(parse_version_dir(latest))
+    The counter keeps numbers from being reused after versions are deleted by hand, so an unreadable one
+    is refused (BundleError naming it) rather than ignored."""
+    used = _used_numbers(out)
+    counter = out / COUNTER_NAME
+    with contextlib.suppress(FileNotFoundError):
+        text = read_small_file(counter, SMALL_FILE_LIMIT).decode("ascii", errors="replace").strip()
+        if not (text.isascii() and text.isdigit()):
+            raise BundleError(
+                f"{counter}: not a version number (got {text[:40]!r}); write the highest version ever "
+                "published in this OUT dir into it"
+            )
+        used.append(int(text))
+    with contextlib.suppress(BundleError):  # a broken LATEST is replaced by this publish anyway
+        latest = read_latest(out)
+        if latest and parse_version_dir(latest) is not None:
+            used.append(parse_version_dir(latest))
     return max(used, default=0) + 1
 
 
@@ -70,8 +95,14 @@ def prune_versions(out: Path, keep: int) -> list[str]:
     """Delete all but the newest `keep` versions, never the one LATEST names. Call under the OUT lock.
 
     Each doomed version is first renamed to .tmp-del-* (it vanishes atomically; a crash mid-delete leaves
-    only a temp name that the next writer removes), then removed."""
-    latest = read_latest(out)
+    only a temp name that the next writer removes), then removed. Pruning runs after a publish, so a
+    version that cannot be removed (or an unreadable LATEST) is a warning, never an error: the publish
+    has happened and must not be reported as failed."""
+    try:
+        latest = read_latest(out)
+    except BundleError as exc:
+        warnings.warn(f"not pruning: {exc}", stacklevel=2)
+        return []
     versions = list_versions(out)
     doomed = [version_dir_name(v) for v in versions[: max(len(versions) - keep, 0)]]
     removed = []
@@ -79,12 +110,34 @@ def prune_versions(out: Path, keep: int) -> list[str]:
         if name == latest:
             continue
         trash = out / f"{DELETE_PREFIX}{temp_tag()}"
-        os.rename(out / name, trash)
-        fsync_dir(out)
+        try:
+            os.rename(out / name, trash)
+            fsync_dir(out)
+        except OSError as exc:
+            warnings.warn(f"{out / name}: could not prune ({exc.strerror or exc})", stacklevel=2)
+            continue
         _crash_point("pruning")
         shutil.rmtree(trash, ignore_errors=True)
         removed.append(name)
     return removed
+
+
+def check_out_dir(out: str | Path) -> Path:
+    """Refuse, before any work, an OUT that cannot hold versions: a file or a path under one, a dir we
+    cannot write, or a published version dir itself (its files are immutable). InputError naming it."""
+    path = Path(out)
+    probe = path
+    while not (probe.exists() or probe.is_symlink()):
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise InputError(f"{out}: cannot be an OUT dir ({probe} is not a directory)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(f"{out}: cannot be an OUT dir ({probe} is not writable)")
+    if probe == path and (path / MANIFEST_NAME).exists():
+        raise InputError(f"{out}: is a published version dir (has {MANIFEST_NAME}); pass its OUT dir")
+    return path
 
 
 def resolve_bundle(path: str | Path | None = None) -> Path:
@@ -98,10 +151,10 @@ def resolve_bundle(path: str | Path | None = None) -> Path:
     if (root / MANIFEST_NAME).exists():
         return root
     latest_file = root / LATEST_NAME
-    if latest_file.exists():
-        name = latest_file.read_text().strip()
+    if latest_file.exists() or latest_file.is_symlink():
+        name = read_latest(root) or ""
         if parse_version_dir(name) is None:
-            raise BundleError(f"{latest_file}: does not name a version dir (got {name!r})")
+            raise BundleError(f"{latest_file}: does not name a version dir (got {name[:80]!r})")
         target = root / name
         if not (target / MANIFEST_NAME).is_file():
             raise BundleError(f"{latest_file}: names {name}, which is missing or has no {MANIFEST_NAME}")

@@ -12,6 +12,7 @@ Every rule a catalog can break raises `InputError` with one line naming the file
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -90,8 +91,9 @@ def read_catalog(
 
     files = find_catalog_files(path)
     hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerogr-fingerprint")
+    stop_hashing = threading.Event()  # set on any error, so a refusal does not wait for the hashes
     try:
-        fingerprint_future = hasher.submit(fingerprint_files, files)
+        fingerprint_future = hasher.submit(fingerprint_files, files, stop_hashing)
         # Pass 1, footers only: every file's schema and row count, so a bad file fails before any data is
         # read and N is known. Files are closed again (a directory may hold thousands of parts).
         item_types, file_rows = [], []
@@ -132,6 +134,8 @@ def read_catalog(
                 ) as batches,
             ):
                 for batch in batches:
+                    if file_row + batch.num_rows > rows:  # the footer's count sized the output arrays
+                        raise InputError(f"{name}: footer says {rows} rows but its row groups hold more")
                     reader.add_batch(name, batch, file_row, row)
                     file_row += batch.num_rows
                     row += batch.num_rows
@@ -157,6 +161,9 @@ def read_catalog(
             assert reader.step_max is not None
             sizes = tuple(int(m) + 1 for m in reader.step_max)
         fingerprint = fingerprint_future.result()
+    except BaseException:
+        stop_hashing.set()
+        raise
     finally:
         hasher.shutdown(wait=True, cancel_futures=True)
     return Catalog(

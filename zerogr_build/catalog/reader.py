@@ -18,8 +18,11 @@ from .schema import SidLayout
 #: Rows per record batch while streaming. Bounds the Arrow-side memory of the read (a few MB per batch).
 BATCH_ROWS = 1 << 20
 
-#: Largest codebook the index supports (tokens are stored as int32 above 65536).
-MAX_CODEBOOK_SIZE = 2**31
+#: Largest codebook the index and bundle format support (tokens are stored as int32 above 65536).
+MAX_CODEBOOK_SIZE = 2**31 - 1
+
+#: Item ids longer than this are cut in messages.
+MAX_ID_CHARS = 200
 
 
 def _fresh(shape: int | tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -149,10 +152,33 @@ class BatchReader:
                 where = describe_row(file_row + bad, items[bad])
                 raise InputError(f"{name}: column {column!r}, {where}: SID token is null")
         dtype = np.result_type(*[arr.type.to_pandas_dtype() for arr in arrays])
+        if dtype.kind == "f":
+            # uint64 next to signed columns: numpy's common type is float64, which would round tokens and
+            # turn 2^64-1 into another token. int64 holds every valid token; larger ones are refused here.
+            dtype = np.dtype(np.int64)
+            self._refuse_huge_uint64(name, columns, arrays, items, file_row)
         block = np.empty((batch.num_rows, len(columns)), dtype=dtype)
         for t, arr in enumerate(arrays):
             block[:, t] = arr.to_numpy(zero_copy_only=False)
         return block
+
+    def _refuse_huge_uint64(
+        self, name: str, columns: tuple[str, ...], arrays: list[pa.Array], items: pa.Array, file_row: int
+    ) -> None:
+        """The first token above int64's range in a uint64 column: InputError, as _check_range words it."""
+        int64_max = np.uint64(np.iinfo(np.int64).max)
+        for t, (column, arr) in enumerate(zip(columns, arrays, strict=True)):
+            if arr.type != pa.uint64():
+                continue
+            values = arr.to_numpy(zero_copy_only=False)
+            over = np.flatnonzero(values > int64_max)
+            if over.size:
+                row = int(over[0])
+                size = (self.codebook_sizes or (MAX_CODEBOOK_SIZE,) * len(columns))[t]
+                raise InputError(
+                    f"{name}: column {column!r}, {describe_row(file_row + row, items[row])}: "
+                    f"token {int(values[row])} at step {t} is >= codebook size {size}"
+                )
 
     def _check_range(self, name: str, block: np.ndarray, items: pa.Array, file_row: int) -> None:
         """Tokens must be >= 0 and < V_t: one fused pass for every step's min and max, then a scan for the
@@ -232,7 +258,10 @@ class BatchReader:
 
 def describe_row(row: int, item: pa.Scalar) -> str:
     """ "row R (item id X)", the locator every per-row message of the reader uses."""
-    return f"row {row} (item id {item.as_py()!r})"
+    text = repr(item.as_py())
+    if len(text) > MAX_ID_CHARS:  # a 2 MB id must not make a 2 MB error line
+        text = f"{text[:MAX_ID_CHARS]}... ({len(text)} chars)"
+    return f"row {row} (item id {text})"
 
 
 def check_codebook_count(name: str, layout: SidLayout, sizes: tuple[int, ...], num_steps: int) -> None:

@@ -29,6 +29,9 @@ def open_parquet(name: str) -> pq.ParquetFile:
 
 
 def _field(name: str, schema: pa.Schema, column: str) -> pa.Field:
+    copies = len(schema.get_all_field_indices(column))
+    if copies > 1:
+        raise InputError(f"{name}: column {column!r} appears {copies} times")
     index = schema.get_field_index(column)
     if index < 0:
         have = ", ".join(schema.names) or "none"

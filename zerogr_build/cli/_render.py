@@ -37,14 +37,15 @@ def human_bytes(n: float) -> str:
 
 
 def steps_table(title: str, steps: list[dict[str, Any]]) -> Table:
-    """The per-step rows of `build` / `inspect` (pipeline.step_rows)."""
-    table = Table(title=title, title_justify="left")
+    """The per-step rows of `build` / `inspect` (pipeline.step_rows). The title holds user text (the OUT
+    path, the model tag), so it is plain Text: never parsed as rich markup."""
+    table = Table(title=Text(title), title_justify="left")
     for name in ("step", "format", "V", "rows", "nnz", "max_slots", "valid", "bytes"):
         table.add_column(name, justify="left" if name == "format" else "right", no_wrap=True)
     for s in steps:
         table.add_row(
             str(s["step"]),
-            s["format"],
+            Text(s["format"]),
             f"{s['codebook_size']:,}",
             f"{s['rows']:,}",
             f"{s['nnz']:,}",
@@ -59,7 +60,7 @@ def plan_table(plan: dict) -> Table:
     """A tune plan: one row per dtype x step x batch size with the chosen mode, every mode's median ms and
     the chosen mode's speedup over `full`."""
     modes = list(dict.fromkeys(m for e in plan["entries"] for m in e["timings_ms"]))
-    table = Table(title=f"zerogr tune: {plan['device']['name']} ({plan['device_key']})")
+    table = Table(title=Text(f"zerogr tune: {plan['device']['name']} ({plan['device_key']})"))
     for col in ("dtype", "step", "batch", "rows", "chosen", *[f"{m} ms" for m in modes], "vs full"):
         table.add_column(col, justify="right" if col not in ("dtype", "chosen") else "left")
     for e in plan["entries"]:
@@ -67,7 +68,13 @@ def plan_table(plan: dict) -> Table:
         speedup = f"{t['full'] / t[e['mode']]:.2f}x" if "full" in t and t[e["mode"]] > 0 else "-"
         cells = [f"{t[m]:.3f}" if m in t else "-" for m in modes]
         table.add_row(
-            e["dtype"], str(e["step"]), str(e["batch_size"]), str(e["rows"]), e["mode"], *cells, speedup
+            Text(e["dtype"]),
+            str(e["step"]),
+            str(e["batch_size"]),
+            str(e["rows"]),
+            Text(e["mode"]),
+            *cells,
+            speedup,
         )
     return table
 
@@ -75,7 +82,7 @@ def plan_table(plan: dict) -> Table:
 def report_tables(report: CompareReport, title: str) -> list[Any]:
     """A compare report as rich renderables: the metric table (`title`, a column per K), the invalid-mass
     table (a column per step) and a line with the unconstrained invalid-SID rate."""
-    metrics = Table(title=title)
+    metrics = Table(title=Text(title))
     metrics.add_column("metric")
     for k in report.ks:
         metrics.add_column(f"K={k}", justify="right")

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from ..bundle import promote_bundle
+from ..bundle.versions import check_out_dir
 from ..config import load_settings, parse_int_list
 from ..pipeline import build_bundle
 from ._errors import cli_errors, warnings_on_stderr
@@ -107,6 +108,7 @@ def build(
         if codebook_sizes is not None:
             overrides["codebook_sizes"] = parse_int_list(codebook_sizes, "--codebook-sizes")
         settings = load_settings(config, overrides)
+        check_out_dir(settings.out)  # an OUT that cannot hold versions is a usage error, before the read
         with progress_for(quiet) as progress, warnings_on_stderr():
             summary = build_bundle(catalog, settings, progress=progress)
         _print_build_summary(summary, json_out=json_out, quiet=quiet)

@@ -71,8 +71,11 @@ def parse_step_formats(spec: str | Mapping[int, str] | None, num_steps: int) -> 
         items: dict[int, str] = {}
         for part in spec.split(","):
             step_text, sep, fmt = part.partition("=")
-            if not sep or not step_text.strip().isdigit():
+            step_text = step_text.strip()
+            if not sep or not (step_text.isascii() and step_text.isdigit()):
                 raise InputError(f"--step-formats: expected STEP=FORMAT, got {part!r}")
+            if int(step_text) in items:
+                raise InputError(f"--step-formats: step {int(step_text)} named twice")
             items[int(step_text)] = fmt.strip()
         spec = items
     for step, fmt in spec.items():

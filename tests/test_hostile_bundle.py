@@ -1,0 +1,353 @@
+"""A bundle or OUT dir from elsewhere is untrusted input (hostile-input review, round 2: F1, F3, F6-F8,
+F14, F15, F19, F20, F22): nothing zerogr does with it writes outside it, reads a special file or an
+unbounded amount, or fails with anything but one BundleError naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from zerogr_build.bundle import (
+    add_bundle_files,
+    list_versions,
+    open_bundle,
+    promote_bundle,
+    resolve_bundle,
+    verify_bundle,
+)
+from zerogr_build.bundle.files import npy_header, sha256_file
+from zerogr_build.bundle.format import manifest_bytes
+from zerogr_build.errors import BundleError, InputError
+from zerogr_build.testing import finishes, publish_catalog, random_catalog
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return random_catalog(seed=3, n=300, sizes=(4, 8, 16))
+
+
+def rewrite_manifest(vdir: Path, change) -> None:
+    manifest = json.loads((vdir / "manifest.json").read_text())
+    change(manifest)
+    (vdir / "manifest.json").write_bytes(manifest_bytes(manifest))
+
+
+def relist(vdir: Path, name: str):
+    def change(manifest):
+        size, digest = sha256_file(vdir / name)
+        manifest["files"][name] = {"bytes": size, "sha256": digest}
+
+    rewrite_manifest(vdir, change)
+
+
+# ------------------------------------------------------------------------------------------------ F1
+
+
+def hostile_journal(vdir: Path, outside: Path) -> tuple[Path, Path]:
+    """The review's F1 attack: kernels/ -> a dir outside, a .tmp- file renamed into it, and an absolute
+    temp name of another project moved into the bundle. Returns (outside victim file, foreign temp)."""
+    victim = outside / "authorized_keys"
+    victim.write_text("the user's own key\n")
+    foreign = outside / ".tmp-1234-abcd.lock"
+    foreign.write_text("another project's temp\n")
+    (vdir / "kernels").symlink_to(outside, target_is_directory=True)
+    (vdir / "plans").mkdir()
+    (vdir / ".tmp-evil").write_text("ssh-ed25519 AAAA ATTACKER\n")
+    manifest = json.loads((vdir / "manifest.json").read_text())
+    journal = {
+        "renames": [[".tmp-evil", "kernels/authorized_keys"], [str(foreign), "plans/stolen.json"]],
+        "manifest": manifest,
+    }
+    (vdir / "manifest.json.journal").write_bytes(manifest_bytes(journal))
+    return victim, foreign
+
+
+@pytest.mark.parametrize("writer", ["publish", "promote", "add"])
+def test_hostile_journal_never_writes_outside_the_bundle(tmp_path, catalog, writer):
+    out, outside = tmp_path / "out", tmp_path / "home"
+    outside.mkdir()
+    _, published = publish_catalog(catalog, out)
+    victim, foreign = hostile_journal(published.path, outside)
+    if writer == "publish":
+        publish_catalog(catalog, out)
+    elif writer == "promote":
+        promote_bundle(published.path)
+    else:
+        add_bundle_files(published.path, {"plans/cpu.json": b"{}"})
+    assert victim.read_text() == "the user's own key\n"
+    assert foreign.read_text() == "another project's temp\n"
+    assert not (published.path / "plans" / "stolen.json").exists()
+    assert not (published.path / "manifest.json.journal").exists()  # dropped: the old manifest holds
+    open_bundle(published.path)
+
+
+def test_a_genuine_journal_is_still_rolled_forward(tmp_path, catalog):
+    out = tmp_path / "out"
+    _, published = publish_catalog(catalog, out)
+    vdir = published.path
+    (vdir / "plans").mkdir()
+    (vdir / "plans" / ".tmp-1-aa-cpu.json").write_bytes(b'{"new": true}')
+    manifest = json.loads((vdir / "manifest.json").read_text())
+    size, digest = sha256_file(vdir / "plans" / ".tmp-1-aa-cpu.json")
+    manifest["files"]["plans/cpu.json"] = {"bytes": size, "sha256": digest}
+    journal = {"renames": [["plans/.tmp-1-aa-cpu.json", "plans/cpu.json"]], "manifest": manifest}
+    (vdir / "manifest.json.journal").write_bytes(manifest_bytes(journal))
+    promote_bundle(vdir)
+    assert json.loads(open_bundle(vdir).file("plans/cpu.json").read_bytes()) == {"new": True}
+
+
+# ------------------------------------------------------------------------------------------------ F8
+
+
+def test_dangling_lock_symlink_creates_nothing_outside(tmp_path, catalog):
+    out = tmp_path / "out"
+    publish_catalog(catalog, out)
+    (out / ".lock").unlink()
+    target = tmp_path / "elsewhere" / "nologin"
+    target.parent.mkdir()
+    (out / ".lock").symlink_to(target)
+    with pytest.raises(BundleError, match=r"\.lock: a symlink"):
+        publish_catalog(catalog, out)
+    assert not target.exists()
+
+
+# ------------------------------------------------------------------------------------------- F3, F19
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "huge", "dir", "non_utf8"])
+def test_hostile_latest_is_refused_naming_it(tmp_path, catalog, kind):
+    out = tmp_path / "out"
+    publish_catalog(catalog, out)
+    latest = out / "LATEST"
+    latest.unlink()
+    if kind == "fifo":
+        os.mkfifo(latest)
+    elif kind == "dev_zero":
+        latest.symlink_to("/dev/zero")
+    elif kind == "huge":
+        latest.write_bytes(b"v000001" + b" " * (1 << 20))
+    elif kind == "dir":
+        latest.mkdir()
+    else:
+        latest.write_bytes(b"v00000\xff\n")
+    with pytest.raises(BundleError, match=r"LATEST"):
+        finishes(lambda: open_bundle(out))
+    with pytest.raises(BundleError, match=r"LATEST"):
+        finishes(lambda: verify_bundle(out))
+    if kind in ("huge", "non_utf8"):  # a build into that OUT still works (and replaces LATEST)
+        assert finishes(lambda: publish_catalog(catalog, out))[1].version == 2
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "deep", "outside"])
+def test_hostile_manifest_given_as_the_version_dir_is_refused(tmp_path, catalog, kind):
+    out = tmp_path / "out"
+    _, published = publish_catalog(catalog, out)
+    manifest = published.path / "manifest.json"
+    text = manifest.read_bytes()
+    manifest.unlink()
+    if kind == "fifo":
+        os.mkfifo(manifest)
+    elif kind == "dev_zero":
+        manifest.symlink_to("/dev/zero")
+    elif kind == "deep":
+        manifest.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    else:
+        (tmp_path / "elsewhere.json").write_bytes(text)
+        manifest.symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(BundleError, match=r"manifest\.json"):
+        finishes(lambda: open_bundle(published.path))
+
+
+def write_npy_with_header(path: Path, header_text: str, data: bytes) -> None:
+    raw = header_text.encode("latin1")
+    raw += b" " * (-(10 + len(raw) + 1) % 64) + b"\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(raw).to_bytes(2, "little") + raw + data)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "{'descr': 'i8', 'fortran_order': False, 'shape': (%d,), }",
+        "{'descr': '=i8', 'fortran_order': False, 'shape': (%d,), }",
+        "{'descr': '<i8', 'fortran_order': False, 'shape': (%d.9,), }",
+        "{'descr': '<i8', 'fortran_order': False, 'shape': (" + "-" * 60_000 + "%d,), }",
+    ],
+    ids=["descr_u", "descr_eq", "float_shape", "deep_literal"],
+)
+def test_npy_header_must_be_exactly_what_the_manifest_implies(tmp_path, catalog, header):
+    out = tmp_path / "out"
+    _, published = publish_catalog(catalog, out)
+    path = published.path / "leaves.offsets.npy"
+    offsets = np.load(path)
+    write_npy_with_header(path, header % len(offsets), offsets.astype("<i8").tobytes())
+    relist(published.path, "leaves.offsets.npy")
+    with pytest.raises(BundleError, match=r"leaves\.offsets\.npy"):
+        open_bundle(published.path)
+
+
+def test_canonical_npy_header_still_opens(tmp_path, catalog):
+    out = tmp_path / "out"
+    _, published = publish_catalog(catalog, out)
+    path = published.path / "leaves.offsets.npy"
+    offsets = np.load(path)
+    header = npy_header(np.dtype("<i8"), offsets.shape)
+    path.write_bytes(header + offsets.astype("<i8").tobytes())
+    relist(published.path, "leaves.offsets.npy")
+    assert open_bundle(published.path).index.num_leaves == len(offsets) - 1
+
+
+def test_version_names_use_ascii_digits_only(tmp_path, catalog):
+    out = tmp_path / "out"
+    _, published = publish_catalog(catalog, out)
+    os.rename(published.path, out / "v\u0660\u0660\u0660\u0660\u0660\u0661")
+    (out / "LATEST").write_text("v\u0660\u0660\u0660\u0660\u0660\u0661\n")
+    assert list_versions(out) == []
+    with pytest.raises(BundleError, match=r"does not name a version dir"):
+        open_bundle(out)
+
+
+# ------------------------------------------------------------------------------------------ F15, F20
+
+
+@pytest.mark.parametrize("stray", ["file", "dangling_symlink"])
+def test_a_stray_entry_named_like_a_version_does_not_wedge_out(tmp_path, catalog, stray):
+    out = tmp_path / "out"
+    publish_catalog(catalog, out)
+    if stray == "file":
+        (out / "v000002").write_text("not a version")
+    else:
+        (out / "v000002").symlink_to(tmp_path / "nowhere")
+    assert publish_catalog(catalog, out)[1].version == 3
+    assert publish_catalog(catalog, out)[1].version == 4
+    assert open_bundle(out).version == 4
+
+
+def test_unreadable_counter_is_refused_not_ignored(tmp_path, catalog):
+    out = tmp_path / "out"
+    publish_catalog(catalog, out)
+    publish_catalog(catalog, out)
+    import shutil
+
+    shutil.rmtree(out / "v000002")
+    (out / "LATEST").write_text("v000001\n")
+    (out / ".last_version").write_bytes(b"2 \x00")
+    with pytest.raises(BundleError, match=r"\.last_version: not a version number"):
+        publish_catalog(catalog, out)
+    assert list_versions(out) == [1]  # v000002 was not reused
+    (out / ".last_version").write_text("2\n")
+    assert publish_catalog(catalog, out)[1].version == 3
+
+
+# ------------------------------------------------------------------------------------------- F6, F7
+
+
+def test_open_out_retries_when_its_version_is_pruned_after_resolving(tmp_path, catalog, monkeypatch):
+    from zerogr_build.bundle import reader
+
+    out = tmp_path / "out"
+    publish_catalog(catalog, out)
+    real_resolve = reader.resolve_bundle
+    raced = []
+
+    def resolve_then_publish(path):
+        version_dir = real_resolve(path)
+        if not raced:  # a build publishes and prunes right after this reader resolved LATEST
+            raced.append(publish_catalog(catalog, out, keep=1)[1].version)
+        return version_dir
+
+    monkeypatch.setattr(reader, "resolve_bundle", resolve_then_publish)
+    bundle = open_bundle(out)
+    assert raced == [2] and list_versions(out) == [2]
+    assert bundle.version == 2
+    assert len(bundle.items()) == catalog.rows
+
+
+def test_a_held_version_keeps_its_items_after_it_is_pruned(tmp_path, catalog):
+    out = tmp_path / "out"
+    publish_catalog(catalog, out)
+    held = open_bundle(out)
+    publish_catalog(catalog, out, keep=1)
+    publish_catalog(catalog, out, keep=1)
+    assert not held.path.exists()
+    assert sorted(held.items().to_pylist()) == sorted(catalog.item_ids.to_pylist())
+    assert held.item_ids_for_leaves([0]).to_pylist()[0]
+
+
+def test_items_row_count_is_checked_before_decoding(tmp_path, catalog):
+    out = tmp_path / "out"
+    _, published = publish_catalog(catalog, out)
+    items = published.path / "items.parquet"
+    rows = 20_000_000  # constant ids: a few hundred KB on disk, 160 MB decoded
+    pq.write_table(pa.table({"item_id": pa.repeat(pa.scalar(7, pa.int64()), rows)}), items)
+    assert items.stat().st_size < 2_000_000
+    relist(published.path, "items.parquet")
+    script = (
+        "import resource, sys\n"
+        "from zerogr_build.bundle import open_bundle\n"
+        "from zerogr_build.errors import BundleError\n"
+        "bundle = open_bundle(sys.argv[1])\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "try:\n    bundle.items()\nexcept BundleError as exc:\n    print(exc)\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(published.path)],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    message, grown_mb = proc.stdout.strip().splitlines()
+    assert f"{rows} items, manifest says {catalog.rows}" in message, proc.stderr
+    assert int(grown_mb) < 60, f"items() grew RSS by {grown_mb} MB before refusing"
+
+
+# ------------------------------------------------------------------------------------------------ F14
+
+
+def test_a_failing_prune_warns_and_the_publish_stands(tmp_path, catalog, monkeypatch):
+    from zerogr_build.bundle import versions
+
+    out = tmp_path / "out"
+    publish_catalog(catalog, out)
+    real_rename = os.rename
+
+    def rename(src, dst, *args, **kwargs):
+        if Path(dst).name.startswith(".tmp-del-"):
+            raise PermissionError(1, "Operation not permitted", str(src))
+        return real_rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(versions.os, "rename", rename)
+    with pytest.warns(UserWarning, match=r"v000001: could not prune"):
+        published = publish_catalog(catalog, out, keep=1)[1]
+    monkeypatch.undo()
+    assert published.version == 2 and open_bundle(out).version == 2
+    assert list_versions(out) == [1, 2]
+
+
+# ------------------------------------------------------------------------------------------------ F21
+
+
+def test_out_dir_checks(tmp_path, catalog):
+    from zerogr_build.bundle.versions import check_out_dir
+
+    _, published = publish_catalog(catalog, tmp_path / "out")
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(InputError, match=r"is a published version dir"):
+        check_out_dir(published.path)
+    with pytest.raises(InputError, match=r"afile is not a directory"):
+        check_out_dir(tmp_path / "afile")
+    with pytest.raises(InputError, match=r"afile is not a directory"):
+        check_out_dir(tmp_path / "afile" / "sub" / "out")
+    assert check_out_dir(tmp_path / "new" / "out") == tmp_path / "new" / "out"
+    assert resolve_bundle(tmp_path / "out") == published.path
