@@ -11,6 +11,7 @@ import itertools
 import threading
 import zipfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +276,53 @@ class SeededModel:
                     norm = np.logaddexp.reduce(row)
                 total[i] += row[leaf[t]] - norm
         return {tuple(int(x) for x in leaf): float(v) for leaf, v in zip(leaves, total, strict=True)}
+
+
+# --- GPU kernels (issue 10) ------------------------------------------------------------------------------
+
+
+class FakeDriverError(RuntimeError):
+    """What FakeKernelLoader raises at a stage chosen to fail (stands for a CUDA driver / NVRTC error)."""
+
+
+@dataclass
+class FakeKernels:
+    """What FakeKernelLoader "loads": where it came from (kind cubin | ptx | nvrtc, bundle file name)."""
+
+    kind: str
+    origin: str
+    device_index: int
+    probed: bool = False
+
+
+class FakeKernelLoader:
+    """The driver side of runtime.scoring.bundle_kernels.choose_bundle_kernels, without a GPU.
+
+    fail: stages that raise FakeDriverError - "cubin", "ptx" (loading such a file), "nvrtc" (compiling the
+    source), "launch" (the probe launch of anything) or "launch:<kind>". calls records (stage, origin,
+    bytes handed over) in order, so a test sees exactly which bytes would have reached the driver."""
+
+    def __init__(self, fail: tuple[str, ...] | set[str] = ()) -> None:
+        self.fail = set(fail)
+        self.calls: list[tuple[str, str, bytes]] = []
+
+    def load_bytes(self, data: bytes, kind: str, origin: str, device_index: int) -> FakeKernels:
+        self.calls.append(("load", origin, bytes(data)))
+        if kind in self.fail:
+            raise FakeDriverError(f"CUDA_ERROR_INVALID_IMAGE: cannot load {kind}")
+        return FakeKernels(kind, origin, device_index)
+
+    def load_source(self, device_index: int) -> FakeKernels:
+        self.calls.append(("nvrtc", "selective.cu", b""))
+        if "nvrtc" in self.fail:
+            raise FakeDriverError("NVRTC_ERROR_BUILTIN_OPERATION_FAILURE: libnvrtc not found")
+        return FakeKernels("nvrtc", "nvrtc", device_index)
+
+    def probe(self, kernels: FakeKernels) -> None:
+        self.calls.append(("probe", kernels.origin, b""))
+        if "launch" in self.fail or f"launch:{kernels.kind}" in self.fail:
+            raise FakeDriverError("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure")
+        kernels.probed = True
 
 
 __all__ = ["SeededModel", "SelectiveCase", "make_case"]

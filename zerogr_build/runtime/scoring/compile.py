@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of the package's CUDA kernels with nvcc (cubin or PTX per architecture).
 
 `tune` ships the compiled files inside a bundle (``kernels/<arch>/<name>.<kind>``, docs/bundle-format.md
-section 11) so a serving process loads them with `selective_cuda.load_bundle_kernels` instead of compiling
+section 11) so a serving process loads them with `bundle_kernels.load_bundle_kernels` instead of compiling
 at start-up. The CUDA sources are
 package data (``zerogr_build/runtime/scoring/kernels/*.cu``), found next to this module.
 
