@@ -118,7 +118,8 @@ def test_the_cache_runs_nvcc_only_for_a_new_source_or_arch(tmp_path):
     cache = tmp_path / "cache"
     first = kb.cached_kernel_files(["sm_90"], nvcc=nvcc, cache_dir=cache)
     compiles = [line for line in log.read_text().splitlines() if "--version" not in line]
-    assert len(compiles) == 2 and sorted(first) == ["kernels/sm_90/selective.cubin", "kernels/sm_90/selective.ptx"]
+    assert len(compiles) == 2
+    assert sorted(first) == ["kernels/sm_90/selective.cubin", "kernels/sm_90/selective.ptx"]
     assert kb.cached_kernel_files(["sm_90"], nvcc=nvcc, cache_dir=cache) == first  # warm: no nvcc
     assert [line for line in log.read_text().splitlines() if "--version" not in line] == compiles
     kb.cached_kernel_files(["sm_80", "sm_90"], nvcc=nvcc, cache_dir=cache)  # only sm_80 is new
@@ -147,7 +148,7 @@ def test_kernel_archs_setting_flag_and_config(tmp_path):
         with pytest.raises(InputError, match="kernel_archs"):
             load_settings(None, {"kernel_archs": bad})
     config = tmp_path / "c.toml"
-    config.write_text('[build]\nkernel_archs = []\n')
+    config.write_text("[build]\nkernel_archs = []\n")
     assert load_settings(config).kernel_archs == ()
 
 
