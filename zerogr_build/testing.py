@@ -45,7 +45,8 @@ class FakeDeviceSink:
     starts poisoned (0xA5 bytes), so a byte no copy wrote shows in the result.
 
     gate: when given, a copy completes only once the gate is set (the load then stays visibly in
-    progress, blocked at its next buffer reuse, until the test sets it).
+    progress, blocked at its next buffer reuse, until the test sets it). device_done: when given, the
+    device work after the copies (`load_marker()`) completes only once it is set.
     `writes` lists (name, offset, nbytes, buffer) in copy order; `schedule` lists (event, chunk index,
     buffer) in the order things happened, event one of "prepare" (staging handed out for writing),
     "copy" (copy enqueued), "done" (copy completed).
@@ -53,9 +54,16 @@ class FakeDeviceSink:
 
     POISON = 0xA5
 
-    def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, *, gate: threading.Event | None = None):
+    def __init__(
+        self,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        *,
+        gate: threading.Event | None = None,
+        device_done: threading.Event | None = None,
+    ):
         self.chunk_bytes = int(chunk_bytes)
         self.gate = gate
+        self.device_done = device_done
         self._staging = [np.zeros(self.chunk_bytes, dtype=np.uint8) for _ in range(NUM_STAGING_BUFFERS)]
         self._pending: list[Chunk | None] = [None] * NUM_STAGING_BUFFERS
         self.memory: dict[str, np.ndarray] = {}
@@ -105,6 +113,24 @@ class FakeDeviceSink:
         import torch
 
         return torch.from_numpy(self.memory[name].view(dtype).reshape(shape))
+
+    def load_marker(self) -> FakeLoadMarker:
+        """The load's completion marker (runtime.stream.LoadMarker): device work queued after the copies
+        (widening) that completes only once `device_done` is set (at once without it)."""
+        return FakeLoadMarker(self)
+
+
+class FakeLoadMarker:
+    """FakeDeviceSink's LoadMarker: `wait()` blocks until the sink's `device_done` is set, then records
+    ("loaded", -1, -1) in the sink's schedule."""
+
+    def __init__(self, sink: FakeDeviceSink) -> None:
+        self.sink = sink
+
+    def wait(self) -> None:
+        if self.sink.device_done is not None:
+            self.sink.device_done.wait()
+        self.sink.schedule.append(("loaded", -1, -1))
 
 
 def random_catalog(
