@@ -182,3 +182,13 @@ def test_from_bytes_hands_the_driver_exactly_the_checked_bytes(monkeypatch):
     monkeypatch.setattr(sc, "_device_index", lambda device: 0)
     kernels = sc.SelectiveKernels.from_bytes(b"\x7fELF exact", "cubin", "kernels/sm_90/selective.cubin", 0)
     assert seen == [b"\x7fELF exact"] and kernels.origin == "kernels/sm_90/selective.cubin"
+
+
+def test_int64_slot_tokens_are_narrowed_without_wrapping():
+    """D4: 2**32 + 3 must not become the valid token 3; anything outside [0, V) is an empty slot (-1)."""
+    from zerogr_build.runtime.scoring.cuda_launch import prepare_call
+
+    tokens = torch.tensor([[2**32 + 3, 5, -(2**40), 9, 2**31, 0]], dtype=torch.int64)
+    call = prepare_call(torch.zeros(1, 4), torch.zeros(9, 4), None, tokens, require_cuda=False)
+    assert call.slot_tokens.dtype == torch.int32
+    assert call.slot_tokens.tolist() == [[-1, 5, -1, -1, -1, 0]]
