@@ -192,3 +192,43 @@ def test_int64_slot_tokens_are_narrowed_without_wrapping():
     call = prepare_call(torch.zeros(1, 4), torch.zeros(9, 4), None, tokens, require_cuda=False)
     assert call.slot_tokens.dtype == torch.int32
     assert call.slot_tokens.tolist() == [[-1, 5, -1, -1, -1, 0]]
+
+
+def test_cupy_stream_prefers_from_external_and_falls_back_to_external_stream():
+    """D10: CuPy 14 wraps torch's stream with Stream.from_external; older CuPy gets ExternalStream."""
+    from types import SimpleNamespace
+
+    torch_stream = SimpleNamespace(cuda_stream=1234)
+    calls: list = []
+
+    class Stream:
+        @staticmethod
+        def from_external(obj):
+            calls.append(("from_external", obj))
+            return "new"
+
+    def external(handle, device):
+        calls.append(("ExternalStream", handle, device))
+        return "old"
+
+    cupy14 = SimpleNamespace(cuda=SimpleNamespace(Stream=Stream, ExternalStream=external))
+    assert sc.cupy_stream(cupy14, torch_stream, 2) == "new" and calls == [("from_external", torch_stream)]
+    calls.clear()
+    cupy13 = SimpleNamespace(cuda=SimpleNamespace(Stream=object, ExternalStream=external))
+    assert sc.cupy_stream(cupy13, torch_stream, 2) == "old" and calls == [("ExternalStream", 1234, 2)]
+
+
+def test_torch_floor_covers_the_cuda_paths_uint16_tables():
+    """D6: the device tables view uint16 tokens (torch.uint16: torch 2.3); the floor must say so and the
+    installed torch must satisfy it."""
+    import re
+
+    import tomllib
+
+    deps = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]
+    (spec,) = [d for d in deps if re.match(r"torch\b", d)]
+    floor = tuple(int(x) for x in re.search(r">=\s*(\d+)\.(\d+)", spec).groups())
+    assert floor >= (2, 3) and hasattr(torch, "uint16")
+    assert tuple(int(x) for x in torch.__version__.split(".")[:2]) >= floor

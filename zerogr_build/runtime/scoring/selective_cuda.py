@@ -277,12 +277,24 @@ class SelectiveKernels:
 
     def _current_stream(self) -> Any:
         """torch's current stream on this device, wrapped for CuPy (cached per stream handle)."""
-        handle = torch.cuda.current_stream(self.device_index).cuda_stream
-        stream = self._streams.get(handle)
+        current = torch.cuda.current_stream(self.device_index)
+        stream = self._streams.get(current.cuda_stream)
         if stream is None:
-            stream = self._cupy.cuda.ExternalStream(handle, self.device_index)
-            self._streams[handle] = stream
+            stream = cupy_stream(self._cupy, current, self.device_index)
+            self._streams[current.cuda_stream] = stream
         return stream
+
+
+def cupy_stream(cupy: Any, torch_stream: Any, device_index: int) -> Any:
+    """A CuPy view of a torch stream: CuPy 14's ``Stream.from_external`` (the stream's
+    ``__cuda_stream__`` protocol), else ``ExternalStream`` by handle (older CuPy; deprecated in 14)."""
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        try:
+            return from_external(torch_stream)
+        except (TypeError, AttributeError):  # a torch stream without __cuda_stream__
+            pass
+    return cupy.cuda.ExternalStream(torch_stream.cuda_stream, device_index)
 
 
 # --------------------------------------------------------------------------------------------------------
