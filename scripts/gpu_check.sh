@@ -13,8 +13,13 @@
 #   stream   scripts/bench_stream.py (small config; override with ZG_STREAM_ARGS)
 #   catalog, bundle   a small synthetic bundle in a temp dir (make_catalog.py, zerogr build), unless
 #            ZG_BUNDLE names an existing bundle to use instead (tune then writes its plan into that bundle)
+#   kernels  the bundle's compiled kernels (zerogr build ships cubin + PTX where nvcc is found): loaded the
+#            way Decoder(plan="auto") does, with every KernelFallbackWarning an error, then the probe
+#            (selective_cuda available), then a corrupt-cubin copy that must step down to PTX
 #   tune     zerogr tune BUNDLE --gpu N (small sweep; override with ZG_TUNE_ARGS)
 #   verify   zerogr verify BUNDLE (the tuned bundle must still verify)
+# The tests part includes tests/test_gpu_paths.py (hot swap ordering, fallbacks, NaN / int64 / padded views
+# on the device, CuPy 14 streams) and the GPU tests of test_kernels.py, test_stream.py, test_decoder.py.
 # Logs of every part go to ZG_LOG_DIR (default: a new temp dir, printed). The summary table is printed
 # last. Exit code: 0 when no part failed or timed out and some gpu test ran, 1 otherwise.
 
@@ -166,6 +171,32 @@ else
         BUNDLE=
     fi
     if [[ -n $BUNDLE ]]; then
+        run_part kernels "${ZG_T_KERNELS:-60}" "$PY" - "$BUNDLE" "$DEVICE" "$WORK" <<'EOF'
+import shutil, sys, warnings
+from pathlib import Path
+from zerogr_build.bundle import open_bundle
+from zerogr_build.runtime.scoring import available_modes, selective_cuda as sc
+from zerogr_build.runtime.scoring.bundle_kernels import load_bundle_kernels
+bundle, device, work = open_bundle(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+arch = sc.device_arch(device)
+print("kernel files:", ", ".join(bundle.files("kernels/")) or "none")
+with warnings.catch_warnings():
+    warnings.simplefilter("error", sc.KernelFallbackWarning)
+    kernels = load_bundle_kernels(bundle, device)
+print(f"{device} ({arch}) loaded {kernels.origin}; modes {available_modes(device)}")
+assert "selective_cuda" in available_modes(device), "probe launch failed"
+cubin = f"kernels/{arch}/selective.cubin"
+if cubin in bundle.files("kernels/"):
+    copy = work / "corrupt" / bundle.path.name
+    shutil.copytree(bundle.path, copy)
+    data = bytearray((copy / cubin).read_bytes()); data[len(data) // 2] ^= 0xFF
+    (copy / cubin).chmod(0o644); (copy / cubin).write_bytes(bytes(data))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fallback = load_bundle_kernels(open_bundle(copy, verify_checksums=False), device)
+    print(f"corrupt cubin -> {fallback.origin}: {[str(w.message)[:100] for w in seen]}")
+    assert fallback.origin.endswith(".ptx") or fallback.origin == "nvrtc"
+EOF
         if [[ -n ${ZG_TUNE_ARGS:-} ]]; then
             read -r -a tune_args <<<"$ZG_TUNE_ARGS"
         else

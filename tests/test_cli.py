@@ -383,7 +383,7 @@ def test_missing_bundle_is_an_error_not_a_traceback(tmp_path):
 COMMANDS = {
     "build": ("CATALOG", "--out", "-o", "--config", "-c", "--codebook-sizes", "--sid-column", "--sid-columns",
               "--item-column", "--workers", "-j", "--step-formats", "--device", "--model-version", "--keep",
-              "--promote", "--no-promote", "--json", "--quiet", "-q"),
+              "--promote", "--no-promote", "--kernel-archs", "--json", "--quiet", "-q"),
     "inspect": ("BUNDLE", "--config", "-c", "--json"),
     "verify": ("BUNDLE", "--catalog", "--config", "-c", "--sid-column", "--sid-columns", "--item-column",
                "--json", "--quiet", "-q"),

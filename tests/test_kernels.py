@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from zerogr_build.bundle import add_bundle_files, open_bundle, publish_bundle
 from zerogr_build.index import build_index
 from zerogr_build.runtime.dtypes import dtype_name
+from zerogr_build.runtime.scoring import bundle_kernels as bk
 from zerogr_build.runtime.scoring import compile as kc
 from zerogr_build.runtime.scoring import cuda_launch as cl
 from zerogr_build.runtime.scoring import selective_cuda as sc
@@ -264,18 +265,18 @@ def test_bundle_kernel_file_prefers_the_cubin_of_the_arch(tmp_path: Path) -> Non
     """Which shipped file load_bundle_kernels loads: cubin of exactly this arch, else its PTX, else none;
     only files the manifest lists count."""
     none = _bundle_with_files(tmp_path / "a", {})
-    assert sc.bundle_kernel_file(none, "sm_90") is None
+    assert bk.bundle_kernel_file(none, "sm_90") is None
     ptx = _bundle_with_files(tmp_path / "b", {"kernels/sm_90/selective.ptx": b"ptx"})
-    assert sc.bundle_kernel_file(ptx, "sm_90") == "kernels/sm_90/selective.ptx"
-    assert sc.bundle_kernel_file(ptx, "sm_80") is None
+    assert bk.bundle_kernel_file(ptx, "sm_90") == "kernels/sm_90/selective.ptx"
+    assert bk.bundle_kernel_file(ptx, "sm_80") is None
     (ptx.path / "kernels" / "sm_90" / "selective.cubin").write_bytes(b"\x7fELF")  # on disk, not listed
-    assert sc.bundle_kernel_file(ptx, "sm_90") == "kernels/sm_90/selective.ptx"
+    assert bk.bundle_kernel_file(ptx, "sm_90") == "kernels/sm_90/selective.ptx"
     both = _bundle_with_files(
         tmp_path / "c", {"kernels/sm_90/selective.ptx": b"ptx", "kernels/sm_90/selective.cubin": b"\x7fELF"}
     )
-    assert sc.bundle_kernel_file(both, "sm_90") == "kernels/sm_90/selective.cubin"
-    assert sc.bundle_kernel_file(both, "sm_80") is None
-    assert sc.load_bundle_kernels(both, "cpu") is None  # not a CUDA device: nothing to load
+    assert bk.bundle_kernel_file(both, "sm_90") == "kernels/sm_90/selective.cubin"
+    assert bk.bundle_kernel_file(both, "sm_80") is None
+    assert bk.load_bundle_kernels(both, "cpu") is None  # not a CUDA device: nothing to load
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -478,10 +479,12 @@ def test_compiled_file_matches_nvrtc(nvrtc_kernels, tmp_path: Path, kind: str) -
     arch = sc.device_arch()
     (path,) = kc.compile_kernels(arch, kind, tmp_path / "compiled")
     bundle = _bundle_with_files(tmp_path, {f"kernels/{arch}/{path.name}": path.read_bytes()})
-    assert sc.load_bundle_kernels(_bundle_with_files(tmp_path / "none", {}), "cuda:0") is None
     try:
-        from_file = sc.load_bundle_kernels(bundle, torch.device("cuda", torch.cuda.current_device()))
-        assert from_file is not None and from_file.origin == str(bundle.file(f"kernels/{arch}/{path.name}"))
+        with pytest.warns(sc.KernelFallbackWarning, match="ships no compiled kernels"):
+            fallback = bk.load_bundle_kernels(_bundle_with_files(tmp_path / "none", {}), "cuda:0")
+        assert fallback is not None and fallback.origin == "nvrtc"  # a bundle without kernels: NVRTC
+        from_file = bk.load_bundle_kernels(bundle, torch.device("cuda", torch.cuda.current_device()))
+        assert from_file is not None and from_file.origin == f"kernels/{arch}/{path.name}"
         assert sc.default_kernels() is from_file  # the module-level functions now use the shipped file
     finally:
         sc.set_default_kernels(nvrtc_kernels)

@@ -37,6 +37,7 @@ SHIM = r"""
 #include <cstring>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -98,7 +99,7 @@ static std::vector<char> read_file(const char* path) {
     fseek(f, 0, SEEK_END);
     const long n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    v.resize(n + 64);
+    v.resize(n);  // exactly sized: under AddressSanitizer any read past an operand's extent is caught
     if (fread(v.data(), 1, n, f) != (size_t)n) exit(3);
     fclose(f);
     return v;
@@ -116,8 +117,9 @@ int main(int argc, char** argv) {
     const int has_bias = atoi(argv[13]), spb = atoi(argv[14]);
     auto H = read_file(argv[16]), W = read_file(argv[17]), B = read_file(argv[18]), T = read_file(argv[19]);
     auto O = read_file(argv[20]);
-    std::vector<char> wbuf(W.size() + 64);  // weight copied to a 16-byte aligned address + woff bytes
-    char* wbase = (char*)(((uintptr_t)wbuf.data() + 15) & ~(uintptr_t)15) + woff;
+    // weight copied to a 16-byte aligned address + woff bytes, in an allocation that ends exactly there
+    char* wraw = static_cast<char*>(::operator new[](W.size() + woff, std::align_val_t(16)));
+    char* wbase = wraw + woff;
     std::memcpy(wbase, W.data(), W.size());
     const void* h = H.data();
     const void* w = wbase;
@@ -141,6 +143,7 @@ int main(int argc, char** argv) {
     FILE* f = fopen(argv[20], "wb");
     fwrite(O.data(), 1, (size_t)R * os * 4, f);
     fclose(f);
+    ::operator delete[](wraw, std::align_val_t(16));
     return 0;
 }
 """
@@ -154,26 +157,56 @@ def _emulated_source() -> str:
     return SHIM + source.replace("extern __shared__", "extern") + HARNESS
 
 
-@pytest.fixture(scope="module")
-def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
+SANITIZE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer")
+
+
+def _build(work: Path, flags: tuple[str, ...]) -> Path:
     compiler = shutil.which("g++") or shutil.which("clang++")
     if compiler is None:
         pytest.skip("no C++ compiler (g++/clang++) to build the CPU emulation of the kernels")
-    work = tmp_path_factory.mktemp("kernel_emulation")
     (work / "emulated.cpp").write_text(_emulated_source())
     exe = work / "emulated"
-    cmd = [compiler, "-std=c++20", "-O1", "-pthread", "-w", "-o", str(exe), str(work / "emulated.cpp")]
+    cmd = [
+        compiler,
+        "-std=c++20",
+        "-O1",
+        "-pthread",
+        "-w",
+        *flags,
+        "-o",
+        str(exe),
+        str(work / "emulated.cpp"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         if "barrier" in proc.stderr or "_Float16" in proc.stderr or "c++20" in proc.stderr:
             pytest.skip(f"{compiler} lacks C++20 <barrier> or _Float16: {proc.stderr.strip()[:200]}")
+        if flags and ("sanitize" in proc.stderr or "asan" in proc.stderr or "ubsan" in proc.stderr):
+            pytest.skip(f"{compiler} cannot build with {' '.join(flags)}: {proc.stderr.strip()[:200]}")
         pytest.fail(f"emulated kernel source does not compile:\n{proc.stderr}")
     return exe
 
 
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build(tmp_path_factory.mktemp("kernel_emulation"), ())
+
+
+@pytest.fixture(scope="module")
+def sanitized_harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same harness under AddressSanitizer + UndefinedBehaviorSanitizer (every operand buffer exactly
+    sized, so a read one element past an extent aborts the run)."""
+    return _build(tmp_path_factory.mktemp("kernel_emulation_asan"), SANITIZE)
+
+
 def _raw(t: torch.Tensor | None) -> bytes:
+    """The bytes a kernel may read: contiguous, or for a 2-D view with unit last stride (a padded weight
+    such as zeros(V, 72)[:, :70]) its storage from the first to the last element, rows `stride(0)` apart."""
     if t is None:
         return b""
+    if t.dim() == 2 and t.stride(1) == 1 and t.stride(0) != t.shape[1] and t.shape[0] > 0:
+        extent = (t.shape[0] - 1) * t.stride(0) + t.shape[1]
+        t = t.as_strided((extent,), (1,))
     t = t.contiguous()
     if t.dtype in (torch.float16, torch.bfloat16):
         t = t.view(torch.int16)
@@ -225,7 +258,8 @@ class Emulated:
             weight_byte_offset,
             *paths,
         ]
-        subprocess.run([str(self.exe), *map(str, args)], check=True, timeout=120)
+        proc = subprocess.run([str(self.exe), *map(str, args)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"{entry} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
         return np.fromfile(paths[-1], dtype=np.float32).reshape(out.shape)
 
 
@@ -241,9 +275,54 @@ SHAPES = [  # (R, K, d, V): one slot; d below the vector width; d = 130 (vector 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_emulated_kernels_match_reference(harness: Path, tmp_path: Path, dtype, shape) -> None:
+    _check_case(harness, tmp_path, dtype, shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_padded_weight_view_runs_vector_loads_with_a_scalar_tail(
+    harness: Path, tmp_path: Path, dtype
+) -> None:
+    """D8: rows 72 elements apart (16-byte aligned) but d = 70: vector packs, then a scalar tail."""
+    _check_case(harness, tmp_path, dtype, (6, 40, 70, 97), weight_pad=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nan_scores_propagate_like_the_torch_reference(harness: Path, tmp_path: Path, dtype) -> None:
+    """D5: a NaN score is NaN in the output, never -inf: row 2 has a NaN hidden element (every valid
+    score NaN), row 3 one NaN weight row among finite ones; both match torch's masked_log_softmax."""
+    _check_case(harness, tmp_path, dtype, (5, 70, 13, 50), nan=True)
+
+
+SANITIZED_CASES = [  # (dtype, shape, weight_pad, nan): every code path once, with the new cases
+    (torch.float32, (5, 3, 7, 11), 0, False),
+    (torch.float16, (6, 17, 130, 257), 0, False),
+    (torch.bfloat16, (3, 150, 64, 500), 0, False),
+    (torch.float32, (6, 40, 70, 97), 2, False),
+    (torch.float16, (4, 9, 70, 33), 2, False),
+    (torch.float32, (5, 70, 13, 50), 0, True),
+]
+
+
+@pytest.mark.parametrize(("dtype", "shape", "weight_pad", "nan"), SANITIZED_CASES)
+def test_emulated_kernels_under_asan_and_ubsan(
+    sanitized_harness: Path, tmp_path: Path, dtype, shape, weight_pad, nan
+):
+    _check_case(sanitized_harness, tmp_path, dtype, shape, weight_pad=weight_pad, nan=nan)
+
+
+def _check_case(exe: Path, tmp_path: Path, dtype, shape, *, weight_pad: int = 0, nan: bool = False) -> None:
+    """Every entry point on one case (strided operands, aligned and misaligned weight) against the torch
+    reference. weight_pad: weight rows d + pad elements apart (a padded view); nan: NaN injected."""
     rows, slots, dim, vocab = shape
     seed = zlib.crc32(repr((dtype, shape)).encode())
     hidden, weight, bias, tokens = make_case(seed, dtype, rows, slots, dim, vocab, with_bias=rows % 2 == 1)
+    if weight_pad:
+        padded = torch.zeros(vocab, dim + weight_pad, dtype=dtype)
+        padded[:, :dim] = weight
+        weight = padded[:, :dim]
+    if nan:
+        hidden[2, 1] = float("nan")
+        weight[int(tokens[3][(tokens[3] >= 0) & (tokens[3] < vocab)][0])] = float("nan")
     # Strided operands, as the launcher passes them: hidden rows 2*d apart, token rows K+2 apart, out rows
     # K+3 apart (the padding must stay NaN: nothing may be written outside [R, K]).
     hidden_buf = torch.zeros(2 * rows, dim, dtype=dtype)
@@ -253,7 +332,7 @@ def test_emulated_kernels_match_reference(harness: Path, tmp_path: Path, dtype, 
     want_scores = st.selective_scores(hidden, weight, bias, tokens.long()).numpy()
     want_log = st.selective_log_softmax(hidden, weight, bias, tokens.long()).numpy()
     valid = ((tokens >= 0) & (tokens < vocab)).numpy()
-    emu = Emulated(harness, tmp_path)
+    emu = Emulated(exe, tmp_path)
     suffix = cl.entry_suffix(dtype)
     element = torch.empty((), dtype=dtype).element_size()
 
@@ -288,10 +367,11 @@ def test_emulated_kernels_match_reference(harness: Path, tmp_path: Path, dtype, 
     for name, (full, want) in results.items():
         assert np.isnan(full[:, slots:]).all(), f"{name}: wrote outside the [R, K] view"
         got = full[:, :slots]
-        assert not np.isnan(got).any(), f"{name}: NaN left (an element was never written, or 0 * inf)"
+        assert np.array_equal(np.isnan(got), np.isnan(want)), f"{name}: NaN exactly where torch has NaN"
+        assert nan or not np.isnan(got).any(), f"{name}: NaN left (an element was never written, or 0 * inf)"
         assert np.array_equal(np.isneginf(got), ~valid), f"{name}: -inf must be exactly the empty slots"
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
         if not name.startswith("scores"):
-            has_valid = valid.any(axis=1)
+            has_valid = valid.any(axis=1) & ~np.isnan(want).any(axis=1)
             mass = torch.logsumexp(torch.from_numpy(got[has_valid]), dim=1)
             torch.testing.assert_close(mass, torch.zeros_like(mass), rtol=0, atol=1e-5)

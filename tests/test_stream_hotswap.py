@@ -166,3 +166,55 @@ def test_for_decoder_serves_bundle_versions(tmp_path):
     leaves = res.leaves[res.valid]
     assert leaves.numel() and int(leaves.max()) < second.bundle.index.num_leaves
     live.close()
+
+
+def test_swap_cannot_publish_before_the_loads_device_work_completes():
+    """D1: the load's completion marker (widening kernels after the copies) gates the swap: until the
+    fake device finishes, swap() times out and the live version stays; then it publishes."""
+    device_done = threading.Event()
+    sinks: dict[str, FakeDeviceSink] = {}
+
+    def loader(path, *, low_priority, done=None):
+        sinks[path.name] = FakeDeviceSink(CHUNK_BYTES, device_done=done)
+        tables = Tables(path, sinks[path.name])
+        tables.loaded = sinks[path.name].load_marker()
+        return tables
+
+    live = HotSwap(loader)
+    live.load_next("v1")
+    live.swap()
+    live.load_next("v2", done=device_done)
+    with pytest.raises(TimeoutError):
+        live.swap(timeout=0.3)
+    assert live.current.value.path.name == "v1" and live.loading
+    assert ("loaded", -1, -1) not in sinks["v2"].schedule
+    device_done.set()
+    assert live.swap(timeout=PHASE_TIMEOUT_S).value.path.name == "v2"
+    assert sinks["v2"].schedule[-1] == ("loaded", -1, -1)  # after every copy completed
+    live.close()
+
+
+def test_a_decoder_carries_its_load_marker():
+    """What HotSwap.for_decoder waits on: a Decoder's `loaded` (None on the CPU, where nothing is async)."""
+    from zerogr_build.runtime.decoder import Decoder
+    from zerogr_build.runtime.hotswap import wait_loaded
+    from zerogr_build.testing import random_catalog
+
+    catalog = random_catalog(n=50, sizes=(3, 5))
+    from zerogr_build.index import build_index
+
+    index = build_index(catalog.sids, catalog.codebook_sizes)
+    weights = [np.zeros((v, 4), np.float32) for v in catalog.codebook_sizes]
+    import torch
+
+    dec = Decoder(index, [torch.from_numpy(w) for w in weights])
+    assert dec.loaded is None
+    wait_loaded(("bundle", dec))
+
+    class Marked:
+        def __init__(self):
+            self.loaded = FakeDeviceSink(CHUNK_BYTES).load_marker()
+
+    marked = Marked()
+    wait_loaded(("bundle", marked))
+    assert marked.loaded.sink.schedule == [("loaded", -1, -1)]

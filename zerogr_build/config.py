@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
+from .kernel_build import parse_kernel_archs
 from .runtime.device import parse_device
 from .runtime.dtypes import DTYPE_NAMES
 
@@ -63,6 +64,8 @@ class BuildSettings:
     """After publishing, keep only the newest N versions (0: keep all)."""
     promote: bool = True
     """Point LATEST at the new version when publishing (False: publish it unpromoted; `zerogr promote`)."""
+    kernel_archs: tuple[str, ...] = ("sm_80", "sm_90")
+    """CUDA archs whose cubins (plus PTX) the bundle ships when nvcc is found (empty: ship no kernels)."""
 
     def manifest_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the settings (tuples as lists), recorded in the bundle manifest."""
@@ -84,6 +87,8 @@ def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
         item_type = int if key == "codebook_sizes" else str
         if isinstance(value, str) and key == "sid_columns":
             value = parse_name_list(value)
+        if isinstance(value, str) and key == "kernel_archs":
+            value = [v.strip() for v in value.split(",") if v.strip()]
         ok = isinstance(value, list | tuple) and all(
             isinstance(v, item_type) and not isinstance(v, bool) for v in value
         )
@@ -117,6 +122,7 @@ def _check_values(s: BuildSettings, where: str) -> None:
     if any(v < 1 for v in s.codebook_sizes):
         raise InputError(f"{where}: codebook sizes must be >= 1, got {list(s.codebook_sizes)}")
     parse_device(s.device, f"{where}: device")
+    parse_kernel_archs(s.kernel_archs, f"{where}: kernel_archs")
     if s.sid_columns and len(set(s.sid_columns)) != len(s.sid_columns):
         raise InputError(f"{where}: sid_columns names a column twice: {list(s.sid_columns)}")
 

@@ -17,11 +17,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .config import BuildSettings, load_settings
+from .kernel_build import bundle_kernel_files
 from .progress import NULL_PROGRESS, Progress
 from .runtime.device import check_device
 
 if TYPE_CHECKING:
     from .catalog import Catalog
+
+
+class KernelsSkippedWarning(UserWarning):
+    """nvcc is missing or failed: the bundle ships no compiled kernels (serving compiles with NVRTC)."""
 
 
 class CodebookInferredWarning(UserWarning):
@@ -129,6 +134,13 @@ def build_bundle(
     item_ids = catalog.item_ids
     del catalog  # the [N, L] SIDs are in the index now; free them before publishing
     t = time.perf_counter()
+    kernel_files, kernels_skipped = bundle_kernel_files(settings.kernel_archs)
+    if kernels_skipped:
+        warnings.warn(
+            f"no compiled kernels in this bundle: {kernels_skipped}", KernelsSkippedWarning, stacklevel=2
+        )
+    timings["kernels"] = time.perf_counter() - t
+    t = time.perf_counter()
     published = publish_bundle(
         index,
         item_ids,
@@ -141,6 +153,7 @@ def build_bundle(
         keep=settings.keep or None,
         promote=settings.promote,
         progress=progress,
+        extra_files=kernel_files,
     )
     timings["publish"] = time.perf_counter() - t
     device_load = None
@@ -176,6 +189,7 @@ def build_bundle(
         "model_version": settings.model_version or None,
         "steps": step_rows(index),
         "device_load": device_load,
+        "kernels": {"files": sorted(kernel_files), "skipped": kernels_skipped},
     }
 
 

@@ -11,6 +11,7 @@ import itertools
 import threading
 import zipfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,8 @@ class FakeDeviceSink:
     starts poisoned (0xA5 bytes), so a byte no copy wrote shows in the result.
 
     gate: when given, a copy completes only once the gate is set (the load then stays visibly in
-    progress, blocked at its next buffer reuse, until the test sets it).
+    progress, blocked at its next buffer reuse, until the test sets it). device_done: when given, the
+    device work after the copies (`load_marker()`) completes only once it is set.
     `writes` lists (name, offset, nbytes, buffer) in copy order; `schedule` lists (event, chunk index,
     buffer) in the order things happened, event one of "prepare" (staging handed out for writing),
     "copy" (copy enqueued), "done" (copy completed).
@@ -52,9 +54,16 @@ class FakeDeviceSink:
 
     POISON = 0xA5
 
-    def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, *, gate: threading.Event | None = None):
+    def __init__(
+        self,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        *,
+        gate: threading.Event | None = None,
+        device_done: threading.Event | None = None,
+    ):
         self.chunk_bytes = int(chunk_bytes)
         self.gate = gate
+        self.device_done = device_done
         self._staging = [np.zeros(self.chunk_bytes, dtype=np.uint8) for _ in range(NUM_STAGING_BUFFERS)]
         self._pending: list[Chunk | None] = [None] * NUM_STAGING_BUFFERS
         self.memory: dict[str, np.ndarray] = {}
@@ -104,6 +113,24 @@ class FakeDeviceSink:
         import torch
 
         return torch.from_numpy(self.memory[name].view(dtype).reshape(shape))
+
+    def load_marker(self) -> FakeLoadMarker:
+        """The load's completion marker (runtime.stream.LoadMarker): device work queued after the copies
+        (widening) that completes only once `device_done` is set (at once without it)."""
+        return FakeLoadMarker(self)
+
+
+class FakeLoadMarker:
+    """FakeDeviceSink's LoadMarker: `wait()` blocks until the sink's `device_done` is set, then records
+    ("loaded", -1, -1) in the sink's schedule."""
+
+    def __init__(self, sink: FakeDeviceSink) -> None:
+        self.sink = sink
+
+    def wait(self) -> None:
+        if self.sink.device_done is not None:
+            self.sink.device_done.wait()
+        self.sink.schedule.append(("loaded", -1, -1))
 
 
 def random_catalog(
@@ -275,6 +302,53 @@ class SeededModel:
                     norm = np.logaddexp.reduce(row)
                 total[i] += row[leaf[t]] - norm
         return {tuple(int(x) for x in leaf): float(v) for leaf, v in zip(leaves, total, strict=True)}
+
+
+# --- GPU kernels (issue 10) ------------------------------------------------------------------------------
+
+
+class FakeDriverError(RuntimeError):
+    """What FakeKernelLoader raises at a stage chosen to fail (stands for a CUDA driver / NVRTC error)."""
+
+
+@dataclass
+class FakeKernels:
+    """What FakeKernelLoader "loads": where it came from (kind cubin | ptx | nvrtc, bundle file name)."""
+
+    kind: str
+    origin: str
+    device_index: int
+    probed: bool = False
+
+
+class FakeKernelLoader:
+    """The driver side of runtime.scoring.bundle_kernels.choose_bundle_kernels, without a GPU.
+
+    fail: stages that raise FakeDriverError - "cubin", "ptx" (loading such a file), "nvrtc" (compiling the
+    source), "launch" (the probe launch of anything) or "launch:<kind>". calls records (stage, origin,
+    bytes handed over) in order, so a test sees exactly which bytes would have reached the driver."""
+
+    def __init__(self, fail: tuple[str, ...] | set[str] = ()) -> None:
+        self.fail = set(fail)
+        self.calls: list[tuple[str, str, bytes]] = []
+
+    def load_bytes(self, data: bytes, kind: str, origin: str, device_index: int) -> FakeKernels:
+        self.calls.append(("load", origin, bytes(data)))
+        if kind in self.fail:
+            raise FakeDriverError(f"CUDA_ERROR_INVALID_IMAGE: cannot load {kind}")
+        return FakeKernels(kind, origin, device_index)
+
+    def load_source(self, device_index: int) -> FakeKernels:
+        self.calls.append(("nvrtc", "selective.cu", b""))
+        if "nvrtc" in self.fail:
+            raise FakeDriverError("NVRTC_ERROR_BUILTIN_OPERATION_FAILURE: libnvrtc not found")
+        return FakeKernels("nvrtc", "nvrtc", device_index)
+
+    def probe(self, kernels: FakeKernels) -> None:
+        self.calls.append(("probe", kernels.origin, b""))
+        if "launch" in self.fail or f"launch:{kernels.kind}" in self.fail:
+            raise FakeDriverError("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure")
+        kernels.probed = True
 
 
 __all__ = ["SeededModel", "SelectiveCase", "make_case"]

@@ -40,6 +40,7 @@ from .format import (
     ITEMS_NAME,
     LEAF_OFFSETS_NAME,
     MANIFEST_NAME,
+    check_relpath,
     dtype_str,
     manifest_bytes,
     parse_version_dir,
@@ -87,6 +88,7 @@ def publish_bundle(
     keep: int | None = None,
     promote: bool = True,
     progress: Progress = NULL_PROGRESS,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> PublishedBundle:
     """Write `index` and its items as the next version under `out_dir` and (with promote) make it LATEST.
 
@@ -98,6 +100,8 @@ def publish_bundle(
     keep: prune to the newest `keep` versions afterwards (never the one LATEST names); None keeps all.
     promote: False publishes the complete version dir (same numbering and crash safety) but leaves LATEST
         alone, so readers following LATEST never see it until promote_bundle(path) after your own checks.
+    extra_files: {bundle-relative name: bytes} written into the version with the index and listed with
+        checksums in its manifest before it becomes visible (the build's compiled ``kernels/<arch>/*``).
     """
     if index.item_order is None:
         raise ValueError("publish_bundle needs an index with item_order (one built by build_index)")
@@ -122,6 +126,7 @@ def publish_bundle(
             item_ids = item_ids.combine_chunks()
         items_in_leaf_order = item_ids.take(pa.array(np.asarray(index.item_order), type=pa.int64()))
         body = _write_body(claim.dir, index, items_in_leaf_order, progress)
+        body["files"] = dict(sorted({**body["files"], **_write_extra(claim.dir, extra_files or {})}.items()))
         _crash_point("files_written")
         manifest = _manifest_without_version(index, items_in_leaf_order, fields, body)
         with out_lock(out):
@@ -188,6 +193,20 @@ def _write_body(tmp: Path, index, items, progress: Progress) -> dict:
             progress.advance(nbytes)
             _crash_point("file_written")
     return {"files": dict(sorted(files.items()))}
+
+
+def _write_extra(tmp: Path, files: Mapping[str, bytes]) -> dict[str, dict]:
+    """Write extra files (names check_relpath'd, never an index file's name) durably into `tmp`."""
+    entries: dict[str, dict] = {}
+    for rel, data in files.items():
+        name = check_relpath(rel, "publish_bundle extra_files")
+        target = tmp / name
+        if target.exists():
+            raise ValueError(f"extra file {name} would replace a file of the index")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        size, digest = write_bytes_durable(target, bytes(data))
+        entries[name] = {"bytes": size, "sha256": digest}
+    return entries
 
 
 def _manifest_without_version(index, items, fields: dict, body: dict) -> dict:

@@ -4,6 +4,7 @@ file; success returns a report dict."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from ..index.formats import bits_for
 from .format import JOURNAL_NAME, MANIFEST_NAME
 from .reader import Bundle, open_bundle
 from .versions import resolve_bundle
+
+_KERNEL_NAME = re.compile(r"^kernels/sm_\d{2,3}[af]?/[A-Za-z0-9_]+\.(cubin|ptx)$")
 
 
 def verify_bundle(path: str | Path | None = None, catalog: Any = None) -> dict:
@@ -54,6 +57,7 @@ def verify_bundle(path: str | Path | None = None, catalog: Any = None) -> dict:
     catalog_report = None
     if catalog is not None:
         catalog_report = check_against_catalog(bundle, catalog)
+    kernels = check_kernel_files(version_dir, manifest)
     listed = set(manifest["files"]) | {MANIFEST_NAME}
     unlisted = sorted(
         p.relative_to(version_dir).as_posix()
@@ -72,7 +76,26 @@ def verify_bundle(path: str | Path | None = None, catalog: Any = None) -> dict:
         "catalog": catalog_report,
         "unlisted_files": unlisted,
         "interrupted_update": JOURNAL_NAME in unlisted,
+        "kernels": kernels,
     }
+
+
+def check_kernel_files(version_dir: Path, manifest: dict) -> list[str]:
+    """The compiled kernels a version lists (their sha256 is checked with every file by open_bundle): each
+    named ``kernels/sm_NN/<stem>.cubin|.ptx``, a cubin an ELF image and a PTX file a PTX module. Returns
+    their names; the first bad one raises BundleError naming the file."""
+    names = sorted(n for n in manifest["files"] if n.startswith("kernels/"))
+    for name in names:
+        path = version_dir / name
+        match = _KERNEL_NAME.match(name)
+        if match is None:
+            raise BundleError(f"{path}: a kernel file must be named kernels/sm_NN/<name>.cubin or .ptx")
+        head = path.read_bytes()[:4096]
+        if match.group(1) == "cubin" and not head.startswith(b"\x7fELF"):
+            raise BundleError(f"{path}: not a cubin (no ELF header)")
+        if match.group(1) == "ptx" and b".target" not in head:
+            raise BundleError(f"{path}: not a PTX module (no .target directive)")
+    return names
 
 
 def check_sparse_step(table, indptr_path: Path, tokens_path: Path) -> None:

@@ -83,6 +83,16 @@ def build(
             show_default=False,
         ),
     ] = None,
+    kernel_archs: Annotated[
+        str | None,
+        typer.Option(
+            "--kernel-archs",
+            help="CUDA archs to ship compiled kernels for when nvcc is found, e.g. sm_80,sm_90; '' ships "
+            "none "
+            "[config: sm_80,sm_90]",
+            show_default=False,
+        ),
+    ] = None,
     json_out: JsonOpt = False,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No progress or table; print only the bundle path.")
@@ -104,6 +114,7 @@ def build(
             "model_version": model_version,
             "keep": keep,
             "promote": promote,
+            "kernel_archs": kernel_archs,
         }
         if codebook_sizes is not None:
             overrides["codebook_sizes"] = parse_int_list(codebook_sizes, "--codebook-sizes")

@@ -39,10 +39,11 @@ from .device_tables import DeviceStep, index_to_device
 from .lanes import plan_lanes
 from .plan import ModeChooser, auto_plan, load_plan
 from .scoring import available_modes, get_mode
+from .scoring.bundle_kernels import load_bundle_kernels
 from .scoring.full_torch import full_logits, read_slots
-from .scoring.selective_cuda import load_bundle_kernels
 from .scoring.selective_torch import masked_log_softmax
 from .slots import fill_slots, row_extent
+from .stream import load_marker
 from .weights import normalize_weights
 
 ORDERS = ("filter_first", "score_first", "unconstrained")
@@ -176,12 +177,16 @@ class Decoder:
         self.steps: tuple[DeviceStep, ...] = index_to_device(
             self.index, self.device, slot_caps, low_priority=low_priority
         )
+        # The end of the load's device work (widening kernels included): HotSwap waits on it before a
+        # version can be swapped in, so no serving stream reads a table before it is written.
+        self.loaded = load_marker(self.device, low_priority=low_priority)
+        self.kernels = None  # the bundle's compiled selective_cuda kernels (plan="auto" on CUDA)
+        auto = isinstance(plan, str) and plan == "auto"
+        if auto and self.bundle is not None:  # first, so the modes below count only kernels that run
+            self.kernels = load_bundle_kernels(self.bundle, self.device)
         self.available_modes = available_modes(self.device)
-        self.kernels = None  # the compiled selective_cuda kernels tune shipped (plan="auto" on CUDA)
-        if isinstance(plan, str) and plan == "auto":
+        if auto:
             self.plan = auto_plan(self.bundle, self.device)
-            if self.bundle is not None:
-                self.kernels = load_bundle_kernels(self.bundle, self.device)
         else:
             self.plan = None if plan is None else load_plan(plan)
         self._modes = ModeChooser(self.plan, self.available_modes, self.device.type)

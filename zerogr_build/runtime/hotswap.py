@@ -14,6 +14,15 @@ Readers take `live.current` once per request and use that object to the end of t
 never mixes two versions. After `swap()` the handle drops its reference to the old version; its device
 memory is freed when the last request holding it finishes (CPython frees on the last reference), and
 `swap(release=True)` also hands the CUDA caching allocator's free blocks back to the driver.
+
+Ordering on CUDA: a load's copies are host-synchronised and its widening kernels are queued on the loader
+thread's stream; the Decoder records a `loaded` marker (an event) after them and the load's Future completes
+only once that event has, so a swapped-in version is whole on every stream. Tables are allocated on the
+loader's stream: a request must not drop its last reference to a version before its own GPU work on it has
+finished (reading the results to the host does that), or the allocator may hand the memory to the next load
+while those kernels still run. CUDA graphs: capture with `capture_error_mode="thread_local"` while a
+background load may run (a global-mode capture forbids the loader thread's allocations and pinned memory),
+or capture before starting `load_next`.
 """
 
 from __future__ import annotations
@@ -105,6 +114,7 @@ class HotSwap:
             def task() -> LiveVersion:
                 t0 = time.perf_counter()
                 value = self._loader(Path(path), low_priority=low_priority, **kwargs)
+                wait_loaded(value)  # the Future completes, so swap() publishes, only after the device work
                 return LiveVersion(Path(path), value, time.perf_counter() - t0)
 
             self._next = self._executor.submit(task)
@@ -141,6 +151,16 @@ class HotSwap:
         with self._lock:
             self._next = None
             self.current = None
+
+
+def wait_loaded(value: Any) -> None:
+    """Wait (in the loader thread; a sleeping wait for low-priority loads) until the device work of a loaded
+    value is complete: its `loaded` marker (stream.LoadMarker; a Decoder has one), or that of the second
+    item of a (bundle, decoder) pair. Values without a marker are complete when the loader returns."""
+    holder = value[1] if isinstance(value, tuple) and len(value) == 2 else value
+    marker = getattr(holder, "loaded", None)
+    if marker is not None:
+        marker.wait()
 
 
 def _release_cached_device_memory() -> None:

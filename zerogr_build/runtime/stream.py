@@ -212,6 +212,7 @@ class CudaSink:
             raise ValueError(f"CudaSink needs a cuda device, got {self.device}")
         self.chunk_bytes = int(chunk_bytes)
         priority = LOW_PRIORITY if low_priority else LOADING_PRIORITY
+        self._blocking = bool(low_priority)  # a background load sleeps on its events instead of spinning
         self._streams = [
             torch.cuda.Stream(self.device, priority=priority) for _ in range(NUM_STAGING_BUFFERS)
         ]
@@ -251,7 +252,7 @@ class CudaSink:
         dst = self._memory[chunk.name][chunk.offset : chunk.offset + chunk.nbytes]
         with torch.cuda.stream(stream):
             dst.copy_(self._pinned[chunk.buffer][: chunk.nbytes], non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=self._blocking)
             event.record(stream)
         self._events[chunk.buffer] = event
 
@@ -265,6 +266,54 @@ class CudaSink:
 
         torch_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
         return self._memory[name].view(torch_dtype).reshape(shape)
+
+
+# --------------------------------------------------------------------------------------------- load markers
+
+
+class LoadMarker(Protocol):
+    """The end of a load's device work (copies and the widening kernels queued after them).
+
+    `wait()` returns once that work has completed, so whatever reads the tables next - on any stream - sees
+    them whole (HotSwap waits on it in its loader thread before a version can be swapped in)."""
+
+    def wait(self) -> None: ...
+
+
+class CudaLoadMarker:
+    """A CUDA event recorded on the loading thread's current stream after the load queued its last kernel.
+
+    blocking=True (background loads) makes `wait()` sleep in the driver instead of spinning a CPU core next
+    to the serving process (D12); `wait_on(stream)` orders a stream after the load without a host wait."""
+
+    def __init__(self, device: str | torch.device, *, blocking: bool) -> None:
+        import torch
+
+        self.device = torch.device(device)
+        self.event = torch.cuda.Event(blocking=blocking)
+        self.event.record(torch.cuda.current_stream(self.device))
+
+    def wait(self) -> None:
+        self.event.synchronize()
+
+    def wait_on(self, stream: Any = None) -> None:
+        import torch
+
+        (stream if stream is not None else torch.cuda.current_stream(self.device)).wait_event(self.event)
+
+
+def load_marker(
+    device: str | torch.device, *, sink: Any = None, low_priority: bool = False
+) -> LoadMarker | None:
+    """The marker of the load just queued on this thread: the sink's own (`sink.load_marker()`, tests),
+    a CudaLoadMarker on CUDA, None on the CPU (nothing there is asynchronous)."""
+    import torch
+
+    if sink is not None and hasattr(sink, "load_marker"):
+        return sink.load_marker()
+    if torch.device(device).type == "cuda":
+        return CudaLoadMarker(device, blocking=low_priority)
+    return None
 
 
 # --------------------------------------------------------------------------------------------- API

@@ -70,6 +70,14 @@ def make_case(
     return SelectiveCase(*(None if t is None else t.to(device) for t in (hidden, weight, bias, tokens)))
 
 
+# (rows, slots, d, vocab or None = the bundle's, weight row padding) checked after the main case.
+GATE_CASES = (
+    (4, 200, 128, None, 0),  # small R, wide K: two-pass path (R below the SM count, K > 64)
+    (8, 40, 70, None, 2),  # d % 8 != 0 in a padded view: vector loads plus a scalar tail
+    (2, 8, 13000, 64, 0),  # 52 KB hidden row: the kernels' shared-memory opt-in
+)
+
+
 def check_mode_against_reference(
     mode: Any,
     reference: Any,
@@ -87,12 +95,32 @@ def check_mode_against_reference(
 
     Both contract functions (mode.selective_scores / selective_log_softmax), with and without bias, every
     element: same -inf pattern, no NaN, finite values within CHECK_TOLERANCE[dtype]. A mode that raises is
-    reported, not propagated."""
-    case = make_case(seed, dtype, rows, slots, hidden_dim, vocab, device=device)
+    reported, not propagated.
+
+    Cases (GATE_CASES): (rows, slots) at d = hidden_dim first, then what else gets served: a small-R,
+    wide-K case (the two-pass path: several score chunks, then the in-place row log-softmax), a d that is
+    not a multiple of 8 in a padded weight view (vector loads plus a scalar tail) and a d whose hidden row
+    needs the shared-memory opt-in (above 48 KB)."""
+    for case_rows, case_slots, dim, case_vocab, pad in ((rows, slots, hidden_dim, vocab, 0), *GATE_CASES):
+        problem = _check_case(
+            mode, reference, device, dtype, (case_rows, case_slots, dim, case_vocab or vocab), pad, seed
+        )
+        if problem is not None:
+            return f"{problem} [R={case_rows}, K={case_slots}, d={dim}{', padded rows' if pad else ''}]"
+    return None
+
+
+def _check_case(mode: Any, reference: Any, device: str, dtype: str, shape: tuple, pad: int, seed: int):
+    rows, slots, dim, vocab = shape
+    case = make_case(seed, dtype, rows, slots, dim, vocab, device=device)
+    weight = case.weight
+    if pad:  # the same weight in rows `pad` elements wider than d: a view, as a sliced matrix would be
+        weight = torch.zeros(vocab, dim + pad, dtype=weight.dtype, device=weight.device)[:, :dim]
+        weight.copy_(case.weight)
     rtol, atol = CHECK_TOLERANCE[dtype]
     for fn_name in ("selective_scores", "selective_log_softmax"):
         for bias in (None, case.bias):
-            args = (case.hidden, case.weight, bias, case.slot_tokens)
+            args = (case.hidden, weight, bias, case.slot_tokens)
             want = getattr(reference, fn_name)(*args).float().cpu()
             try:
                 got = getattr(mode, fn_name)(*args)
@@ -128,4 +156,4 @@ def _difference(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float)
     )
 
 
-__all__ = ["CHECK_TOLERANCE", "SelectiveCase", "check_mode_against_reference", "make_case"]
+__all__ = ["CHECK_TOLERANCE", "GATE_CASES", "SelectiveCase", "check_mode_against_reference", "make_case"]

@@ -2,12 +2,14 @@
 
     full            full_torch.py       one GEMM over all V_t, then read the slots       every device
     selective       selective_torch.py  score only the slots' tokens, torch reference    every device
-    selective_cuda  selective_cuda.py   the same contract as a CUDA kernel (CuPy)        CUDA, when loadable
+    selective_cuda  selective_cuda.py   the same contract as a CUDA kernel (CuPy)        CUDA, where it runs
     selective_numba selective_numba.py  the same contract as a numba kernel (lazy import) CPU
 
 Every mode implements the selective-scoring contract (`selective_scores`, `selective_log_softmax`; see
 selective_torch.py). Optional backends are probed lazily - on the first `available_modes` / `get_mode`
-call for a CUDA device - never at import, so importing this package needs neither CUDA nor CuPy. Adding a
+call for a CUDA device - never at import, so importing this package needs neither CUDA nor CuPy. A backend
+counts on a device only when its `usable(device)` says so: for selective_cuda that is a real load and a tiny
+launch checked against the torch reference, once per device (a failure warns once and leaves it out). Adding a
 backend is one file plus one entry in `_OPTIONAL`.
 """
 
@@ -37,6 +39,7 @@ class ScoringMode:
     selective_log_softmax: Callable[..., torch.Tensor]
     uses_full_logits: bool
     device_types: tuple[str, ...]
+    usable: Callable[[torch.device], bool] | None = None  # per-device check (None: every such device)
 
 
 _BUILTIN: dict[str, ScoringMode] = {
@@ -69,6 +72,7 @@ def _load_selective_cuda() -> ScoringMode | None:
         module = importlib.import_module(f"{__name__}.selective_cuda")
     except Exception:  # noqa: BLE001 - any import failure means "backend not available here"
         return None
+    usable = getattr(module, "usable", None)
     check = getattr(module, "is_available", None)
     if callable(check):
         try:
@@ -80,7 +84,9 @@ def _load_selective_cuda() -> ScoringMode | None:
     log_softmax = getattr(module, "selective_log_softmax", None)
     if not (callable(scores) and callable(log_softmax)):
         return None
-    return ScoringMode("selective_cuda", scores, log_softmax, False, ("cuda",))
+    return ScoringMode(
+        "selective_cuda", scores, log_softmax, False, ("cuda",), usable if callable(usable) else None
+    )
 
 
 _OPTIONAL: dict[str, Callable[[], ScoringMode | None]] = {"selective_cuda": _load_selective_cuda}
@@ -89,10 +95,14 @@ _PROBED: dict[str, ScoringMode | None] = {}
 MODE_NAMES: tuple[str, ...] = (*_BUILTIN, *_OPTIONAL)
 
 
-def _optional(name: str) -> ScoringMode | None:
+def _optional(name: str, device: str | torch.device) -> ScoringMode | None:
+    """The optional mode `name` when it imports and (its `usable` check) runs on `device`."""
     if name not in _PROBED:
         _PROBED[name] = _OPTIONAL[name]()
-    return _PROBED[name]
+    mode = _PROBED[name]
+    if mode is None or (mode.usable is not None and not mode.usable(torch.device(device))):
+        return None
+    return mode
 
 
 def available_modes(device: str | torch.device = "cpu") -> list[str]:
@@ -101,7 +111,7 @@ def available_modes(device: str | torch.device = "cpu") -> list[str]:
     names = [name for name, mode in _BUILTIN.items() if device_type in mode.device_types]
     if device_type == "cuda":
         for name in _OPTIONAL:
-            mode = _optional(name)
+            mode = _optional(name, device)
             if mode is not None:
                 names.append(name)
     return names
@@ -117,7 +127,7 @@ def get_mode(name: str, device: str | torch.device = "cpu") -> ScoringMode:
             raise InputError(f"scoring mode {name!r} is not available on {device} (runs on {where} only)")
         return mode
     if name in _OPTIONAL:
-        mode = _optional(name) if device_type == "cuda" else None
+        mode = _optional(name, device) if device_type == "cuda" else None
         if mode is None:
             raise InputError(
                 f"scoring mode {name!r} is not available on {device} (needs CUDA, CuPy and its kernels)"

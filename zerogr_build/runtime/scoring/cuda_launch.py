@@ -143,10 +143,14 @@ def prepare_call(
     *,
     require_cuda: bool = True,
 ) -> SelectiveCall:
-    """check_operands, then int64 slot tokens converted to int32 and the fp32 [R, K] output allocated."""
+    """check_operands, then int64 slot tokens narrowed to int32 and the fp32 [R, K] output allocated.
+
+    Narrowing never wraps: an int64 token outside [0, V) becomes -1 (empty, like the torch reference)
+    first, so 2**32 + 3 cannot turn into the valid token 3."""
     layout = check_operands(hidden, weight, bias, slot_tokens, out, require_cuda=require_cuda)
     if slot_tokens.dtype != torch.int32:
-        slot_tokens = slot_tokens.to(torch.int32).contiguous()
+        in_range = (slot_tokens >= 0) & (slot_tokens < layout.vocab)
+        slot_tokens = torch.where(in_range, slot_tokens, -1).to(torch.int32).contiguous()
     if out is None:
         out = torch.empty((layout.rows, layout.slots), dtype=torch.float32, device=hidden.device)
     layout = replace(layout, slots_row_stride=slot_tokens.stride(0), out_row_stride=out.stride(0))

@@ -25,7 +25,10 @@ functions.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +56,14 @@ STATIC_SHARED_MARGIN = 1024  # the kernels' own __shared__ arrays (272 bytes per
 
 class KernelLoadError(ZerogrError):
     """CuPy is missing, the device has no CUDA, or a kernel module could not be compiled or loaded."""
+
+
+class KernelChecksumError(KernelLoadError):
+    """A kernel file's bytes do not match the sha256 its bundle's manifest lists (never given to a driver)."""
+
+
+class KernelFallbackWarning(UserWarning):
+    """A CUDA kernel could not be compiled, loaded or launched: the next option (PTX, NVRTC, torch) runs."""
 
 
 def is_available() -> bool:
@@ -160,6 +171,25 @@ class SelectiveKernels:
                 ) from exc
         return cls(module, index, str(file))
 
+    @classmethod
+    def from_bytes(
+        cls, data: bytes, kind: str, origin: str, device: torch.device | str | int
+    ) -> SelectiveKernels:
+        """Loads a cubin/PTX image from exactly these bytes (already checked against their checksum).
+
+        CuPy loads modules from paths only, so the bytes go to a private temp file first (mode 0600, in a
+        fresh 0700 dir) that is removed once every entry point is loaded: what the driver reads is what
+        was hashed, not whatever the bundle file holds by then."""
+        index = _device_index(device)
+        with tempfile.TemporaryDirectory(prefix="zerogr-kernel-") as tmp:
+            path = Path(tmp) / f"module.{kind}"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            kernels = cls.from_file(path, index)
+        kernels.origin = origin
+        return kernels
+
     # ---- public launches -------------------------------------------------------------------------------
 
     def scores(
@@ -247,23 +277,37 @@ class SelectiveKernels:
 
     def _current_stream(self) -> Any:
         """torch's current stream on this device, wrapped for CuPy (cached per stream handle)."""
-        handle = torch.cuda.current_stream(self.device_index).cuda_stream
-        stream = self._streams.get(handle)
+        current = torch.cuda.current_stream(self.device_index)
+        stream = self._streams.get(current.cuda_stream)
         if stream is None:
-            stream = self._cupy.cuda.ExternalStream(handle, self.device_index)
-            self._streams[handle] = stream
+            stream = cupy_stream(self._cupy, current, self.device_index)
+            self._streams[current.cuda_stream] = stream
         return stream
 
 
+def cupy_stream(cupy: Any, torch_stream: Any, device_index: int) -> Any:
+    """A CuPy view of a torch stream: CuPy 14's ``Stream.from_external`` (the stream's
+    ``__cuda_stream__`` protocol), else ``ExternalStream`` by handle (older CuPy; deprecated in 14)."""
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        try:
+            return from_external(torch_stream)
+        except (TypeError, AttributeError):  # a torch stream without __cuda_stream__
+            pass
+    return cupy.cuda.ExternalStream(torch_stream.cuda_stream, device_index)
+
+
 # --------------------------------------------------------------------------------------------------------
-# Module-level functions with the contract's signatures (NVRTC-compiled kernels, one set per device)
+# Module-level functions with the contract's signatures (one kernel set per device, probed before use)
 
 _DEFAULT_KERNELS: dict[int, SelectiveKernels] = {}
+_FAILED: dict[int, str] = {}  # device index -> why selective_cuda was dropped there
 _DEFAULT_LOCK = threading.Lock()
 
 
 def default_kernels(device: torch.device | str | int | None = None) -> SelectiveKernels:
-    """The NVRTC-compiled kernels for a device, compiled on first use and kept for the process."""
+    """The kernels for a device: the ones set by `set_default_kernels` (a bundle's), else compiled with
+    NVRTC on first use; kept for the process."""
     index = _device_index(device)
     with _DEFAULT_LOCK:
         kernels = _DEFAULT_KERNELS.get(index)
@@ -277,37 +321,82 @@ def set_default_kernels(kernels: SelectiveKernels) -> None:
     """Makes `kernels` the ones `selective_scores` / `selective_log_softmax` use on their device."""
     with _DEFAULT_LOCK:
         _DEFAULT_KERNELS[kernels.device_index] = kernels
+        _FAILED.pop(kernels.device_index, None)
 
 
-def bundle_kernel_file(bundle: Any, arch: str, stem: str = "selective") -> str | None:
-    """The bundle-relative name of the compiled module to load for `arch`, or None when the bundle has none.
+def probe_kernels(kernels: Any) -> None:
+    """Launch the kernels once on a tiny case (one row: a valid slot, an empty one and an out-of-range one,
+    d = 5 so the scalar path runs) and compare with the torch reference; raises with the cause otherwise.
+    This, not importing CuPy, is what decides that selective_cuda runs on a device."""
+    from . import selective_torch
 
-    Prefers ``kernels/<arch>/<stem>.cubin`` (machine code for exactly this architecture), then
-    ``kernels/<arch>/<stem>.ptx`` (JIT-compiled by the driver). Only files the manifest lists count."""
-    listed = set(bundle.files(f"kernels/{arch}/"))
-    for kind in ("cubin", "ptx"):
-        name = f"kernels/{arch}/{stem}.{kind}"
-        if name in listed:
-            return name
-    return None
+    dev = torch.device("cuda", kernels.device_index)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    hidden = torch.randn(1, 5, generator=gen).to(dev)
+    weight = torch.randn(3, 5, generator=gen).to(dev)
+    tokens = torch.tensor([[2, -1, 7, 0]], dtype=torch.int32, device=dev)
+    got = kernels.log_softmax(hidden, weight, None, tokens)
+    want = selective_torch.selective_log_softmax(hidden, weight, None, tokens)
+    torch.cuda.synchronize(dev)  # a launch error surfaces here, not in the middle of a search
+    if not torch.allclose(got, want, atol=1e-5, rtol=1e-5, equal_nan=True):
+        raise KernelLoadError(f"probe launch gave {got.tolist()}, the torch reference {want.tolist()}")
 
 
-def load_bundle_kernels(bundle: Any, device: torch.device | str) -> SelectiveKernels | None:
-    """Load the kernels tune compiled for this GPU's architecture from an opened Bundle (`bundle_kernel_file`)
-    and make them the process's kernels for the device, so the first selective_cuda call does not compile
-    with NVRTC. Returns the SelectiveKernels, or None (not a CUDA device, no CuPy, or no compiled file for
-    this arch: NVRTC then compiles on first use)."""
-    dev = torch.device(device)
-    if dev.type != "cuda" or not is_available():
-        return None
-    name = bundle_kernel_file(bundle, device_arch(dev))
-    if name is None:
-        return None
-    kernels = SelectiveKernels.from_file(bundle.file(name), dev)
-    # One kernel set per device: installing ours is what makes every selective_cuda call (the registry's
-    # functions) use the shipped binary.
-    set_default_kernels(kernels)
-    return kernels
+def usable(device: torch.device | str | int | None = None) -> bool:
+    """True when selective_cuda runs on `device`: its kernels (a bundle's, else NVRTC's) loaded and a probe
+    launch matched the torch reference. Decided once per device; a failure warns once (KernelFallbackWarning)
+    and the mode is left out of that device's modes."""
+    if not torch.cuda.is_available():
+        return False
+    index = cuda_index(device)
+    if index is None:
+        return False
+    if index in _FAILED:
+        return False
+    if getattr(_DEFAULT_KERNELS.get(index), "probed", False):
+        return True
+    try:
+        kernels = default_kernels(index)
+        probe_kernels(kernels)
+        kernels.probed = True
+    except Exception as exc:  # noqa: BLE001 - any failure means "not on this device", never a failed search
+        drop_device(index, f"the CUDA kernels do not run on cuda:{index}: {failure_cause(exc)}")
+        return False
+    return True
+
+
+def drop_device(index: int, reason: str) -> None:
+    """Leave selective_cuda out on device `index` from now on, with one warning naming `reason`."""
+    with _DEFAULT_LOCK:
+        first = index not in _FAILED
+        _FAILED[index] = reason
+        _DEFAULT_KERNELS.pop(index, None)
+    if first:
+        warnings.warn(f"{reason}; selective_cuda dropped, torch selective used", KernelFallbackWarning, 3)
+
+
+def failure_cause(exc: BaseException) -> str:
+    """``ErrorType: first line of the message`` (what a fallback warning names as the cause)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _launch_or_fallback(method: str, hidden: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+    """Run a kernel launch on the device's kernels; any failure other than a bad operand drops the mode on
+    that device (one warning) and the torch reference answers instead, so a search never fails on it."""
+    from . import selective_torch
+
+    index = hidden.device.index if hidden.device.index is not None else 0  # CUDA tensors carry one
+    if index not in _FAILED:
+        try:
+            return getattr(default_kernels(index), method)(hidden, *args, **kwargs)
+        except (TypeError, ValueError):  # the caller's operands: the same error from every mode
+            raise
+        except Exception as exc:  # noqa: BLE001 - NVRTC, driver or launch errors
+            drop_device(index, f"a CUDA kernel failed on cuda:{index}: {failure_cause(exc)}")
+    result = getattr(selective_torch, f"selective_{method}")(hidden, *args)
+    out = kwargs.get("out")
+    return result if out is None else out.copy_(result)
 
 
 def selective_scores(
@@ -319,9 +408,11 @@ def selective_scores(
     out: torch.Tensor | None = None,
     kernels: SelectiveKernels | None = None,
 ) -> torch.Tensor:
-    """fp32 [R, K] slot scores on CUDA (see the module docstring); `kernels` defaults to the NVRTC build."""
-    k = kernels if kernels is not None else default_kernels(hidden.device)
-    return k.scores(hidden, weight, bias, slot_tokens, out=out)
+    """fp32 [R, K] slot scores on CUDA (see the module docstring); `kernels` defaults to the device's set
+    (a failure there falls back to the torch reference with one warning)."""
+    if kernels is not None:
+        return kernels.scores(hidden, weight, bias, slot_tokens, out=out)
+    return _launch_or_fallback("scores", hidden, (weight, bias, slot_tokens), {"out": out})
 
 
 def selective_log_softmax(
@@ -335,5 +426,8 @@ def selective_log_softmax(
     fused: bool | None = None,
 ) -> torch.Tensor:
     """fp32 [R, K] log-softmax over valid slots on CUDA (see the module docstring)."""
-    k = kernels if kernels is not None else default_kernels(hidden.device)
-    return k.log_softmax(hidden, weight, bias, slot_tokens, out=out, fused=fused)
+    if kernels is not None:
+        return kernels.log_softmax(hidden, weight, bias, slot_tokens, out=out, fused=fused)
+    return _launch_or_fallback(
+        "log_softmax", hidden, (weight, bias, slot_tokens), {"out": out, "fused": fused}
+    )

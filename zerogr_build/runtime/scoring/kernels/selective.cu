@@ -159,14 +159,21 @@ struct Lse {
 
 __device__ __forceinline__ Lse lse_empty() { return Lse{neg_inf(), 0.0f}; }
 
+// NaN is sticky (m = NaN once any score is NaN), so a NaN row normalises like the torch reference:
+// lse = NaN, and normalise_row leaves such a row's scores as they are (NaN stays NaN, never -inf).
+__device__ __forceinline__ bool is_nan(float x) { return x != x; }
+
 __device__ __forceinline__ Lse lse_add(Lse a, float x) {
     if (x == neg_inf()) return a;  // empty slot: contributes exp(-inf) = 0
+    if (is_nan(x) || is_nan(a.m)) return Lse{__int_as_float(0x7fc00000), 1.0f};
     if (x > a.m) return Lse{x, a.s * expf(a.m - x) + 1.0f};  // a.m = -inf gives a.s * 0 = 0
     return Lse{a.m, a.s + expf(x - a.m)};
 }
 
 __device__ __forceinline__ Lse lse_merge(Lse a, Lse b) {
-    // Guarded so that two empty states never evaluate exp(-inf - -inf) = NaN.
+    // Guarded so that two empty states never evaluate exp(-inf - -inf) = NaN; fmaxf would drop a NaN.
+    if (is_nan(a.m)) return a;
+    if (is_nan(b.m)) return b;
     if (b.m == neg_inf()) return a;
     if (a.m == neg_inf()) return b;
     const float m = fmaxf(a.m, b.m);
@@ -202,11 +209,12 @@ __device__ __forceinline__ float block_log_sum_exp(Lse mine) {
     return lse_s;
 }
 
-// Subtracts lse from row `out_row` (K entries) in place; an all-empty row (lse = -inf) becomes all -inf.
+// Subtracts lse from row `out_row` (K entries) in place; an all-empty row (lse = -inf) stays all -inf.
 // The caller must have made the row's writes visible to the block (a __syncthreads in between).
 __device__ __forceinline__ void normalise_row(float* out_row, int K, float lse) {
     for (int k = threadIdx.x; k < K; k += blockDim.x) {
-        out_row[k] = (lse == neg_inf()) ? neg_inf() : out_row[k] - lse;
+        // torch's masked_log_softmax subtracts 0 where lse is not finite (-inf: all empty; NaN; +inf).
+        out_row[k] = (lse - lse == 0.0f) ? out_row[k] - lse : out_row[k];
     }
 }
 
