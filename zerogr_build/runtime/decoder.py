@@ -6,6 +6,8 @@
     res = dec.finish(state)                       # sids [B, M, L], scores [B, M], leaves [B, M]
     res = dec.search(step_fn, batch_size, beam_width, mode=None)   # step_fn(step, prefixes, batch) -> hidden
     dec.items(res)                                # item ids per (request, beam)
+    dec.set_availability(ItemMask); dec.set_item_sets(ItemSets)   # item constraints (constraints.py)
+    dec.search(..., include=[["comedy"], None], exclude=[[seen ids], []])   # per request (also on start)
 
 One step, four stages, all on the decoder's device (see slots.py for slots, the slot cap and overflow lanes):
   1. valid tokens: each beam's row -> its fixed candidate slots (sparse: the row's children from the front,
@@ -36,6 +38,7 @@ import torch
 from ..errors import InputError
 from ..index import SidIndex
 from .device_tables import DeviceStep, index_to_device
+from .item_filter import ConstrainedDecoding, mask_children, mask_slots
 from .lanes import plan_lanes
 from .plan import ModeChooser, auto_plan, load_plan
 from .scoring import available_modes, get_mode
@@ -69,6 +72,7 @@ class BeamState:
     batch_size: int
     beam_width: int
     order: str
+    constraints: Any = None  # constraints.RequestConstraints of the search (None: unconstrained items)
 
     @property
     def num_beams(self) -> int:
@@ -96,6 +100,7 @@ class BeamState:
             batch_size=b,
             beam_width=m,
             order=self.order,
+            constraints=self.constraints,
         )
 
 
@@ -111,6 +116,7 @@ class SearchResult:
     scores: torch.Tensor
     leaves: torch.Tensor
     order: str
+    constraints: Any = None  # the search's RequestConstraints (dec.items keeps only allowed items)
 
     @property
     def valid(self) -> torch.Tensor:
@@ -118,7 +124,7 @@ class SearchResult:
         return self.leaves >= 0
 
 
-class Decoder:
+class Decoder(ConstrainedDecoding):
     """Constrained beam search over one index and one set of per-step output layers.
 
     index_or_bundle: a SidIndex, or a Bundle (anything with `.index`; its `.items()` gives item ids).
@@ -209,14 +215,20 @@ class Decoder:
         )  # fmt: skip
 
     # ------------------------------------------------------------------ search
-    def start(self, batch_size: int, beam_width: int, order: str | None = None) -> BeamState:
-        """Initial state: one empty-prefix beam per request (R = batch_size), at row 0 of step 0."""
+    def start(self, batch_size: int, beam_width: int, order: str | None = None, *, include: Any = None,
+              exclude: Any = None) -> BeamState:  # fmt: skip
+        """Initial state: one empty-prefix beam per request (R = batch_size), at row 0 of step 0.
+
+        include / exclude: one entry per request (None or [] = no restriction): names of item sets (their
+        union) / item ids never to return. They, and the availability mask at this moment, hold for the
+        whole search (filter_first and score_first; the unconstrained order ignores them)."""
         order = order or self.order
         if order not in ORDERS:
             raise InputError(f"unknown order {order!r} ({', '.join(ORDERS)})")
         if batch_size < 1 or beam_width < 1:
             raise InputError(f"batch_size and beam_width must be >= 1, got {batch_size}, {beam_width}")
         dev = self.device
+        constraints = self._request_constraints(batch_size, order, include, exclude)
         return BeamState(
             step=0,
             prefixes=torch.zeros((batch_size, 0), dtype=torch.int64, device=dev),
@@ -226,6 +238,7 @@ class Decoder:
             batch_size=batch_size,
             beam_width=beam_width,
             order=order,
+            constraints=constraints,
         )
 
     def step(self, state: BeamState, hidden: torch.Tensor, mode: ModeArg = None) -> BeamState:
@@ -271,6 +284,7 @@ class Decoder:
             scores=state.scores.view(b, per),
             leaves=leaves.view(b, per),
             order=state.order,
+            constraints=state.constraints,
         )
 
     def search(
@@ -280,9 +294,13 @@ class Decoder:
         beam_width: int,
         mode: ModeArg = None,
         order: str | None = None,
+        *,
+        include: Any = None,
+        exclude: Any = None,
     ) -> SearchResult:
-        """Full beam search: step_fn(step, prefixes int64 [R, step], batch int64 [R]) -> hidden [R, d]."""
-        state = self.start(batch_size, beam_width, order)
+        """Full beam search: step_fn(step, prefixes int64 [R, step], batch int64 [R]) -> hidden [R, d].
+        include / exclude: per-request item constraints (see start)."""
+        state = self.start(batch_size, beam_width, order, include=include, exclude=exclude)
         for t in range(self.num_steps):
             state = self.step(state, step_fn(t, state.prefixes, state.batch), mode)
         return self.finish(state)
@@ -333,6 +351,8 @@ class Decoder:
         if items is not None:
             values = np.asarray(items, dtype=object)[values]  # values are catalog rows here
         values = values if isinstance(values, list) else values.tolist()  # numpy and pyarrow alike
+        if res.constraints is not None:  # only the items the request may return (a shared SID may lose some)
+            values, offsets = res.constraints.filter_leaf_items(self.index, leaves, values, offsets)
         per_beam = [values[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
         m = leaves.shape[1]
         return [per_beam[b * m : (b + 1) * m] for b in range(leaves.shape[0])]
@@ -356,7 +376,10 @@ class Decoder:
             logp = torch.log_softmax(logits, dim=1).masked_fill_(~alive[:, None], NEG_INF)
         else:
             assert table.next is not None
-            valid = (table.next[state.rows.clamp(min=0)] >= 0) & alive[:, None]
+            child = table.next[state.rows.clamp(min=0)]
+            valid = mask_children(
+                state.constraints, table.step, (child >= 0) & alive[:, None], child, state.batch
+            )
             if state.order == "filter_first":
                 logp = masked_log_softmax(logits.masked_fill_(~valid, NEG_INF))
             else:
@@ -383,6 +406,7 @@ class Decoder:
         start, count = row_extent(table, state.rows)
         heavy = count > k
         main_tokens = fill_slots(table, start, torch.where(heavy, torch.zeros_like(count), count), k)
+        main_tokens = mask_slots(state.constraints, table, main_tokens, start, state.batch)
 
         logits = lse = None
         if scoring.uses_full_logits or state.order == "score_first":
@@ -413,6 +437,9 @@ class Decoder:
             lane_beam = lanes.beam.clamp(min=0)
             lane_count = torch.where(lanes.beam >= 0, count[lane_beam], 0)
             lane_tokens = fill_slots(table, start[lane_beam], lane_count, lanes.width)
+            lane_tokens = mask_slots(
+                state.constraints, table, lane_tokens, start[lane_beam], state.batch[lane_beam]
+            )
             lane_totals = state.scores[lane_beam][:, None] + log_probs(lane_beam, lane_tokens)
             keep = min(m, lanes.width)
             lane_values, lane_slot = torch.topk(lane_totals, keep, dim=1, sorted=False)

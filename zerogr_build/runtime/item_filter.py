@@ -1,0 +1,318 @@
+"""How the Decoder applies item constraints (constraints.py) on its device: per-row allowed-item counts and
+per-request lists, and the slot masks built from them. The math (docs/constraints.md):
+
+Row j of step s (1..L; the rows of step L are the leaves) is the j-th distinct length-s prefix in
+lexicographic order, so it covers a contiguous run [bounds[j], bounds[j+1]) of the leaf-ordered items.
+  - availability: counts[j] = cum[bounds[j+1]] - cum[bounds[j]], cum the prefix sum of the mask (O(items)
+    per mask swap, O(rows) memory);
+  - exclude (requests without include sets): subtract the request's available excluded positions inside
+    [lo, hi) - two binary searches in a sorted list, O(|exclude|) memory, O(|exclude| x L) to build;
+  - include: count the request's allowed positions (union of its sets, available, not excluded) inside
+    [lo, hi) the same way.
+A candidate slot of step s-1 is valid iff its child row's count is > 0. Every request's list lives in one
+ascending key tensor (key = request * (items + 1) + position), so one 1-D searchsorted answers any mix of
+requests and no step reads a value back to the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..index import SidIndex
+from .constraints import POSITIONS, ItemIds, ItemMask, ItemSets, index_of, item_ids
+
+
+def row_item_bounds(index: SidIndex) -> tuple[np.ndarray, ...]:
+    """Per step s = 1..L: int64 [rows_s + 1]; row j of step s covers the leaf-ordered items
+    bounds[j] .. bounds[j+1]-1 (rows of step L are the leaves). O(rows + leaves)."""
+    _, leaf_offsets = index.leaf_items(np.arange(index.num_leaves, dtype=np.int64), POSITIONS)
+    first_leaf = np.arange(index.num_leaves + 1, dtype=np.int64)
+    bounds = [leaf_offsets]
+    for table in reversed(index.steps[1:]):  # rows of step t (t = L-1..1) from those of step t+1
+        if table.next is not None:
+            first_child = np.zeros(table.rows + 1, dtype=np.int64)
+            np.cumsum((np.asarray(table.next) >= 0).sum(axis=1), out=first_child[1:])
+        else:
+            first_child = np.asarray(table.indptr, dtype=np.int64)
+        first_leaf = first_leaf[first_child]
+        bounds.append(leaf_offsets[first_leaf])
+    return tuple(reversed(bounds))
+
+
+class ItemSpace:
+    """The leaf-order item geometry of one index on a device: bounds[s-1] int64 [rows_s + 1] (see
+    row_item_bounds) and the all-items counts (what an all-available mask gives)."""
+
+    def __init__(self, source: Any, device: torch.device) -> None:
+        index = index_of(source)
+        self.num_items = index.num_items
+        self.device = device
+        self.bounds = tuple(torch.as_tensor(b).to(device) for b in row_item_bounds(index))
+        self.full_counts = tuple((b[1:] - b[:-1]).to(torch.int32) for b in self.bounds)
+
+
+@dataclass(frozen=True, eq=False)
+class Resident:
+    """The Decoder's current availability and item sets (replaced as a whole, never mutated).
+
+    available: bool [items] host or None (all available); counts[s-1]: int32 [rows_s] available items per row
+    of step s on the device; sets / set_available: ItemSets and each set's available positions."""
+
+    space: ItemSpace
+    available: np.ndarray | None
+    counts: tuple[torch.Tensor, ...]
+    sets: ItemSets | None
+    set_available: tuple[np.ndarray, ...]
+
+
+def availability_counts(space: ItemSpace, available: np.ndarray | None) -> tuple[torch.Tensor, ...]:
+    """Per step s: int32 [rows_s] available items of each row: one prefix sum over items, then two
+    gathers per step (O(items + rows), on the space's device)."""
+    if available is None:
+        return space.full_counts
+    mask = torch.as_tensor(available).to(space.device)
+    cum = torch.zeros(mask.shape[0] + 1, dtype=torch.int32, device=space.device)
+    torch.cumsum(mask, 0, dtype=torch.int32, out=cum[1:])
+    return tuple(cum[b[1:]] - cum[b[:-1]] for b in space.bounds)
+
+
+def make_resident(space: ItemSpace, mask: ItemMask | None, sets: ItemSets | None) -> Resident:
+    available = None if mask is None else mask.available
+    for what, n in (("availability mask", None if mask is None else mask.num_items),
+                    ("item sets", None if sets is None else sets.num_items)):  # fmt: skip
+        if n is not None and n != space.num_items:
+            raise InputError(f"{what} is for {n} items, the decoder's index has {space.num_items}")
+    set_available: tuple[np.ndarray, ...] = ()
+    if sets is not None:
+        set_available = (
+            sets.positions if available is None else tuple(p[available[p]] for p in sets.positions)
+        )
+    return Resident(space, available, availability_counts(space, available), sets, set_available)
+
+
+@dataclass(frozen=True, eq=False)
+class RequestConstraints:
+    """What one search may decode: a snapshot of the Decoder's Resident plus per-request lists, keyed so
+    one 1-D binary search serves every request: key = request * (items + 1) + position.
+
+    exclude_keys int64 [nE]: available excluded positions of requests without include sets, ascending;
+    include_keys int64 [nA]: allowed positions of requests with include sets, ascending;
+    uses_include bool [B]. Padded with the sentinel B * (items + 1) under static shapes.
+    host_exclude / host_include: the same per request on the host (dec.items filters leaves with them).
+    """
+
+    resident: Resident
+    exclude_keys: torch.Tensor | None
+    include_keys: torch.Tensor | None
+    uses_include: torch.Tensor | None
+    host_exclude: tuple[np.ndarray, ...]
+    host_include: tuple[np.ndarray | None, ...]
+
+    def allowed_rows(self, step: int, rows: torch.Tensor, request: torch.Tensor) -> torch.Tensor:
+        """bool, rows' shape: row rows[...] of step `step` (1..L; -1 = none) has an allowed item for request
+        request[...] (broadcast against rows). No device -> host read."""
+        space = self.resident.space
+        bounds = space.bounds[step - 1]
+        safe = rows.clamp(min=0, max=bounds.shape[0] - 2)
+        count = self.resident.counts[step - 1][safe].long()
+        if self.exclude_keys is not None or self.include_keys is not None:
+            offset = request * (space.num_items + 1)
+            lo, hi = bounds[safe] + offset, bounds[safe + 1] + offset
+            if self.exclude_keys is not None:
+                keys = self.exclude_keys
+                count = count - (torch.searchsorted(keys, hi) - torch.searchsorted(keys, lo))
+            if self.include_keys is not None:
+                keys = self.include_keys
+                inside = torch.searchsorted(keys, hi) - torch.searchsorted(keys, lo)
+                count = torch.where(self.uses_include[request], inside, count)
+        return (count > 0) & (rows >= 0)
+
+    def allowed_positions(self, request: int, positions: np.ndarray) -> np.ndarray:
+        """bool [k]: which leaf-order item positions request `request` may return (host)."""
+        include = self.host_include[request]
+        if include is not None:
+            return _isin_sorted(positions, include)
+        keep = np.ones(positions.shape[0], dtype=bool)
+        if self.resident.available is not None:
+            keep &= self.resident.available[positions]
+        return keep & ~_isin_sorted(positions, self.host_exclude[request])
+
+    def filter_leaf_items(
+        self, index: SidIndex, leaves: np.ndarray, values: list, offsets: np.ndarray
+    ) -> tuple[list, np.ndarray]:
+        """SidIndex.leaf_items' (values, offsets) of leaves int [B, M], kept to each request's allowed
+        items."""
+        positions, _ = index.leaf_items(leaves, POSITIONS)
+        request = np.repeat(np.arange(leaves.shape[0]), leaves.shape[1])
+        owner = np.repeat(request, np.diff(offsets))
+        keep = np.zeros(positions.shape[0], dtype=bool)
+        for b in range(leaves.shape[0]):
+            mine = owner == b
+            keep[mine] = self.allowed_positions(b, positions[mine])
+        kept = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
+        kept_offsets = kept[offsets]
+        return [v for v, k in zip(values, keep.tolist(), strict=True) if k], kept_offsets
+
+
+def _isin_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    if sorted_set.size == 0:
+        return np.zeros(values.shape[0], dtype=bool)
+    at = np.searchsorted(sorted_set, values).clip(max=sorted_set.shape[0] - 1)
+    return sorted_set[at] == values
+
+
+def _per_request(arg: Any, batch_size: int, what: str) -> list[Any]:
+    if arg is None:
+        return [None] * batch_size
+    arg = list(arg)
+    if len(arg) != batch_size:
+        raise InputError(f"{what}: {len(arg)} entries for a batch of {batch_size} requests")
+    return arg
+
+
+def _keyed(lists: Sequence[np.ndarray], num_items: int, device: torch.device, static: bool) -> torch.Tensor:
+    """One ascending int64 tensor of request * (items + 1) + position over every request's sorted list;
+    static: padded to a power of two with the sentinel len(lists) * (items + 1) (above every query)."""
+    stride = num_items + 1
+    keys = np.concatenate([np.zeros(0, np.int64)] + [p + b * stride for b, p in enumerate(lists)])
+    if static:
+        width = 1 << max(keys.shape[0] - 1, 63).bit_length()
+        keys = np.concatenate([keys, np.full(width - keys.shape[0], len(lists) * stride, dtype=np.int64)])
+    return torch.as_tensor(keys).to(device)
+
+
+def request_constraints(resident: Resident, ids: ItemIds, include: Any, exclude: Any, batch_size: int, *,
+                        static: bool = False) -> RequestConstraints:  # fmt: skip
+    """Compile one search's include/exclude arguments (one entry per request; None or [] = no restriction).
+
+    Args:
+        resident: the Decoder's availability and sets at the start of the search (a snapshot).
+        ids: item id -> position lookup of the Decoder's bundle or index.
+        include: per request, names of item sets (union) or None.
+        exclude: per request, item ids or None.
+        batch_size: B.
+        static: pad the key tensors (static_shapes).
+    Host work O(sum |include sets| + |exclude| log |exclude|) per request; steps then read no host value.
+    """
+    include, exclude = (
+        _per_request(include, batch_size, "include"),
+        _per_request(exclude, batch_size, "exclude"),
+    )
+    host_exclude: list[np.ndarray] = []
+    host_include: list[np.ndarray | None] = []
+    for names, excluded in zip(include, exclude, strict=True):
+        excl = np.zeros(0, np.int64)
+        if excluded is not None and len(excluded):
+            excl = np.unique(ids.positions(excluded, "excluded item ids"))
+        if names is not None and len(names):
+            if isinstance(names, str):
+                names = [names]
+            if resident.sets is None:
+                raise InputError("include needs item sets: call Decoder.set_item_sets first")
+            chosen = [resident.set_available[i] for i in sorted(set(resident.sets.lookup(list(names))))]
+            allowed = chosen[0]
+            if len(chosen) > 1:  # sorted runs: a stable sort merges them in linear time
+                allowed = np.sort(np.concatenate(chosen), kind="stable")
+                allowed = allowed[np.concatenate([allowed[:1] == allowed[:1], allowed[1:] != allowed[:-1]])]
+            if excl.size:
+                allowed = allowed[~_isin_sorted(allowed, excl)]
+            host_include.append(allowed)
+            host_exclude.append(np.zeros(0, np.int64))
+        else:
+            if resident.available is not None and excl.size:
+                excl = excl[resident.available[excl]]  # only allowed items are counted, once
+            host_include.append(None)
+            host_exclude.append(excl)
+    dev, n = resident.space.device, resident.space.num_items
+    any_exclude = any(e.size for e in host_exclude)
+    any_include = any(a is not None for a in host_include)
+    empty = np.zeros(0, np.int64)
+    return RequestConstraints(
+        resident=resident,
+        exclude_keys=_keyed(host_exclude, n, dev, static) if any_exclude else None,
+        include_keys=_keyed([empty if a is None else a for a in host_include], n, dev, static)
+        if any_include
+        else None,
+        uses_include=torch.tensor([a is not None for a in host_include], device=dev) if any_include else None,
+        host_exclude=tuple(host_exclude),
+        host_include=tuple(host_include),
+    )
+
+
+class ConstrainedDecoding:
+    """The Decoder's item-constraint methods (mixed into runtime.decoder.Decoder, which provides bundle,
+    index, device, static_shapes and _resident)."""
+
+    bundle: Any
+    index: SidIndex
+    device: torch.device
+    static_shapes: bool
+    _resident: Resident | None = None  # availability + item sets; replaced whole, never mutated
+
+    def _space(self) -> ItemSpace:
+        current = self._resident
+        return current.space if current is not None else ItemSpace(self.bundle or self.index, self.device)
+
+    def set_availability(self, mask: ItemMask | None) -> None:
+        """Swap the global availability mask (None: every item available). Safe while other threads search:
+        the new per-row counts are built first (O(items)), then one reference is replaced; a search keeps
+        the mask it started with."""
+        current = self._resident
+        self._resident = make_resident(self._space(), mask, None if current is None else current.sets)
+
+    def set_item_sets(self, sets: ItemSets | None) -> None:
+        """Attach the named item sets that `include=` refers to (compiled once, see ItemSets)."""
+        current = self._resident
+        mask = None if current is None or current.available is None else ItemMask(current.available)
+        self._resident = make_resident(self._space(), mask, sets)
+
+    def _request_constraints(self, batch_size: int, order: str, include: Any, exclude: Any):
+        """The RequestConstraints of a search starting now, or None when nothing restricts items."""
+        resident = self._resident
+        if order == "unconstrained" or (resident is None and include is None and exclude is None):
+            return None
+        if resident is None:
+            resident = self._resident = make_resident(self._space(), None, None)
+        ids = item_ids(self.bundle or self.index)
+        return request_constraints(resident, ids, include, exclude, batch_size, static=self.static_shapes)
+
+
+def mask_slots(constraints: RequestConstraints | None, table: Any, tokens: torch.Tensor, start: torch.Tensor,
+               request: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """tokens int32 [n, w] of sparse-step slots filled from flat positions start int64 [n] (of requests
+    request int64 [n]), emptied (-1) where the child row has no item the request may return (constraints
+    None: tokens unchanged)."""
+    if constraints is None:
+        return tokens
+    child = (start[:, None] + torch.arange(tokens.shape[1], device=start.device)).clamp(max=table.nnz - 1)
+    ok = constraints.allowed_rows(table.step + 1, child, request[:, None])
+    return torch.where(ok, tokens, -1)
+
+
+def mask_children(constraints: RequestConstraints | None, step: int, valid: torch.Tensor, child: torch.Tensor,
+                  request: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """Dense step `step`: valid bool [R, V] and child rows int [R, V] (next[row], -1 = none) of beams of
+    requests request int64 [R] -> valid where the child row also has an allowed item."""
+    if constraints is None:
+        return valid
+    return valid & constraints.allowed_rows(step + 1, child.long(), request[:, None])
+
+
+__all__ = [
+    "ConstrainedDecoding",
+    "mask_children",
+    "ItemSpace",
+    "RequestConstraints",
+    "Resident",
+    "availability_counts",
+    "make_resident",
+    "mask_slots",
+    "request_constraints",
+    "row_item_bounds",
+]
