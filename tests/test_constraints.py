@@ -5,6 +5,7 @@ SIDs, heavy rows (slot cap 1 forces overflow lanes), static shapes and empty all
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -14,12 +15,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from zerogr_build.bundle import open_bundle, publish_bundle
+from zerogr_build.cli import app
 from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
-from zerogr_build.runtime.constraints import ItemMask, ItemSets
+from zerogr_build.runtime.constraints import ItemMask, ItemSets, row_item_bounds
 from zerogr_build.runtime.decoder import Decoder
-from zerogr_build.runtime.item_filter import row_item_bounds
 from zerogr_build.testing import SeededModel
 
 BATCH = 3
@@ -249,3 +252,45 @@ def test_unconstrained_order_rejects_nothing_and_ignores_the_mask():
         warnings.simplefilter("error")
         res = dec.search(model.step_fn, 2, 3, order="unconstrained")
     assert torch.isfinite(res.scores).all()
+
+
+@pytest.fixture(scope="module")
+def small_bundle(tmp_path_factory):
+    """Item ids 100 + row on SIDs of (4, 4, 2) with shared SIDs (what tests.compare_models expects)."""
+    sids = np.random.default_rng(3).integers(0, (4, 4, 2), size=(40, 3))
+    out = tmp_path_factory.mktemp("bundles")
+    published = publish_bundle(build_index(sids, (4, 4, 2)), pa.array(100 + np.arange(40), pa.int64()), out)
+    return sids, open_bundle(published.path)
+
+
+def test_cli_inspect_available_counts_valid_prefixes(small_bundle, tmp_path):
+    sids, bundle = small_bundle
+    chosen = [0, 5, 6, 17, 39]
+    path = tmp_path / "available.parquet"
+    pq.write_table(pa.table({"item_id": [100 + i for i in chosen] + [100 + 1, 999]}), path)
+    with pytest.warns(UserWarning, match="1 of 7"):
+        res = CliRunner().invoke(app, ["inspect", str(bundle.path), "--available", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)["available"]
+    rows = chosen + [1]
+    assert report["items"] == len(rows)
+    assert report["valid_prefixes"] == [len({tuple(p) for p in sids[rows, :s].tolist()}) for s in (1, 2, 3)]
+    res = CliRunner().invoke(app, ["inspect", str(bundle.path), "--available", str(path)])
+    assert res.exit_code == 0 and "prefixes with an available item" in res.stdout, res.output
+
+
+def test_cli_compare_available_decodes_only_available_items(small_bundle, tmp_path):
+    """Only the three target items are available: every order's top-5 then holds each request's target."""
+    _, bundle = small_bundle
+    req = tmp_path / "requests.parquet"
+    pq.write_table(pa.table({"request_id": [0, 1, 2], "target_item": [103, 120, 131]}), req)
+    mask = tmp_path / "available.parquet"
+    pq.write_table(pa.table({"item": [103, 120, 131, 104], "ok": [True, True, True, False]}), mask)
+    args = ["compare", str(bundle.path), "--model", "tests.compare_models:model_fn", "--requests", str(req)]
+    res = CliRunner().invoke(
+        app, [*args, "--k", "5", "--beam-width", "8", "--json", "--available", str(mask)]
+    )
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["extra"]["available_items"] == 3
+    assert out["recall"]["filter_first"]["5"] == 1.0 and out["recall"]["score_first"]["5"] == 1.0

@@ -232,4 +232,38 @@ class ItemSets:
         return [table[n] for n in names]
 
 
-__all__ = ["POSITIONS", "ItemIds", "ItemMask", "ItemSets", "index_of", "item_ids"]
+def row_item_bounds(index: SidIndex) -> tuple[np.ndarray, ...]:
+    """Per step s = 1..L: int64 [rows_s + 1]; row j of step s covers the leaf-ordered items
+    bounds[j] .. bounds[j+1]-1 (rows of step L are the leaves). O(rows + leaves)."""
+    _, leaf_offsets = index.leaf_items(np.arange(index.num_leaves, dtype=np.int64), POSITIONS)
+    first_leaf = np.arange(index.num_leaves + 1, dtype=np.int64)
+    bounds = [leaf_offsets]
+    for table in reversed(index.steps[1:]):  # rows of step t (t = L-1..1) from those of step t+1
+        if table.next is not None:
+            first_child = np.zeros(table.rows + 1, dtype=np.int64)
+            np.cumsum((np.asarray(table.next) >= 0).sum(axis=1), out=first_child[1:])
+        else:
+            first_child = np.asarray(table.indptr, dtype=np.int64)
+        first_leaf = first_leaf[first_child]
+        bounds.append(leaf_offsets[first_leaf])
+    return tuple(reversed(bounds))
+
+
+def valid_rows_per_step(index: SidIndex, available: np.ndarray) -> list[int]:
+    """Under availability `available` bool [items] (leaf order): how many rows of each step s = 1..L (the
+    distinct length-s prefixes; at s = L the leaves) still have an available item. O(items + rows)."""
+    cum = np.zeros(available.shape[0] + 1, dtype=np.int64)
+    np.cumsum(available, out=cum[1:])
+    return [int((cum[b[1:]] - cum[b[:-1]] > 0).sum()) for b in row_item_bounds(index)]
+
+
+__all__ = [
+    "POSITIONS",
+    "ItemIds",
+    "ItemMask",
+    "ItemSets",
+    "index_of",
+    "item_ids",
+    "row_item_bounds",
+    "valid_rows_per_step",
+]

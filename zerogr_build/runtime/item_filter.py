@@ -25,24 +25,7 @@ import torch
 
 from ..errors import InputError
 from ..index import SidIndex
-from .constraints import POSITIONS, ItemIds, ItemMask, ItemSets, index_of, item_ids
-
-
-def row_item_bounds(index: SidIndex) -> tuple[np.ndarray, ...]:
-    """Per step s = 1..L: int64 [rows_s + 1]; row j of step s covers the leaf-ordered items
-    bounds[j] .. bounds[j+1]-1 (rows of step L are the leaves). O(rows + leaves)."""
-    _, leaf_offsets = index.leaf_items(np.arange(index.num_leaves, dtype=np.int64), POSITIONS)
-    first_leaf = np.arange(index.num_leaves + 1, dtype=np.int64)
-    bounds = [leaf_offsets]
-    for table in reversed(index.steps[1:]):  # rows of step t (t = L-1..1) from those of step t+1
-        if table.next is not None:
-            first_child = np.zeros(table.rows + 1, dtype=np.int64)
-            np.cumsum((np.asarray(table.next) >= 0).sum(axis=1), out=first_child[1:])
-        else:
-            first_child = np.asarray(table.indptr, dtype=np.int64)
-        first_leaf = first_leaf[first_child]
-        bounds.append(leaf_offsets[first_leaf])
-    return tuple(reversed(bounds))
+from .constraints import POSITIONS, ItemIds, ItemMask, ItemSets, index_of, item_ids, row_item_bounds
 
 
 class ItemSpace:
@@ -55,6 +38,7 @@ class ItemSpace:
         self.device = device
         self.bounds = tuple(torch.as_tensor(b).to(device) for b in row_item_bounds(index))
         self.full_counts = tuple((b[1:] - b[:-1]).to(torch.int32) for b in self.bounds)
+        self.one_item_per_leaf = index.num_leaves == index.num_items
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,14 +56,22 @@ class Resident:
 
 
 def availability_counts(space: ItemSpace, available: np.ndarray | None) -> tuple[torch.Tensor, ...]:
-    """Per step s: int32 [rows_s] available items of each row: one prefix sum over items, then two
-    gathers per step (O(items + rows), on the space's device)."""
+    """Per step s: int32 [rows_s] available items of each row: one prefix sum over items, then one gather
+    and a difference per step (O(items + rows), on the space's device). Leaves holding one item each (the
+    common case: unique SIDs) take the mask itself."""
     if available is None:
         return space.full_counts
     mask = torch.as_tensor(available).to(space.device)
     cum = torch.zeros(mask.shape[0] + 1, dtype=torch.int32, device=space.device)
     torch.cumsum(mask, 0, dtype=torch.int32, out=cum[1:])
-    return tuple(cum[b[1:]] - cum[b[:-1]] for b in space.bounds)
+    counts = []
+    for s, b in enumerate(space.bounds):
+        if s == len(space.bounds) - 1 and space.one_item_per_leaf:
+            counts.append(mask.to(torch.int32))
+        else:
+            edges = cum[b]
+            counts.append(edges[1:] - edges[:-1])
+    return tuple(counts)
 
 
 def make_resident(space: ItemSpace, mask: ItemMask | None, sets: ItemSets | None) -> Resident:
@@ -132,6 +124,25 @@ class RequestConstraints:
                 inside = torch.searchsorted(keys, hi) - torch.searchsorted(keys, lo)
                 count = torch.where(self.uses_include[request], inside, count)
         return (count > 0) & (rows >= 0)
+
+    def allowed_run(self, step: int, start: torch.Tensor, width: int, request: torch.Tensor) -> torch.Tensor:
+        """bool [n, width]: rows start[i] + k (k < width) of step `step` have an allowed item for request
+        request[i]. The rows of a run are consecutive, so slot k's item range ends where slot k+1's begins:
+        one binary search per slot edge instead of two per slot (same answer as allowed_rows)."""
+        space = self.resident.space
+        bounds = space.bounds[step - 1]
+        rows = bounds.shape[0] - 1
+        child = start[:, None] + torch.arange(width + 1, device=start.device)
+        count = self.resident.counts[step - 1][child[:, :width].clamp(max=rows - 1)].long()
+        if self.exclude_keys is not None or self.include_keys is not None:
+            edges = bounds[child.clamp(max=rows)] + (request * (space.num_items + 1))[:, None]
+            if self.exclude_keys is not None:
+                at = torch.searchsorted(self.exclude_keys, edges)
+                count = count - (at[:, 1:] - at[:, :-1])
+            if self.include_keys is not None:
+                at = torch.searchsorted(self.include_keys, edges)
+                count = torch.where(self.uses_include[request][:, None], at[:, 1:] - at[:, :-1], count)
+        return count > 0
 
     def allowed_positions(self, request: int, positions: np.ndarray) -> np.ndarray:
         """bool [k]: which leaf-order item positions request `request` may return (host)."""
@@ -290,9 +301,7 @@ def mask_slots(constraints: RequestConstraints | None, table: Any, tokens: torch
     None: tokens unchanged)."""
     if constraints is None:
         return tokens
-    child = (start[:, None] + torch.arange(tokens.shape[1], device=start.device)).clamp(max=table.nnz - 1)
-    ok = constraints.allowed_rows(table.step + 1, child, request[:, None])
-    return torch.where(ok, tokens, -1)
+    return torch.where(constraints.allowed_run(table.step + 1, start, tokens.shape[1], request), tokens, -1)
 
 
 def mask_children(constraints: RequestConstraints | None, step: int, valid: torch.Tensor, child: torch.Tensor,
@@ -314,5 +323,4 @@ __all__ = [
     "make_resident",
     "mask_slots",
     "request_constraints",
-    "row_item_bounds",
 ]
