@@ -405,8 +405,9 @@ class Decoder(ConstrainedDecoding):
         k = table.cap
         start, count = row_extent(table, state.rows)
         heavy = count > k
-        main_tokens = fill_slots(table, start, torch.where(heavy, torch.zeros_like(count), count), k)
-        main_tokens = mask_slots(state.constraints, table, main_tokens, start, state.batch)
+        main_count = torch.where(heavy, torch.zeros_like(count), count)
+        main_tokens = fill_slots(table, start, main_count, k)
+        main_tokens = mask_slots(state.constraints, table, main_tokens, start, main_count, state.batch)
 
         logits = lse = None
         if scoring.uses_full_logits or state.order == "score_first":
@@ -438,7 +439,7 @@ class Decoder(ConstrainedDecoding):
             lane_count = torch.where(lanes.beam >= 0, count[lane_beam], 0)
             lane_tokens = fill_slots(table, start[lane_beam], lane_count, lanes.width)
             lane_tokens = mask_slots(
-                state.constraints, table, lane_tokens, start[lane_beam], state.batch[lane_beam]
+                state.constraints, table, lane_tokens, start[lane_beam], lane_count, state.batch[lane_beam]
             )
             lane_totals = state.scores[lane_beam][:, None] + log_probs(lane_beam, lane_tokens)
             keep = min(m, lanes.width)

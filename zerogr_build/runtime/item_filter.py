@@ -113,14 +113,14 @@ class RequestConstraints:
         back to the host; otherwise only the real rows (one nonzero: most slots are empty)."""
         request = request.expand_as(rows)
         if self.static:
-            return self._allowed(step, rows.clamp(min=0), request) & (rows >= 0)
+            return self.allowed_real(step, rows.clamp(min=0), request) & (rows >= 0)
         flat = rows.reshape(-1)
         real = torch.nonzero(flat >= 0).squeeze(1)
         out = torch.zeros(flat.shape[0], dtype=torch.bool, device=rows.device)
-        out[real] = self._allowed(step, flat[real], request.reshape(-1)[real])
+        out[real] = self.allowed_real(step, flat[real], request.reshape(-1)[real])
         return out.view(rows.shape)
 
-    def _allowed(self, step: int, rows: torch.Tensor, request: torch.Tensor) -> torch.Tensor:
+    def allowed_real(self, step: int, rows: torch.Tensor, request: torch.Tensor) -> torch.Tensor:
         """bool, rows' shape: rows (all >= 0) of step `step` have an allowed item for request (same shape)."""
         space = self.resident.space
         bounds = space.bounds[step - 1]
@@ -148,8 +148,15 @@ class RequestConstraints:
     def filter_leaf_items(
         self, index: SidIndex, leaves: np.ndarray, values: list, offsets: np.ndarray
     ) -> tuple[list, np.ndarray]:
-        """SidIndex.leaf_items' (values, offsets) of leaves int [B, M], kept to each request's allowed
-        items."""
+        """SidIndex.leaf_items' result kept to each request's allowed items.
+
+        Args:
+            index: the decoder's SidIndex (its leaf map gives each value's item position).
+            leaves: int [B, M], the result's leaves (-1 = padding).
+            values: the items of all leaves, concatenated (list, leaf_items order).
+            offsets: int64 [B * M + 1], values of beam j are values[offsets[j] : offsets[j + 1]].
+        Shape: returns (kept values, int64 [B * M + 1] offsets).
+        """
         positions, _ = index.leaf_items(leaves, POSITIONS)
         request = np.repeat(np.arange(leaves.shape[0]), leaves.shape[1])
         owner = np.repeat(request, np.diff(offsets))
@@ -299,21 +306,52 @@ class ConstrainedDecoding:
 
 
 def mask_slots(constraints: RequestConstraints | None, table: Any, tokens: torch.Tensor, start: torch.Tensor,
-               request: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """tokens int32 [n, w] of sparse-step slots filled from flat positions start int64 [n] (of requests
-    request int64 [n]), emptied (-1) where the child row has no item the request may return (constraints
-    None: tokens unchanged)."""
+               used: torch.Tensor, request: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """Sparse-step slots emptied (-1) where the child row has no item the request may return.
+
+    Args:
+        constraints: the search's RequestConstraints (None: tokens returned unchanged).
+        table: the step's DeviceStep (its step number).
+        tokens: int32 [n, w], slot k of slot row i holds the child at flat position start[i] + k (-1: empty);
+            a fresh tensor (fill_slots'), emptied in place outside static shapes.
+        start: int64 [n], each slot row's first child (a row of the next step).
+        used: int64 [n], slots in use per slot row (the first used[i] slots; the rest are empty).
+        request: int64 [n], the request of each slot row.
+    Shape: returns int32 [n, w].
+
+    Static shapes: all n * w slots are answered, no host read. Otherwise only the used slots (one host
+    read for their number): most of a [R, K] block is empty, and its size should not set the cost.
+    """
     if constraints is None:
         return tokens
-    child = start[:, None] + torch.arange(tokens.shape[1], device=start.device)
-    child = torch.where(tokens >= 0, child, -1)  # empty slots need no answer
-    return torch.where(constraints.allowed_rows(table.step + 1, child, request[:, None]), tokens, -1)
+    width = tokens.shape[1]
+    if constraints.static:
+        child = start[:, None] + torch.arange(width, device=start.device)
+        child = torch.where(tokens >= 0, child, -1)
+        return torch.where(constraints.allowed_rows(table.step + 1, child, request[:, None]), tokens, -1)
+    used = used.clamp(max=width)
+    total = int(used.sum())
+    slot_row = torch.repeat_interleave(
+        torch.arange(used.shape[0], device=used.device), used, output_size=total
+    )
+    rank = torch.arange(total, device=used.device) - (torch.cumsum(used, 0) - used)[slot_row]
+    ok = constraints.allowed_real(table.step + 1, start[slot_row] + rank, request[slot_row])
+    tokens[slot_row[~ok], rank[~ok]] = -1
+    return tokens
 
 
 def mask_children(constraints: RequestConstraints | None, step: int, valid: torch.Tensor, child: torch.Tensor,
                   request: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """Dense step `step`: valid bool [R, V] and child rows int [R, V] (next[row], -1 = none) of beams of
-    requests request int64 [R] -> valid where the child row also has an allowed item."""
+    """Dense-step validity narrowed to child rows that have an item the request may return.
+
+    Args:
+        constraints: the search's RequestConstraints (None: valid returned unchanged).
+        step: the dense step t (its child rows are rows of step t + 1).
+        valid: bool [R, V], slot k of beam r is in the catalog (next[row, k] >= 0, beam alive).
+        child: int [R, V], next[row, k] (-1 = none).
+        request: int64 [R], each beam's request.
+    Shape: returns bool [R, V].
+    """
     if constraints is None:
         return valid
     child = torch.where(valid, child.long(), -1)
