@@ -10,6 +10,7 @@
 #   env      torch / CUDA / CuPy / nvcc versions and the device
 #   tests    python -m pytest -m gpu -q tests/
 #   decode   scripts/bench_decode.py --device $ZG_DEVICE --items 200000 --repeats 3 (override: ZG_DECODE_ARGS)
+#   constraints  scripts/bench_constraints.py --device $ZG_DEVICE --iters 5 (override: ZG_CONSTRAINTS_ARGS)
 #   stream   scripts/bench_stream.py (small config; override with ZG_STREAM_ARGS)
 #   catalog, bundle   a small synthetic bundle in a temp dir (make_catalog.py, zerogr build), unless
 #            ZG_BUNDLE names an existing bundle to use instead (tune then writes its plan into that bundle)
@@ -130,6 +131,20 @@ else
         decode_args=(--device "$DEVICE" --items 200000 --repeats 3)
     fi
     run_part decode "${ZG_T_DECODE:-140}" "$PY" scripts/bench_decode.py "${decode_args[@]}"
+fi
+
+# ---- item-constraint benchmark (issue 11) ---------------------------------------------------------------
+if [[ ! -f scripts/bench_constraints.py ]]; then
+    skip_part constraints "scripts/bench_constraints.py not in this checkout"
+elif ((ENV_OK != 0)); then
+    skip_part constraints "no usable CUDA device (see env)"
+else
+    if [[ -n ${ZG_CONSTRAINTS_ARGS:-} ]]; then
+        read -r -a constraints_args <<<"$ZG_CONSTRAINTS_ARGS"
+    else
+        constraints_args=(--device "$DEVICE" --iters 5)
+    fi
+    run_part constraints "${ZG_T_CONSTRAINTS:-120}" "$PY" scripts/bench_constraints.py "${constraints_args[@]}"
 fi
 
 # ---- stream benchmark -----------------------------------------------------------------------------------

@@ -384,14 +384,14 @@ COMMANDS = {
     "build": ("CATALOG", "--out", "-o", "--config", "-c", "--codebook-sizes", "--sid-column", "--sid-columns",
               "--item-column", "--workers", "-j", "--step-formats", "--device", "--model-version", "--keep",
               "--promote", "--no-promote", "--kernel-archs", "--json", "--quiet", "-q"),
-    "inspect": ("BUNDLE", "--config", "-c", "--json"),
+    "inspect": ("BUNDLE", "--config", "-c", "--json", "--available"),
     "verify": ("BUNDLE", "--catalog", "--config", "-c", "--sid-column", "--sid-columns", "--item-column",
                "--json", "--quiet", "-q"),
     "promote": ("VERSION_DIR",),
     "tune": ("BUNDLE", "--gpu", "--device", "--batch-sizes", "--beam-width", "--dtypes", "--hidden-dim",
              "--weights", "--warmup", "--iters", "--config", "-c", "--json", "--quiet", "-q"),
     "compare": ("BUNDLE", "--model", "--requests", "--beam-width", "--k", "--batch-size", "--device",
-                "--request-column", "--target-column", "--config", "-c", "--json"),
+                "--request-column", "--target-column", "--config", "-c", "--json", "--available"),
 }  # fmt: skip
 
 

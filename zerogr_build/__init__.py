@@ -8,6 +8,7 @@ This is the public API of zerogr; everything else is reached through its submodu
     open_bundle(path) -> Bundle / verify_bundle(path)       read (checksums, shapes) / check every invariant
     Decoder(index_or_bundle, weights, device, order, plan)  constrained beam search (torch)
     BeamState / SearchResult                                 the Decoder's step state and result
+    ItemMask / ItemSets                                      serve-time item constraints (docs/constraints.md)
     HotSwap                                                  load the next version beside the live one, swap
     tune_bundle(bundle, ...)                                 per-step scoring plans measured on a device
     ZerogrError / InputError / BundleError                   what zerogr raises
@@ -19,6 +20,7 @@ from .bundle import Bundle, open_bundle, promote_bundle, publish_bundle, verify_
 from .catalog import Catalog, read_catalog
 from .errors import BundleError, InputError, ZerogrError
 from .index import SidIndex, build_index
+from .runtime.constraints import ItemMask, ItemSets
 from .runtime.hotswap import HotSwap
 
 __version__ = "0.1.0"
@@ -48,6 +50,8 @@ __all__ = [
     "Decoder",
     "HotSwap",
     "InputError",
+    "ItemMask",
+    "ItemSets",
     "SearchResult",
     "SidIndex",
     "ZerogrError",

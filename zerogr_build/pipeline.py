@@ -193,11 +193,13 @@ def build_bundle(
     }
 
 
-def inspect_bundle(path: str | Path | None = None) -> dict[str, Any]:
+def inspect_bundle(path: str | Path | None = None, available: str | Path | None = None) -> dict[str, Any]:
     """The JSON-ready report `zerogr inspect --json` prints for a bundle (a version dir, or an OUT dir via
     LATEST): manifest facts, step_rows, leaf_sharing, index bytes, and STATIC's bytes for the same catalog
     (static_bytes / ratio_to_static None for 1-token SIDs, which STATIC has no layout for). Checksums are
-    not read (`verify` does that)."""
+    not read (`verify` does that). available: a Parquet availability file (ItemMask.from_parquet); adds
+    "available": {file, items, valid_prefixes: per step s = 1..L the prefixes (at s = L the leaves) that
+    keep an available item}."""
     from .bundle import open_bundle
     from .index.static_layout import static_layout_bytes
 
@@ -207,7 +209,7 @@ def inspect_bundle(path: str | Path | None = None) -> dict[str, Any]:
         static = static_layout_bytes(index)
     except ValueError:
         static = None
-    return {
+    report: dict[str, Any] = {
         "bundle": str(opened.path),
         "version": opened.version,
         "created_at": manifest.get("created_at"),
@@ -223,6 +225,16 @@ def inspect_bundle(path: str | Path | None = None) -> dict[str, Any]:
         "static_bytes": static,
         "ratio_to_static": (index.index_bytes / static["total"]) if static else None,
     }
+    if available is not None:
+        from .runtime.constraints import ItemMask, valid_rows_per_step
+
+        mask = ItemMask.from_parquet(opened, available)
+        report["available"] = {
+            "file": str(available),
+            "items": mask.num_available,
+            "valid_prefixes": valid_rows_per_step(index, mask.available),
+        }
+    return report
 
 
 def verify_with_catalog(

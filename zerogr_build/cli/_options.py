@@ -41,6 +41,15 @@ SidColumnsOpt = Annotated[
         "--sid-columns", help="SID tokens as separate integer columns, e.g. c0,c1,c2", show_default=False
     ),
 ]
+AvailableOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--available",
+        help="Parquet availability mask: item ids (first column) and an optional boolean column "
+        "(docs/constraints.md). Not part of the bundle.",
+        show_default=False,
+    ),
+]
 ItemColumnOpt = Annotated[
     str | None, typer.Option("--item-column", help="Item id column, integer or string [config: item_id]")
 ]

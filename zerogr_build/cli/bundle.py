@@ -13,6 +13,7 @@ from ..config import load_settings
 from ..pipeline import inspect_bundle, verify_with_catalog
 from ._errors import cli_errors
 from ._options import (
+    AvailableOpt,
     BundleArg,
     ConfigOpt,
     ItemColumnOpt,
@@ -36,11 +37,13 @@ def inspect(
     bundle: BundleArg = None,
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
+    available: AvailableOpt = None,
 ) -> None:
     """Show a bundle's step tables (format, rows, nnz, max_slots, valid share, bytes) and how its index size
-    compares with STATIC's layout for the same catalog."""
+    compares with STATIC's layout for the same catalog; with --available, the prefixes and leaves that keep
+    an available item."""
     with cli_errors():
-        report = inspect_bundle(bundle_path(bundle, config))
+        report = inspect_bundle(bundle_path(bundle, config), available)
         if json_out:
             sys.stdout.write(json.dumps(report, default=str) + "\n")
             return
@@ -62,6 +65,18 @@ def inspect(
                 f"({human_bytes(static_total)}), ours = {report['ratio_to_static']:.2f}x"
             )
         console.print(line, markup=False)
+        if "available" in report:
+            mask = report["available"]
+            totals = [row["rows"] for row in report["steps"][1:]] + [report["distinct_sids"]]
+            per_step = ", ".join(
+                f"length {s}: {n:,} of {total:,}"
+                for s, (n, total) in enumerate(zip(mask["valid_prefixes"], totals, strict=True), start=1)
+            )
+            console.print(
+                f"available ({mask['file']}): {mask['items']:,} of {report['items']:,} items; prefixes with "
+                f"an available item by length (the last = leaves): {per_step}",
+                markup=False,
+            )
 
 
 def verify(

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ._errors import cli_errors
-from ._options import BundleArg, ConfigOpt, JsonOpt, bundle_path
+from ._options import AvailableOpt, BundleArg, ConfigOpt, JsonOpt, bundle_path
 from ._progress import progress_for
 from ._render import report_tables, stdout_console
 
@@ -34,9 +34,11 @@ def compare(
     target_column: Annotated[str, typer.Option("--target-column")] = "target_item",
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
+    available: AvailableOpt = None,
 ) -> None:
     """Decode the requests filter-first, score-first and unconstrained with your model and compare top-K
-    lists (overlap@K, Recall@K, NDCG@K, invalid probability mass per step)."""
+    lists (overlap@K, Recall@K, NDCG@K, invalid probability mass per step). --available decodes every order
+    under that availability mask (invalid mass is still measured against the catalog)."""
     with cli_errors():
         # Imported when the command runs: compare decodes with torch, `zerogr --help` should not load it.
         from ..compare import parse_ks, run_compare
@@ -47,7 +49,7 @@ def compare(
             report = run_compare(
                 bundle_path(bundle, config), model, requests, beam_width=beam_width, ks=parse_ks(k),
                 batch_size=batch_size, device=device, request_column=request_column,
-                target_column=target_column, progress=progress,
+                target_column=target_column, progress=progress, available=available,
             )  # fmt: skip
         if json_out:
             sys.stdout.write(json.dumps(report.to_dict(), default=str) + "\n")

@@ -16,6 +16,7 @@ from ..bundle import open_bundle, resolve_bundle
 from ..errors import InputError
 from ..index.tables import csr_gather
 from ..progress import NULL_PROGRESS, Progress
+from ..runtime.constraints import ItemMask
 from ..runtime.decoder import ORDERS, Decoder
 from ..runtime.weights import normalize_weights
 from .inputs import DEFAULT_KS, ModelFn, Requests, load_model_fn, parse_ks, read_requests
@@ -111,8 +112,10 @@ def compare_orders(
     batch_size: int = 64,
     device: str = "cpu",
     progress: Progress = NULL_PROGRESS,
+    available: ItemMask | None = None,
 ) -> CompareReport:
     """Decode every request in all three orders and compare (see the module docstring).
+    available: decode under this availability mask (the unconstrained order ignores it).
 
     bundle: an opened Bundle (open_bundle). beam_width: M (default max(ks); with M < K a top-K list holds
     at most the items of M SIDs). batch_size: requests per model_fn call / search.
@@ -145,6 +148,7 @@ def compare_orders(
         weights = normalize_weights(out[0], sizes, source="model")
         step_fn = out[1]
         dec = Decoder(bundle, weights, device=device)
+        dec.set_availability(available)
         for order in ORDERS:
             res, masses = _run_order(dec, step_fn, len(ids), m, order, weights)
             lists[order].extend(top_k_items(dec.items(res), k_max))
@@ -220,15 +224,20 @@ def run_compare(
     request_column: str = "request_id",
     target_column: str = "target_item",
     progress: Progress = NULL_PROGRESS,
+    available: str | Path | None = None,
 ) -> CompareReport:
-    """`zerogr compare`: open the bundle, resolve the model function, read the requests, compare_orders."""
+    """`zerogr compare`: open the bundle, resolve the model function, read the requests, compare_orders.
+    available: a Parquet availability file (ItemMask.from_parquet): every search decodes under it."""
     ks = parse_ks(ks)
     requests = read_requests(requests_path, request_column=request_column, target_column=target_column)
     model_fn = load_model_fn(model_spec)
     bundle = open_bundle(resolve_bundle(bundle_path))
+    mask = None if available is None else ItemMask.from_parquet(bundle, available)
     report = compare_orders(
         bundle, model_fn, requests, beam_width=beam_width, ks=ks, batch_size=batch_size, device=device,
-        progress=progress,
+        progress=progress, available=mask,
     )  # fmt: skip
     report.extra.update(bundle=str(bundle.path), model=model_spec, requests_file=str(requests_path))
+    if mask is not None:
+        report.extra.update(available_file=str(available), available_items=mask.num_available)
     return report

@@ -6,6 +6,8 @@
     res = dec.finish(state)                       # sids [B, M, L], scores [B, M], leaves [B, M]
     res = dec.search(step_fn, batch_size, beam_width, mode=None)   # step_fn(step, prefixes, batch) -> hidden
     dec.items(res)                                # item ids per (request, beam)
+    dec.set_availability(ItemMask); dec.set_item_sets(ItemSets)   # item constraints (constraints.py)
+    dec.search(..., include=[["comedy"], None], exclude=[[seen ids], []])   # per request (also on start)
 
 One step, four stages, all on the decoder's device (see slots.py for slots, the slot cap and overflow lanes):
   1. valid tokens: each beam's row -> its fixed candidate slots (sparse: the row's children from the front,
@@ -27,7 +29,6 @@ score underflows to -inf would be treated as padding.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,9 @@ import torch
 
 from ..errors import InputError
 from ..index import SidIndex
+from .beams import BeamState, SearchResult
 from .device_tables import DeviceStep, index_to_device
+from .item_filter import ConstrainedDecoding, mask_children, mask_slots
 from .lanes import plan_lanes
 from .plan import ModeChooser, auto_plan, load_plan
 from .scoring import available_modes, get_mode
@@ -52,78 +55,7 @@ NEG_INF = float("-inf")
 ModeArg = str | Sequence[str | None] | Mapping[int, str] | None
 
 
-@dataclass(frozen=True, eq=False)
-class BeamState:
-    """Beams after `step` decoding steps. Never mutated: Decoder.step returns a new state.
-
-    prefixes int64 [R, step]: tokens chosen so far (0 at padded beams).
-    batch    int64 [R]: request of each beam; beams of request b are rows b*R/B .. (b+1)*R/B - 1.
-    scores   fp32 [R]: sum of per-step log-probabilities (-inf at padded beams).
-    rows     int64 [R]: each beam's row of step `step`'s table (its leaf once step == L); -1 = padding.
-    parents  int64 [R] or None: each beam's beam in the previous state (None at start), e.g. to reorder a
-             model's KV cache with the beams.
-    """
-
-    step: int
-    prefixes: torch.Tensor
-    batch: torch.Tensor
-    scores: torch.Tensor
-    rows: torch.Tensor
-    batch_size: int
-    beam_width: int
-    order: str
-    parents: torch.Tensor | None = None
-
-    @property
-    def num_beams(self) -> int:
-        return int(self.batch.shape[0])
-
-    def advance(
-        self, values: torch.Tensor, beam: torch.Tensor, token: torch.Tensor, next_row: torch.Tensor
-    ) -> BeamState:
-        """The state after every request keeps its M continuations (a new state; this one is unchanged).
-
-        Shape: values fp32 [B, M] (new totals, best first; -inf = padding); beam int64 [B, M] (the beam of
-        this state each continues); token int64 [B, M]; next_row int64 [B, M] (its row of the next table).
-        """
-        b, m = self.batch_size, self.beam_width
-        real = torch.isfinite(values.reshape(-1))
-        beam = beam.reshape(-1)
-        token = torch.where(real, token.reshape(-1), torch.zeros_like(beam))
-        rows = torch.where(real, next_row.reshape(-1), torch.full_like(beam, -1))
-        return BeamState(
-            step=self.step + 1,
-            prefixes=torch.cat([self.prefixes[beam], token[:, None]], dim=1),
-            batch=torch.arange(b, device=beam.device).repeat_interleave(m),
-            scores=values.reshape(-1).contiguous(),
-            rows=rows,
-            batch_size=b,
-            beam_width=m,
-            order=self.order,
-            parents=beam,
-        )
-
-
-@dataclass(frozen=True, eq=False)
-class SearchResult:
-    """Final beams per request, best first.
-
-    sids int64 [B, M, L] (-1 rows at padding), scores fp32 [B, M] (-inf at padding), leaves int64 [B, M]
-    (-1 at padding; under "unconstrained" also -1 where the decoded SID is not in the catalog).
-    """
-
-    sids: torch.Tensor
-    scores: torch.Tensor
-    leaves: torch.Tensor
-    order: str
-
-    @property
-    def valid(self) -> torch.Tensor:
-        """bool [B, M]: the beam names a real catalog SID."""
-        return self.leaves >= 0
-
-
-class Decoder:
+class Decoder(ConstrainedDecoding):
     """Constrained beam search over one index and one set of per-step output layers.
 
     index_or_bundle: a SidIndex, or a Bundle (anything with `.index`; its `.items()` gives item ids).
@@ -219,14 +151,20 @@ class Decoder:
         )  # fmt: skip
 
     # ------------------------------------------------------------------ search
-    def start(self, batch_size: int, beam_width: int, order: str | None = None) -> BeamState:
-        """Initial state: one empty-prefix beam per request (R = batch_size), at row 0 of step 0."""
+    def start(self, batch_size: int, beam_width: int, order: str | None = None, *, include: Any = None,
+              exclude: Any = None) -> BeamState:  # fmt: skip
+        """Initial state: one empty-prefix beam per request (R = batch_size), at row 0 of step 0.
+
+        include / exclude: one entry per request (None or [] = no restriction): names of item sets (their
+        union) / item ids never to return. They, and the availability mask at this moment, hold for the
+        whole search (filter_first and score_first; the unconstrained order ignores them)."""
         order = order or self.order
         if order not in ORDERS:
             raise InputError(f"unknown order {order!r} ({', '.join(ORDERS)})")
         if batch_size < 1 or beam_width < 1:
             raise InputError(f"batch_size and beam_width must be >= 1, got {batch_size}, {beam_width}")
         dev = self.device
+        constraints = self._request_constraints(batch_size, order, include, exclude)
         return BeamState(
             step=0,
             prefixes=torch.zeros((batch_size, 0), dtype=torch.int64, device=dev),
@@ -236,6 +174,7 @@ class Decoder:
             batch_size=batch_size,
             beam_width=beam_width,
             order=order,
+            constraints=constraints,
         )
 
     def step(
@@ -295,6 +234,7 @@ class Decoder:
             scores=state.scores.view(b, per),
             leaves=leaves.view(b, per),
             order=state.order,
+            constraints=state.constraints,
         )
 
     def search(
@@ -304,9 +244,13 @@ class Decoder:
         beam_width: int,
         mode: ModeArg = None,
         order: str | None = None,
+        *,
+        include: Any = None,
+        exclude: Any = None,
     ) -> SearchResult:
-        """Full beam search: step_fn(step, prefixes int64 [R, step], batch int64 [R]) -> hidden [R, d]."""
-        state = self.start(batch_size, beam_width, order)
+        """Full beam search: step_fn(step, prefixes int64 [R, step], batch int64 [R]) -> hidden [R, d].
+        include / exclude: per-request item constraints (see start)."""
+        state = self.start(batch_size, beam_width, order, include=include, exclude=exclude)
         for t in range(self.num_steps):
             state = self.step(state, step_fn(t, state.prefixes, state.batch), mode)
         return self.finish(state)
@@ -357,6 +301,8 @@ class Decoder:
         if items is not None:
             values = np.asarray(items, dtype=object)[values]  # values are catalog rows here
         values = values if isinstance(values, list) else values.tolist()  # numpy and pyarrow alike
+        if res.constraints is not None:  # only the items the request may return (a shared SID may lose some)
+            values, offsets = res.constraints.filter_leaf_items(self.index, leaves, values, offsets)
         per_beam = [values[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
         m = leaves.shape[1]
         return [per_beam[b * m : (b + 1) * m] for b in range(leaves.shape[0])]
@@ -386,7 +332,10 @@ class Decoder:
             logp = log_softmax(logits).masked_fill_(~alive[:, None], NEG_INF)
         else:
             assert table.next is not None
-            valid = (table.next[state.rows.clamp(min=0)] >= 0) & alive[:, None]
+            child = table.next[state.rows.clamp(min=0)]
+            valid = mask_children(
+                state.constraints, table.step, (child >= 0) & alive[:, None], child, state.batch
+            )
             if state.order == "filter_first":
                 logp = masked_log_softmax(logits.masked_fill_(~valid, NEG_INF))
             else:
@@ -414,7 +363,9 @@ class Decoder:
         k = table.cap
         start, count = row_extent(table, state.rows)
         heavy = count > k
-        main_tokens = fill_slots(table, start, torch.where(heavy, torch.zeros_like(count), count), k)
+        main_count = torch.where(heavy, torch.zeros_like(count), count)
+        main_tokens = fill_slots(table, start, main_count, k)
+        main_tokens = mask_slots(state.constraints, table, main_tokens, start, main_count, state.batch)
 
         logits = lse = None
         own_lse = state.order == "score_first" and log_normalizer is None
@@ -447,6 +398,9 @@ class Decoder:
             lane_beam = lanes.beam.clamp(min=0)
             lane_count = torch.where(lanes.beam >= 0, count[lane_beam], 0)
             lane_tokens = fill_slots(table, start[lane_beam], lane_count, lanes.width)
+            lane_tokens = mask_slots(
+                state.constraints, table, lane_tokens, start[lane_beam], lane_count, state.batch[lane_beam]
+            )
             lane_totals = state.scores[lane_beam][:, None] + log_probs(lane_beam, lane_tokens)
             keep = min(m, lanes.width)
             lane_values, lane_slot = torch.topk(lane_totals, keep, dim=1, sorted=False)

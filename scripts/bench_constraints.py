@@ -1,0 +1,154 @@
+"""Item-constraint benchmark: the same search with and without item constraints, and a mask swap.
+
+    python scripts/bench_constraints.py                  # CPU: 1M items, L=3, V=8192, d=128, 16 x 64 beams
+    python scripts/bench_constraints.py --device cuda:0  # the same on a GPU (scripts/gpu_check.sh)
+    python scripts/bench_constraints.py --swap-items 0   # skip the 10M-item mask swap
+
+Rows (same index, weights, step function, order and mode in every search row; median of --iters, after
+--warmup untimed calls, interleaved so drift hits every row alike):
+  no item constraints           the baseline
+  availability 50%              a global ItemMask with half the items available
+  + exclude 200 / request       each request also excludes 200 item ids (already seen)
+  + include 2 of 20 sets        each request also names 2 of 20 overlapping item sets (category-only)
+  start() of that search        the host-side compile of the include/exclude lists (included above)
+The min column is there for shared machines (other jobs only ever add time).
+Target (issue 11): the last search row <= 1.3x the baseline on CPU. Then set_availability on a bundle of
+--swap-items items (target <= 100 ms on CPU) and the device bytes of one mask's per-row counts (O(rows)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from zerogr_build.index import build_index  # noqa: E402
+from zerogr_build.runtime.constraints import ItemMask, ItemSets  # noqa: E402
+from zerogr_build.runtime.decoder import Decoder  # noqa: E402
+from zerogr_build.synthetic import generate_sids  # noqa: E402
+from zerogr_build.testing import SeededModel  # noqa: E402
+from zerogr_build.tune.timing import timer  # noqa: E402
+
+
+def make_decoder(items: int, sizes: list[int], dim: int, batch: int, device: str, seed: int):
+    sids = generate_sids(items, sizes, seed=seed, mode="skewed")
+    t0 = time.perf_counter()
+    index = build_index(sids, sizes)
+    build_s = time.perf_counter() - t0
+    model = SeededModel(sizes, seed, batch_size=batch, dim=dim, bias=True)
+    model.base, model.req = model.base.to(device), model.req.to(device)
+    model.emb = [e.to(device) for e in model.emb]
+    return index, model, Decoder(index, model.layers(), device=device), build_s
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--items", type=int, default=1_000_000)
+    ap.add_argument("--sizes", default="8192,8192,8192")
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--beam", type=int, default=64)
+    ap.add_argument("--order", default="filter_first")
+    ap.add_argument("--mode", default=None, help="scoring mode of every step (default: the decoder's choice)")
+    ap.add_argument("--available", type=float, default=0.5, help="share of available items")
+    ap.add_argument("--exclude", type=int, default=200, help="excluded item ids per request")
+    ap.add_argument("--sets", type=int, default=20)
+    ap.add_argument("--include", type=int, default=2, help="include sets named per request")
+    ap.add_argument(
+        "--swap-items", type=int, default=10_000_000, help="items of the mask-swap bundle (0: skip)"
+    )
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=7)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    sizes = [int(v) for v in args.sizes.split(",")]
+    rng = np.random.default_rng(args.seed)
+    time_ms = timer(args.device)
+
+    index, model, dec, build_s = make_decoder(args.items, sizes, args.dim, args.batch, args.device, args.seed)
+    n = index.num_items  # an in-memory index: item ids are catalog rows 0..n-1
+    mask = ItemMask.from_bool(index, rng.random(n) < args.available)
+    set_of = rng.integers(0, args.sets, size=n)
+    second = rng.random(n) < 0.2  # 20% of items also belong to a second set: the sets overlap
+    sets = {}
+    for s in range(args.sets):
+        also = np.flatnonzero(second & (set_of == (s + 1) % args.sets))
+        sets[f"c{s}"] = np.concatenate([np.flatnonzero(set_of == s), also])
+    item_sets = ItemSets.from_mapping(index, sets)
+    exclude = [rng.choice(n, args.exclude, replace=False).tolist() for _ in range(args.batch)]
+    include = [
+        [f"c{s}" for s in rng.choice(args.sets, args.include, replace=False)] for _ in range(args.batch)
+    ]
+
+    plain = Decoder(index, model.layers(), device=args.device)  # no item constraints ever set
+    dec.set_availability(mask)
+    dec.set_item_sets(item_sets)
+    avail_only = Decoder(index, model.layers(), device=args.device)
+    avail_only.set_availability(mask)
+
+    def search(decoder, excl=None, incl=None):
+        return decoder.search(model.step_fn, args.batch, args.beam, mode=args.mode, order=args.order,
+                              include=incl, exclude=excl)  # fmt: skip
+
+    cases = {
+        "no item constraints": lambda: search(plain),
+        f"availability {args.available:.0%}": lambda: search(avail_only),
+        f"+ exclude {args.exclude} / request": lambda: search(dec, exclude),
+        f"+ include {args.include} of {args.sets} sets": lambda: search(dec, exclude, include),
+        "start() of that search": lambda: dec.start(
+            args.batch, args.beam, args.order, include=include, exclude=exclude
+        ),  # fmt: skip
+    }
+    for _ in range(args.warmup):
+        for fn in cases.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(args.iters):
+        for name, fn in cases.items():
+            times[name].append(time_ms(fn))
+    med = {name: statistics.median(v) for name, v in times.items()}
+    best = {name: min(v) for name, v in times.items()}
+    base, base_low = med["no item constraints"], best["no item constraints"]
+
+    print(f"# bench_constraints: {n:,} items, L={len(sizes)}, V={sizes}, d={args.dim}, batch {args.batch} x "
+          f"beam {args.beam}, {args.order}, mode={args.mode or 'auto'}, device {args.device}, "
+          f"torch threads {torch.get_num_threads()}, index build {build_s:.1f} s")  # fmt: skip
+    print(f"{'search':<34} {'median ms':>10} {'x baseline':>11} {'min ms':>10} {'x baseline':>11}")
+    for name, ms in med.items():
+        low = best[name]
+        print(f"{name:<34} {ms:>10.2f} {ms / base:>10.2f}x {low:>10.2f} {low / base_low:>10.2f}x")
+    verdict = med[f"+ include {args.include} of {args.sets} sets"] / base
+    print(f"target: all constraints <= 1.30x baseline: {verdict:.2f}x {'PASS' if verdict <= 1.3 else 'FAIL'}")
+    counts_bytes = sum(int(c.numel() * c.element_size()) for c in dec._resident.counts)
+    print(
+        f"one mask's per-row counts on the device: {counts_bytes / 2**20:.1f} MiB ({index.num_items:,} items)"
+    )
+
+    if args.swap_items:
+        del dec, index
+        big, big_model, big_dec, big_build = make_decoder(
+            args.swap_items, sizes, 8, 1, args.device, args.seed + 1
+        )
+        masks = [ItemMask.from_bool(big, rng.random(big.num_items) < args.available) for _ in range(3)]
+        big_dec.set_availability(
+            masks[0]
+        )  # the first call also lays out the item geometry (once per decoder)
+        swap = [time_ms(lambda m=m: big_dec.set_availability(m)) for m in masks * 2]
+        ms = statistics.median(swap)
+        counts_bytes = sum(int(c.numel() * c.element_size()) for c in big_dec._resident.counts)
+        print(f"{'set_availability, ' + f'{big.num_items:,} items':<34} {ms:>10.2f} ms   "
+              f"target <= 100 ms: {'PASS' if ms <= 100 else 'FAIL'}; counts {counts_bytes / 2**20:.1f} MiB "
+              f"(rows {sum(int(c.numel()) for c in big_dec._resident.counts):,}), "
+              f"build {big_build:.1f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
