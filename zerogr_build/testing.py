@@ -259,9 +259,9 @@ class SeededModel:
 
     def step_fn(self, step: int, prefixes: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
         """hidden fp32 [R, dim] of prefixes int64 [R, step] of requests batch int64 [R]."""
-        h = self.base[step].expand(prefixes.shape[0], self.dim) + self.req[batch]
+        h = self.base[step].expand(prefixes.shape[0], self.dim) + self.req.index_select(0, batch)
         for j in range(step):
-            h = h + self.emb[j][prefixes[:, j]]
+            h = h + self.emb[j].index_select(0, prefixes[:, j])
         return h
 
     def to(self, device: str | torch.device) -> SeededModel:

@@ -51,7 +51,7 @@ class BeamState:
         rows = torch.where(real, next_row.reshape(-1), torch.full_like(beam, -1))
         return BeamState(
             step=self.step + 1,
-            prefixes=torch.cat([self.prefixes[beam], token[:, None]], dim=1),
+            prefixes=torch.cat([self.prefixes.index_select(0, beam), token[:, None]], dim=1),
             batch=torch.arange(b, device=beam.device).repeat_interleave(m),
             scores=values.reshape(-1).contiguous(),
             rows=rows,
