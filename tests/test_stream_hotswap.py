@@ -218,3 +218,49 @@ def test_a_decoder_carries_its_load_marker():
     marked = Marked()
     wait_loaded(("bundle", marked))
     assert marked.loaded.sink.schedule == [("loaded", -1, -1)]
+
+
+class _FakeCudaTensor:
+    """Stands in for a CUDA table tensor: records the streams record_stream was called with."""
+
+    is_cuda = True
+    device = "cuda:0"
+
+    def __init__(self) -> None:
+        self.recorded: list[str] = []
+
+    def record_stream(self, stream: str) -> None:
+        self.recorded.append(stream)
+
+
+def test_swap_records_the_serving_stream_on_every_cuda_table(monkeypatch):
+    """Tables freed after a swap must not be reused while the serving stream still reads them: swap() calls
+    record_stream(current stream) on every CUDA step tensor of the version it publishes (CPU tensors and
+    missing tables are skipped)."""
+    import zerogr_build.runtime.hotswap as hotswap_module
+
+    class Step:
+        def __init__(self, *tensors):
+            self.indptr, self.tokens, self.next = tensors
+
+    tables = [_FakeCudaTensor() for _ in range(3)]
+    decoder = type("FakeDecoder", (), {})()
+    decoder.steps = (
+        Step(tables[0], tables[1], None),
+        Step(None, None, tables[2]),
+        Step(np.zeros(3), None, None),
+    )
+    real = hotswap_module.record_serving_stream
+    monkeypatch.setattr(
+        hotswap_module,
+        "record_serving_stream",
+        lambda value: real(value, current_stream=lambda device: f"serving-stream-of-{device}"),
+    )
+    swap = HotSwap(lambda path, low_priority: ("bundle", decoder))
+    try:
+        swap.load_next("v1")
+        assert all(t.recorded == [] for t in tables)  # nothing is recorded before the swap
+        swap.swap(timeout=30)
+    finally:
+        swap.close()
+    assert [t.recorded for t in tables] == [["serving-stream-of-cuda:0"]] * 3

@@ -138,6 +138,7 @@ class HotSwap:
             finally:
                 if pending.done():
                     self._next = None
+            record_serving_stream(new.value)
             old = self.current
             self.current = new
         del old  # the handle's reference; requests that still hold it keep it alive until they finish
@@ -161,6 +162,34 @@ def wait_loaded(value: Any) -> None:
     marker = getattr(holder, "loaded", None)
     if marker is not None:
         marker.wait()
+
+
+def record_serving_stream(value: Any, current_stream: Callable[[Any], Any] | None = None) -> None:
+    """Mark every CUDA step-table tensor of a loaded value (a Decoder, or a (bundle, decoder) pair) as used
+    by the swapping caller's current stream (`tensor.record_stream`).
+
+    The tables were allocated on the loader's stream. Without this, when the last request holding an old
+    version drops it while kernels queued on the serving stream still read its tables, the caching
+    allocator could hand those blocks to the next load at once. With it, a freed block waits for the work
+    queued on the serving stream at the time of the free. Requests served on other streams must keep their
+    version referenced until their work completes (or record their own stream the same way).
+    current_stream(device) -> stream; torch.cuda.current_stream by default (injectable for tests).
+    """
+    holder = value[1] if isinstance(value, tuple) and len(value) == 2 else value
+    tensors = [
+        t
+        for step in getattr(holder, "steps", None) or ()
+        for t in (getattr(step, "indptr", None), getattr(step, "tokens", None), getattr(step, "next", None))
+        if t is not None and getattr(t, "is_cuda", False)
+    ]
+    if not tensors:
+        return
+    if current_stream is None:
+        import torch
+
+        current_stream = torch.cuda.current_stream
+    for t in tensors:
+        t.record_stream(current_stream(t.device))
 
 
 def _release_cached_device_memory() -> None:
