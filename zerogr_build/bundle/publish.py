@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
+from ..index.tables import leaf_map_dtype
 from ..progress import NULL_PROGRESS, Progress
 from .amend import recover_journal, recover_journals
 from .files import HashingFile, _crash_point, atomic_replace_bytes, fsync_dir, write_bytes_durable, write_npy
@@ -164,7 +165,9 @@ def _write_body(tmp: Path, index, items, progress: Progress) -> dict:
     for table in index.steps:
         for role, array in table.arrays().items():
             jobs.append((step_file_name(table.step, role), array))
-    jobs.append((LEAF_OFFSETS_NAME, np.asarray(index.leaf_offsets, dtype="<i8")))
+    offsets_dtype = leaf_map_dtype(index.num_leaves, index.num_items)
+    if offsets_dtype is not None:  # None: leaf j is item j, nothing to store
+        jobs.append((LEAF_OFFSETS_NAME, np.asarray(index.leaf_offsets, dtype=offsets_dtype)))
 
     def write_items() -> tuple[int, str]:
         sink = HashingFile(tmp / ITEMS_NAME)
@@ -191,6 +194,9 @@ def _write_body(tmp: Path, index, items, progress: Progress) -> dict:
 
 
 def _manifest_without_version(index, items, fields: dict, body: dict) -> dict:
+    offsets_dtype = leaf_map_dtype(index.num_leaves, index.num_items)
+    leaf_files = {"items": ITEMS_NAME} if offsets_dtype is None else {"offsets": LEAF_OFFSETS_NAME}
+    leaf_files.setdefault("items", ITEMS_NAME)  # v1 order kept: offsets first when present
     steps = []
     for table in index.steps:
         arrays = table.arrays()
@@ -223,9 +229,9 @@ def _manifest_without_version(index, items, fields: dict, body: dict) -> dict:
         "leaves": {
             "count": index.num_leaves,
             "items": index.num_items,
-            "dtype": "<i8",
+            "dtype": offsets_dtype,
             "item_id_type": str(items.type),
-            "files": {"offsets": LEAF_OFFSETS_NAME, "items": ITEMS_NAME},
+            "files": leaf_files,
         },
         "index_bytes": int(index.index_bytes),
         "settings": json.loads(json.dumps(settings, default=str)),
