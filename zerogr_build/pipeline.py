@@ -58,8 +58,10 @@ def leaf_sharing(leaf_offsets: Any) -> dict[str, int]:
     }
 
 
-def _read_catalog(path: str, settings: BuildSettings, codebook_sizes: Any, progress: Progress) -> Catalog:
-    """read_catalog with the column settings of `settings`."""
+def _read_catalog(
+    path: str, settings: BuildSettings, codebook_sizes: Any, progress: Progress, pack: bool = False
+) -> Catalog:
+    """read_catalog with the column settings of `settings` (pack: SIDs as sort keys, for a build)."""
     from .catalog import read_catalog
 
     return read_catalog(
@@ -69,6 +71,7 @@ def _read_catalog(path: str, settings: BuildSettings, codebook_sizes: Any, progr
         item_column=settings.item_column,
         codebook_sizes=codebook_sizes,
         progress=progress,
+        pack=pack,
     )
 
 
@@ -88,6 +91,7 @@ def build_bundle(
     """
     from .bundle import publish_bundle
     from .index import FormatPolicy, build_index, parse_step_formats
+    from .index.build import build_index_packed
 
     check_device(settings.device)
     if settings.codebook_sizes:  # fail fast on a bad --step-formats when L is already known
@@ -95,7 +99,7 @@ def build_bundle(
     started = time.perf_counter()
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    catalog = _read_catalog(catalog_path, settings, settings.codebook_sizes or None, progress)
+    catalog = _read_catalog(catalog_path, settings, settings.codebook_sizes or None, progress, pack=True)
     timings["read"] = time.perf_counter() - t
     if catalog.codebook_inferred:
         sizes = ",".join(map(str, catalog.codebook_sizes))
@@ -109,13 +113,20 @@ def build_bundle(
     parse_step_formats(settings.step_formats, catalog.num_steps)  # bad spec: InputError before the build
     t = time.perf_counter()
     progress.stage("sort/tables")
-    index = build_index(
-        catalog.sids,
-        catalog.codebook_sizes,
-        step_formats=settings.step_formats,
-        policy=FormatPolicy(settings.dense_min_share, settings.dense_max_bytes),
-        workers=settings.workers or None,
-    )
+    policy = FormatPolicy(settings.dense_min_share, settings.dense_max_bytes)
+    workers = settings.workers or None
+    if catalog.packed is not None:
+        index = build_index_packed(
+            catalog.packed, step_formats=settings.step_formats, policy=policy, workers=workers
+        )
+    else:
+        index = build_index(
+            catalog.sids,
+            catalog.codebook_sizes,
+            step_formats=settings.step_formats,
+            policy=policy,
+            workers=workers,
+        )
     timings["build"] = time.perf_counter() - t
     catalog_info = {
         "path": catalog.path,
@@ -126,7 +137,7 @@ def build_bundle(
         "codebook_inferred": catalog.codebook_inferred,
     }
     item_ids = catalog.item_ids
-    del catalog  # the [N, L] SIDs are in the index now; free them before publishing
+    del catalog  # the SIDs (packed or [N, L]) are in the index now; free them before publishing
     t = time.perf_counter()
     published = publish_bundle(
         index,
