@@ -49,12 +49,16 @@ def step_rows(index: Any) -> list[dict[str, Any]]:
 def leaf_sharing(leaf_offsets: Any) -> dict[str, int]:
     """How many items share a SID (leaf_offsets int [n_leaves + 1]): `collisions` = items beyond the first
     of each SID; `shared_sids` = SIDs holding more than one item; `items_in_shared_sids` = items on those."""
-    per_leaf = np.diff(np.asarray(leaf_offsets, dtype=np.int64))
+    offsets = np.asarray(leaf_offsets)  # in its own dtype: no int64 copy of a 100M-entry map
+    collisions = int(offsets[-1]) - (offsets.shape[0] - 1)
+    if collisions == 0:  # one item per SID
+        return {"collisions": 0, "shared_sids": 0, "items_in_shared_sids": 0}
+    per_leaf = np.diff(offsets)
     shared = per_leaf > 1
     return {
-        "collisions": int(per_leaf.sum() - per_leaf.shape[0]),
+        "collisions": collisions,
         "shared_sids": int(shared.sum()),
-        "items_in_shared_sids": int(per_leaf[shared].sum()),
+        "items_in_shared_sids": int(per_leaf[shared].sum(dtype=np.int64)),
     }
 
 
@@ -117,7 +121,7 @@ def build_bundle(
     workers = settings.workers or None
     if catalog.packed is not None:
         index = build_index_packed(
-            catalog.packed, step_formats=settings.step_formats, policy=policy, workers=workers
+            catalog.packed, step_formats=settings.step_formats, policy=policy, workers=workers, consume=True
         )
     else:
         index = build_index(
@@ -153,6 +157,7 @@ def build_bundle(
         progress=progress,
     )
     timings["publish"] = time.perf_counter() - t
+    del item_ids
     device_load = None
     if settings.device != "cpu":
         import torch

@@ -121,7 +121,8 @@ def publish_bundle(
         _crash_point("claimed")
         if isinstance(item_ids, pa.ChunkedArray):
             item_ids = item_ids.combine_chunks()
-        items_in_leaf_order = item_ids.take(pa.array(np.asarray(index.item_order), type=pa.int64()))
+        # item_order as it is (int32 below 2^31 items): no int64 copy of it just to index
+        items_in_leaf_order = item_ids.take(pa.array(np.asarray(index.item_order)))
         body = _write_body(claim.dir, index, items_in_leaf_order, progress)
         _crash_point("files_written")
         manifest = _manifest_without_version(index, items_in_leaf_order, fields, body)

@@ -70,16 +70,19 @@ def build_index_packed(
     step_formats: str | Mapping[int, str] | None = None,
     policy: FormatPolicy | None = None,
     workers: int | None = None,
+    consume: bool = False,
 ) -> SidIndex:
     """build_index from SIDs packed as the catalog was read (index.pack.PackedSids, tokens already
-    validated): the same SidIndex as build_index(packed.unpack(), packed.codebook_sizes)."""
+    validated): the same SidIndex as build_index(packed.unpack(), packed.codebook_sizes).
+    consume: the sort takes `packed`'s arrays over and frees them (packed is empty afterwards)."""
     if packed.num_items == 0:
         raise InputError("empty catalog: no SIDs to index")
     sizes = packed.codebook_sizes
     formats = parse_step_formats(step_formats, len(sizes))
     from .sort import layout_from_packed  # numba kernels compile lazily
 
-    return _index_from_layout(layout_from_packed(packed, workers), sizes, formats, policy)
+    layout = layout_from_packed(packed, workers, consume=consume)
+    return _index_from_layout(layout, sizes, formats, policy)
 
 
 def _index_from_layout(

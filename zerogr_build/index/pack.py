@@ -27,7 +27,7 @@ def first_token_dtype(codebook_size: int) -> np.dtype:
     return np.dtype(np.uint16) if codebook_size <= 65536 else np.dtype(np.uint32)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class PackedSids:
     """The SIDs of N items as sort keys, rows in catalog order.
 
@@ -71,6 +71,13 @@ class PackedSids:
         """Pack validated tokens int [n, L] (any integer dtype, values in range) as rows row..row+n-1."""
         if tokens.shape[0]:
             _pack_block(tokens, row, self.shifts, self.first, self.words)
+
+    def release(self) -> tuple[np.ndarray, np.ndarray]:
+        """(first, words), leaving this object holding empty arrays: the sort takes the words over so they
+        are freed as soon as it has moved them, even while a Catalog still refers to this object."""
+        first, words = self.first, self.words
+        self.first, self.words = first[:0].copy(), words[:0].copy()
+        return first, words
 
     def unpack(self) -> np.ndarray:
         """int64 [N, L]: the tokens back (for tests and small tools)."""

@@ -56,14 +56,17 @@ def sort_and_mark(
     return layout_from_packed(pack_sids(sids, codebook_sizes), workers)
 
 
-def layout_from_packed(packed: PackedSids, workers: int | None = None) -> SortedLayout:
-    """PackedSids -> SortedLayout. Frees nothing it was given: callers drop `packed` to reclaim its words.
-    workers: threads (None = all cores)."""
+def layout_from_packed(
+    packed: PackedSids, workers: int | None = None, *, consume: bool = False
+) -> SortedLayout:
+    """PackedSids -> SortedLayout. workers: threads (None = all cores). consume: take the packed arrays
+    over (PackedSids.release) and free them once sorted, so the build never holds two sets of words
+    (`packed` is empty afterwards)."""
     threads = max(1, min(int(workers or os.cpu_count() or 1), numba.config.NUMBA_NUM_THREADS))
     previous = numba.get_num_threads()
     numba.set_num_threads(threads)
     try:
-        return _parallel_layout(packed, threads)
+        return _parallel_layout(packed, threads, consume)
     finally:
         numba.set_num_threads(previous)
 
@@ -107,12 +110,13 @@ def _lexsort_layout(sids: np.ndarray) -> SortedLayout:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _parallel_layout(packed: PackedSids, threads: int) -> SortedLayout:
+def _parallel_layout(packed: PackedSids, threads: int, consume: bool = False) -> SortedLayout:
     n, num_steps, codebook_sizes = packed.num_items, packed.num_steps, packed.codebook_sizes
     token_bits = [bits_for(int(v)) for v in codebook_sizes]
     row_bits, shifts = packed.row_bits, packed.shifts
     masks = np.array([(1 << b) - 1 for b in token_bits], dtype=np.uint64)
-    first, first_values = packed.first, None
+    first, packed_words = packed.release() if consume else (packed.first, packed.words)
+    first_values = None
     if codebook_sizes[0] > SPARSE_FIRST_TOKENS_PER_ITEM * n:
         # Bucket by the rank of the first token among those present: memory O(N), not O(V0).
         first_values = np.unique(first)
@@ -128,8 +132,8 @@ def _parallel_layout(packed: PackedSids, threads: int) -> SortedLayout:
     # Segment s writes bucket b from bucket_starts[b] + (rows of b in earlier segments): stable order.
     seg_offsets = bucket_starts[:-1][None, :] + np.cumsum(seg_hist, axis=0) - seg_hist
     words = np.empty(n, dtype=np.uint64)
-    _scatter_words(first, packed.words, segments, seg_offsets, words)
-    del first, seg_hist, seg_offsets
+    _scatter_words(first, packed_words, segments, seg_offsets, words)
+    del first, packed_words, seg_hist, seg_offsets
 
     # 2. Chunks: contiguous bucket ranges holding about n / (8 * threads) rows each.
     chunk_buckets = _chunk_buckets(bucket_starts, 8 * threads)
