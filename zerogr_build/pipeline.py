@@ -16,11 +16,26 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._compile_notice import on_first_compile
 from .config import BuildSettings, check_device, load_settings
 from .progress import NULL_PROGRESS, Progress
 
 if TYPE_CHECKING:
     from .catalog import Catalog
+
+
+class KernelCompileWarning(UserWarning):
+    """The build's numba kernels are being compiled (first run on this machine or after an upgrade; they
+    are cached on disk afterwards), so this run's time and items/s include compiling."""
+
+
+def _warn_compiling(kernel: str) -> None:
+    warnings.warn(
+        f"compiling the build kernels (numba, first run here: {kernel} ...); they are cached for later runs, "
+        "so this run's time and items/s include the compile",
+        KernelCompileWarning,
+        stacklevel=4,
+    )
 
 
 class CodebookInferredWarning(UserWarning):
@@ -82,6 +97,14 @@ def _read_catalog(
 def build_bundle(
     catalog_path: str, settings: BuildSettings, *, progress: Progress = NULL_PROGRESS
 ) -> dict[str, Any]:
+    """_build_bundle, warning once with KernelCompileWarning when numba compiles (a cold first run)."""
+    with on_first_compile(_warn_compiling):
+        return _build_bundle(catalog_path, settings, progress=progress)
+
+
+def _build_bundle(
+    catalog_path: str, settings: BuildSettings, *, progress: Progress = NULL_PROGRESS
+) -> dict[str, Any]:
     """Read and validate the catalog, build every step table, publish the next version under
     settings.out (and, with settings.device = cuda:N, stream the tables to that GPU).
 
@@ -121,7 +144,11 @@ def build_bundle(
     workers = settings.workers or None
     if catalog.packed is not None:
         index = build_index_packed(
-            catalog.packed, step_formats=settings.step_formats, policy=policy, workers=workers, consume=True
+            catalog.packed,
+            step_formats=settings.step_formats,
+            policy=policy,
+            workers=workers,
+            consume=True,
         )
     else:
         index = build_index(
