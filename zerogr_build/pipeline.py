@@ -167,8 +167,10 @@ def _build_bundle(
         "files": len(catalog.files),
         "codebook_inferred": catalog.codebook_inferred,
     }
-    item_ids = catalog.item_ids
-    del catalog  # the SIDs (packed or [N, L]) are in the index now; free them before publishing
+    from .bundle.publish import leaf_ordered
+
+    item_ids = leaf_ordered(catalog.item_ids, index)
+    del catalog  # the SIDs (packed or [N, L]) and catalog-order ids: one copy of the ids while publishing
     t = time.perf_counter()
     published = publish_bundle(
         index,
@@ -182,6 +184,7 @@ def _build_bundle(
         keep=settings.keep or None,
         promote=settings.promote,
         progress=progress,
+        leaf_order=True,
     )
     timings["publish"] = time.perf_counter() - t
     del item_ids

@@ -88,6 +88,7 @@ def publish_bundle(
     keep: int | None = None,
     promote: bool = True,
     progress: Progress = NULL_PROGRESS,
+    leaf_order: bool = False,
 ) -> PublishedBundle:
     """Write `index` and its items as the next version under `out_dir` and (with promote) make it LATEST.
 
@@ -97,6 +98,8 @@ def publish_bundle(
         settings (dict or dataclass, JSON-serialisable; Paths become strings), and any extra
         non-reserved keys, copied into manifest.json.
     keep: prune to the newest `keep` versions afterwards (never the one LATEST names); None keeps all.
+    leaf_order: `item_ids` are already in leaf order (item_ids.take(index.item_order)); a caller that
+        drops its catalog-order ids first keeps one copy of the ids, not two, while the files are written.
     promote: False publishes the complete version dir (same numbering and crash safety) but leaves LATEST
         alone, so readers following LATEST never see it until promote_bundle(path) after your own checks.
     """
@@ -121,8 +124,8 @@ def publish_bundle(
         _crash_point("claimed")
         if isinstance(item_ids, pa.ChunkedArray):
             item_ids = item_ids.combine_chunks()
-        # item_order as it is (int32 below 2^31 items): no int64 copy of it just to index
-        items_in_leaf_order = item_ids.take(pa.array(np.asarray(index.item_order)))
+        items_in_leaf_order = item_ids if leaf_order else leaf_ordered(item_ids, index)
+        del item_ids
         body = _write_body(claim.dir, index, items_in_leaf_order, progress)
         _crash_point("files_written")
         manifest = _manifest_without_version(index, items_in_leaf_order, fields, body)
@@ -156,6 +159,14 @@ def publish_bundle(
             claim.release()
         raise
     return PublishedBundle(path=final, version=version, manifest=manifest, promoted=bool(promote))
+
+
+def leaf_ordered(item_ids: pa.Array, index) -> pa.Array:
+    """item_ids [N] (catalog row order) in the leaf order of `index` (its item_order, int32 or int64 as it
+    is: no int64 copy just to index)."""
+    if isinstance(item_ids, pa.ChunkedArray):
+        item_ids = item_ids.combine_chunks()
+    return item_ids.take(pa.array(np.asarray(index.item_order)))
 
 
 def _write_body(tmp: Path, index, items, progress: Progress) -> dict:

@@ -21,7 +21,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .formats import bits_for, token_dtype
+from .formats import bits_for, indptr_dtype, token_dtype
 from .pack import PackedSids, pack_sids, packable
 
 #: Above this many first-token buckets per item, the first tokens are renumbered by rank first, so the
@@ -34,7 +34,7 @@ class SortedLayout:
     """The distinct prefixes of every length, in lexicographic order.
 
     prefix_tokens[t]    int [P_{t+1}]       token t of each distinct length-(t+1) prefix (step t's children)
-    prefix_starts[t]    int64 [P_t + 1]     first child (length-(t+1) prefix) of each length-t prefix; P_0 = 1
+    prefix_starts[t]    int32|int64 [P_t+1] first child (length-(t+1) prefix) of each length-t prefix; P_0 = 1
     prefix_counts       int64 [L]           P_1 .. P_L (P_L = distinct SIDs = leaves)
     leaf_offsets        int32|int64 [P_L+1] first sorted position of each leaf, then N (int32 while N < 2^31)
     item_order          int32|int64 [N]     catalog row at each sorted position (catalog order within a leaf)
@@ -154,12 +154,13 @@ def _parallel_layout(packed: PackedSids, threads: int, consume: bool = False) ->
     for t in range(num_steps):
         step_tokens = np.empty(int(counts[t]), dtype=token_dtype(codebook_sizes[t]))
         if t == 0:
-            step_starts = np.array([0, counts[0]], dtype=np.int64)
+            step_starts = np.array([0, counts[0]], dtype=indptr_dtype(int(counts[0])))
             _fill_first_tokens(bucket_starts, step_tokens)
             if first_values is not None:  # ranks back to tokens
                 step_tokens = first_values[step_tokens.astype(np.int64)].astype(step_tokens.dtype)
         else:
-            step_starts = np.empty(int(counts[t - 1]) + 1, dtype=np.int64)
+            # the indptr dtype the table keeps (int32 below 2^31 children): no int64 copy to narrow later
+            step_starts = np.empty(int(counts[t - 1]) + 1, dtype=indptr_dtype(int(counts[t])))
             step_starts[-1] = counts[t]
             chunk_rows = np.ascontiguousarray(chunk_offsets[:, t - 1])
             _fill_step(
@@ -182,18 +183,18 @@ def _parallel_layout(packed: PackedSids, threads: int, consume: bool = False) ->
     position_dtype = np.int32 if n < 2**31 else np.int64
     leaf_offsets = np.empty(int(counts[-1]) + 1, dtype=position_dtype)
     leaf_offsets[-1] = n
-    item_order = np.empty(n, dtype=position_dtype)
-    _fill_leaves(
-        words,
+    _fill_leaf_offsets(
         first_diff,
         bucket_starts,
         chunk_buckets,
         np.ascontiguousarray(chunk_offsets[:, -1]),
         num_steps - 1,
-        row_bits,
         leaf_offsets,
-        item_order,
     )
+    del first_diff  # freed before item_order exists: one array fewer at the build's peak
+    item_order = np.empty(n, dtype=position_dtype)
+    _fill_item_order(words, row_bits, item_order)
+    del words
     return SortedLayout(tokens, starts, counts.astype(np.int64), leaf_offsets, item_order)
 
 
@@ -370,23 +371,19 @@ def _fill_step(
 
 
 @njit(cache=True, parallel=True)
-def _fill_leaves(
-    words,
-    first_diff,
-    bucket_starts,
-    chunk_buckets,
-    leaf_chunk_offsets,
-    last,
-    row_bits,
-    leaf_offsets,
-    item_order,
-):
-    """leaf_offsets[j]: sorted position where leaf j starts; item_order[p]: catalog row at position p."""
-    row_mask = (np.uint64(1) << np.uint64(row_bits)) - np.uint64(1)
+def _fill_leaf_offsets(first_diff, bucket_starts, chunk_buckets, leaf_chunk_offsets, last, leaf_offsets):
+    """leaf_offsets[j]: sorted position where leaf j starts."""
     for c in prange(chunk_buckets.shape[0] - 1):
         leaf = leaf_chunk_offsets[c]
         for p in range(bucket_starts[chunk_buckets[c]], bucket_starts[chunk_buckets[c + 1]]):
             if first_diff[p] <= last:
                 leaf_offsets[leaf] = p
                 leaf += 1
-            item_order[p] = words[p] & row_mask
+
+
+@njit(cache=True, parallel=True)
+def _fill_item_order(words, row_bits, item_order):
+    """item_order[p]: catalog row at sorted position p (the low bits of its word)."""
+    row_mask = (np.uint64(1) << np.uint64(row_bits)) - np.uint64(1)
+    for p in prange(words.shape[0]):
+        item_order[p] = words[p] & row_mask
