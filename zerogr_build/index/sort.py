@@ -181,6 +181,11 @@ def _parallel_layout(packed: PackedSids, threads: int, consume: bool = False) ->
 
     # int32 while row numbers fit: 4 bytes per item and leaf less at the build's peak
     position_dtype = np.int32 if n < 2**31 else np.int64
+    # item_order first, then the words (8 B/item) go, and only then the leaf offsets (4 B/leaf) exist:
+    # the two never overlap the words at the build's peak.
+    item_order = np.empty(n, dtype=position_dtype)
+    _fill_item_order(words, row_bits, item_order)
+    del words
     leaf_offsets = np.empty(int(counts[-1]) + 1, dtype=position_dtype)
     leaf_offsets[-1] = n
     _fill_leaf_offsets(
@@ -191,10 +196,7 @@ def _parallel_layout(packed: PackedSids, threads: int, consume: bool = False) ->
         num_steps - 1,
         leaf_offsets,
     )
-    del first_diff  # freed before item_order exists: one array fewer at the build's peak
-    item_order = np.empty(n, dtype=position_dtype)
-    _fill_item_order(words, row_bits, item_order)
-    del words
+    del first_diff
     return SortedLayout(tokens, starts, counts.astype(np.int64), leaf_offsets, item_order)
 
 
