@@ -1,4 +1,4 @@
-"""A cold first run says that numba is compiling; a kernel that is already compiled (or cached) says nothing."""
+"""A cold first run says numba is compiling; a kernel already compiled (or cached) says nothing."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from zerogr_build.catalog import read_catalog
 from zerogr_build.index import build_index
 from zerogr_build.index.build import build_index_packed
-from zerogr_build.index.pack import pack_sids, packable
+from zerogr_build.index.pack import gather_in_place, pack_sids, packable
 from zerogr_build.index.sort import _lexsort_layout, sort_and_mark
 
 
@@ -94,3 +94,24 @@ def test_catalog_read_packed_holds_the_same_sids(tmp_path):
     consumed = build_index_packed(packed.packed, consume=True)  # the sort takes the words over
     assert packed.packed.num_items == 0 and packed.packed.words.size == 0
     _assert_same_index(consumed, build_index(plain.sids, plain.codebook_sizes))
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=st.data(), n=st.integers(0, 200))
+def test_gather_in_place_equals_fancy_indexing(data, n):
+    order = np.array(data.draw(st.permutations(range(n))), dtype=np.int32)
+    values = np.arange(n, dtype=np.int64) * 7 - 3
+    expected = values[order]
+    gather_in_place(values, order)
+    np.testing.assert_array_equal(values, expected)
+
+
+def test_catalog_item_ids_view_the_values_a_build_permutes(tmp_path):
+    path = tmp_path / "cat.parquet"
+    pq.write_table(
+        pa.table({"item_id": pa.array([30, 10, 20]), "sid": pa.array([[2, 0], [0, 1], [1, 1]])}), path
+    )
+    catalog = read_catalog(path, codebook_sizes=[3, 2], pack=True)
+    index = build_index_packed(catalog.packed)
+    gather_in_place(catalog.item_id_values, np.asarray(index.item_order))
+    assert catalog.item_ids.to_pylist() == [10, 20, 30]  # leaf order, through the same buffer

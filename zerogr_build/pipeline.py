@@ -168,8 +168,13 @@ def _build_bundle(
         "codebook_inferred": catalog.codebook_inferred,
     }
     from .bundle.publish import leaf_ordered
+    from .index.pack import gather_in_place
 
-    item_ids = leaf_ordered(catalog.item_ids, index)
+    if catalog.item_id_values is not None:  # integer ids: permuted in place, item_ids views that buffer
+        gather_in_place(catalog.item_id_values, np.asarray(index.item_order))
+        item_ids = catalog.item_ids
+    else:
+        item_ids = leaf_ordered(catalog.item_ids, index)
     del catalog  # the SIDs (packed or [N, L]) and catalog-order ids: one copy of the ids while publishing
     t = time.perf_counter()
     published = publish_bundle(

@@ -116,3 +116,31 @@ def _pack_block(tokens, row0, shifts, first, words):
             word |= np.uint64(tokens[i, t]) << np.uint64(shifts[t])
         first[row0 + i] = tokens[i, 0]
         words[row0 + i] = word
+
+
+def gather_in_place(values: np.ndarray, order: np.ndarray) -> None:
+    """values[:] = values[order] without a second copy of `values` (1 byte per item of marks instead).
+
+    values: any numeric [N], writable; order: int [N], a permutation of 0..N-1 (e.g. item_order: catalog
+    row at each leaf-order position). Follows each cycle of the permutation once.
+    """
+    if values.shape[0] != order.shape[0]:
+        raise ValueError(f"{values.shape[0]} values for a permutation of {order.shape[0]}")
+    _gather_cycles(values, order, np.zeros(values.shape[0], dtype=np.bool_))
+
+
+@njit(cache=True, nogil=True)
+def _gather_cycles(values, order, done):
+    for start in range(values.shape[0]):
+        if done[start]:
+            continue
+        first = values[start]
+        j = start
+        while True:
+            done[j] = True
+            k = order[j]
+            if k == start:
+                values[j] = first
+                break
+            values[j] = values[k]
+            j = k
