@@ -21,6 +21,12 @@ both catalogs; end to end >= 3M items/s and peak RSS <= 80 bytes/item.
     python scripts/bench_build.py                 # full sizes (needs ~6 GB RAM, a few minutes)
     python scripts/bench_build.py --scale 0.05    # quick run (targets still printed, marked scaled)
     python scripts/bench_build.py --skip-e2e      # in-memory comparison only
+    python scripts/bench_build.py --scale         # also end to end at 50M and 100M items (issue 14; needs
+                                                  # ~3 GB of disk per catalog, written once to --workdir)
+
+With a bare `--scale`, the table "end to end at scale" adds one row per size in --scale-items (time,
+items/s, peak bytes/item, index bytes, leaf-map bytes as bundle format 2 stores it). Targets (issue 14):
+at 100M items, peak RSS <= 32 bytes/item and >= 7M items/s with the numba cache warm.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from benchmarks import static_baseline  # noqa: E402
 from zerogr_build import synthetic  # noqa: E402
 from zerogr_build.index import build_index  # noqa: E402
 from zerogr_build.index.static_layout import static_layout_bytes  # noqa: E402
+from zerogr_build.index.tables import leaf_map_dtype  # noqa: E402
 
 IN_MEMORY_CATALOGS = ((10_000_000, 4, 2048), (3_000_000, 3, 8192))
 E2E_ITEMS = 20_000_000
@@ -52,6 +59,9 @@ TARGET_BYTES_RATIO = 0.40
 TARGET_ITEMS_PER_S = 3_000_000
 TARGET_RSS_PER_ITEM = 80.0
 SEED = 0
+SCALE_ITEMS = (50_000_000, 100_000_000)
+TARGET_SCALE_RSS_PER_ITEM = 32.0
+TARGET_SCALE_ITEMS_PER_S = 7_000_000
 
 
 @dataclass
@@ -93,6 +103,19 @@ class EndToEndResult:
     @property
     def rss_per_item(self) -> float:
         return self.peak_rss_bytes / self.items
+
+    @property
+    def index_bytes(self) -> int | None:
+        return None if self.summary is None else int(self.summary["index_bytes"])
+
+    @property
+    def leaf_map_bytes(self) -> int | None:
+        """What bundle format 2 stores for the leaf map (0 when every SID names one item)."""
+        if self.summary is None:
+            return None
+        leaves, items = int(self.summary["distinct_sids"]), int(self.summary["items"])
+        dtype = leaf_map_dtype(leaves, items)
+        return 0 if dtype is None else (leaves + 1) * (4 if dtype == "<i4" else 8)
 
 
 def _best_of(repeats: int, fn):
@@ -277,9 +300,49 @@ def print_report(in_memory: list[InMemoryResult], e2e: EndToEndResult | None, sc
         )
 
 
+def print_scale_table(rows: list[EndToEndResult]) -> None:
+    """One row per catalog size: `zerogr build` end to end, peak RSS of the build process alone."""
+    print("\nend to end at scale: python cli.py build, L=4 V=2048, int64 item ids (numba cache warm)")
+    header = (
+        f"{'items':>12}{'wall s':>9}{'items/s':>10}{'bytes/item':>12}{'index':>13}{'leaf map':>12}  stages"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        if r.returncode != 0:
+            print(f"{r.items:>12,}  FAILED with exit code {r.returncode}")
+            continue
+        stages = " ".join(f"{k} {v:.1f}" for k, v in ((r.summary or {}).get("timings") or {}).items())
+        print(
+            f"{r.items:>12,}{r.wall_s:>9.1f}{r.items_per_s / 1e6:>9.2f}M{r.rss_per_item:>12.1f}"
+            f"{_mb(r.index_bytes or 0):>13}{_mb(r.leaf_map_bytes or 0):>12}  {stages}"
+        )
+    for r in rows:
+        if r.items == max(x.items for x in rows) and r.returncode == 0:
+            print(
+                f"  {_verdict(r.rss_per_item <= TARGET_SCALE_RSS_PER_ITEM)}  {r.items / 1e6:g}M: peak RSS <= "
+                f"{TARGET_SCALE_RSS_PER_ITEM:g} bytes/item ({r.rss_per_item:.1f})"
+            )
+            print(
+                f"  {_verdict(r.items_per_s >= TARGET_SCALE_ITEMS_PER_S)}  {r.items / 1e6:g}M: >= "
+                f"{TARGET_SCALE_ITEMS_PER_S / 1e6:g}M items/s ({r.items_per_s / 1e6:.2f}M)"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply every catalog size (quick runs)")
+    parser.add_argument(
+        "--scale",
+        nargs="?",
+        const="rows",
+        default="1",
+        help="a number multiplies every catalog size (quick runs); bare --scale adds the 50M/100M rows",
+    )
+    parser.add_argument(
+        "--scale-items",
+        default=",".join(map(str, SCALE_ITEMS)),
+        help="catalog sizes of the bare --scale table (comma-separated)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs per in-memory build; best is kept")
     parser.add_argument("--skip-e2e", action="store_true", help="in-memory comparison only")
     parser.add_argument("--only-e2e", action="store_true", help="end-to-end build only")
@@ -288,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="where the e2e catalog goes (default tmp)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
+    scale_rows = args.scale == "rows"
+    args.scale = 1.0 if scale_rows else float(args.scale)
 
     shapes = [(max(1000, int(n * args.scale)), steps, v) for n, steps, v in IN_MEMORY_CATALOGS]
     in_memory: list[InMemoryResult] = []
@@ -309,15 +374,33 @@ def main(argv: list[str] | None = None) -> int:
             if own_dir:
                 shutil.rmtree(workdir, ignore_errors=True)
     print_report(in_memory, e2e, args.scale)
+    scale_results: list[EndToEndResult] = []
+    if scale_rows:
+        workdir = args.workdir or Path(tempfile.gettempdir()) / "zerogr_bench_scale"
+        workdir.mkdir(parents=True, exist_ok=True)  # kept: catalogs this size are worth reusing
+        for items in (int(x) for x in args.scale_items.split(",")):
+            print(f"end to end at scale: {items:,} items ...", file=sys.stderr, flush=True)
+            scale_results.append(bench_end_to_end(items, 4, 2048, workdir))
+        print_scale_table(scale_results)
     if args.json is not None:
         payload = {
-            "scale": args.scale,
+            "scale_factor": args.scale,
             "in_memory": [
                 asdict(r) | {"speedup": r.speedup, "bytes_ratio": r.bytes_ratio} for r in in_memory
             ],
             "end_to_end": None
             if e2e is None
             else asdict(e2e) | {"items_per_s": e2e.items_per_s, "rss_per_item": e2e.rss_per_item},
+            "scale": [
+                asdict(r)
+                | {
+                    "items_per_s": r.items_per_s,
+                    "rss_per_item": r.rss_per_item,
+                    "index_bytes": r.index_bytes,
+                    "leaf_map_bytes": r.leaf_map_bytes,
+                }
+                for r in scale_results
+            ],
         }
         args.json.write_text(json.dumps(payload, indent=2))
     return 0

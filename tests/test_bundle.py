@@ -86,7 +86,7 @@ def test_round_trip_equals_in_memory(tmp_path, step_formats, string_ids):
     assert bundle.items().type == catalog.item_ids.type
     assert bundle.items().equals(expected_items)
     manifest = bundle.manifest
-    assert manifest["format"] == "zerogr-bundle" and manifest["format_version"] == 1
+    assert manifest["format"] == "zerogr-bundle" and manifest["format_version"] == 2
     assert manifest["catalog"] == {
         "path": "cat.parquet",
         "fingerprint": "sha256:test",
@@ -260,7 +260,7 @@ def test_wrong_dtype_or_shape_refused(bundle_dir):
     ("change", "message"),
     [
         (lambda m: m.update(format="other"), "format is 'other'"),
-        (lambda m: m.update(format_version=2), "format_version 2 is not supported"),
+        (lambda m: m.update(format_version=3), "format_version 3 is not supported"),
         (lambda m: m.pop("steps"), "missing field 'steps'"),
         (lambda m: m.update(num_steps=True), "num_steps"),
         (lambda m: m["steps"][1].update(rows=5), r"steps\[1\]: rows 5"),

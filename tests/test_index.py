@@ -111,7 +111,7 @@ def test_smallest_dtypes():
     assert index.steps[0].tokens.dtype == np.uint16
     assert index.steps[1].tokens.dtype == np.int32
     assert index.steps[0].indptr.dtype == np.int32
-    assert index.leaf_offsets.dtype == np.int64
+    assert index.leaf_offsets.dtype == np.int32  # positions fit int32 below 2^31 items
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._compile_notice import on_first_compile
 from .config import BuildSettings, load_settings
 from .kernel_build import bundle_kernel_files
 from .progress import NULL_PROGRESS, Progress
@@ -27,6 +28,20 @@ if TYPE_CHECKING:
 
 class KernelsSkippedWarning(UserWarning):
     """nvcc is missing or failed: the bundle ships no compiled kernels (serving compiles with NVRTC)."""
+
+
+class KernelCompileWarning(UserWarning):
+    """The build's numba kernels are being compiled (first run on this machine or after an upgrade; they
+    are cached on disk afterwards), so this run's time and items/s include compiling."""
+
+
+def _warn_compiling(kernel: str) -> None:
+    warnings.warn(
+        f"compiling the build kernels (numba, first run here: {kernel} ...); they are cached for later runs, "
+        "so this run's time and items/s include the compile",
+        KernelCompileWarning,
+        stacklevel=4,
+    )
 
 
 class CodebookInferredWarning(UserWarning):
@@ -55,17 +70,23 @@ def step_rows(index: Any) -> list[dict[str, Any]]:
 def leaf_sharing(leaf_offsets: Any) -> dict[str, int]:
     """How many items share a SID (leaf_offsets int [n_leaves + 1]): `collisions` = items beyond the first
     of each SID; `shared_sids` = SIDs holding more than one item; `items_in_shared_sids` = items on those."""
-    per_leaf = np.diff(np.asarray(leaf_offsets, dtype=np.int64))
+    offsets = np.asarray(leaf_offsets)  # in its own dtype: no int64 copy of a 100M-entry map
+    collisions = int(offsets[-1]) - (offsets.shape[0] - 1)
+    if collisions == 0:  # one item per SID
+        return {"collisions": 0, "shared_sids": 0, "items_in_shared_sids": 0}
+    per_leaf = np.diff(offsets)
     shared = per_leaf > 1
     return {
-        "collisions": int(per_leaf.sum() - per_leaf.shape[0]),
+        "collisions": collisions,
         "shared_sids": int(shared.sum()),
-        "items_in_shared_sids": int(per_leaf[shared].sum()),
+        "items_in_shared_sids": int(per_leaf[shared].sum(dtype=np.int64)),
     }
 
 
-def _read_catalog(path: str, settings: BuildSettings, codebook_sizes: Any, progress: Progress) -> Catalog:
-    """read_catalog with the column settings of `settings`."""
+def _read_catalog(
+    path: str, settings: BuildSettings, codebook_sizes: Any, progress: Progress, pack: bool = False
+) -> Catalog:
+    """read_catalog with the column settings of `settings` (pack: SIDs as sort keys, for a build)."""
     from .catalog import read_catalog
 
     return read_catalog(
@@ -75,10 +96,19 @@ def _read_catalog(path: str, settings: BuildSettings, codebook_sizes: Any, progr
         item_column=settings.item_column,
         codebook_sizes=codebook_sizes,
         progress=progress,
+        pack=pack,
     )
 
 
 def build_bundle(
+    catalog_path: str, settings: BuildSettings, *, progress: Progress = NULL_PROGRESS
+) -> dict[str, Any]:
+    """_build_bundle, warning once with KernelCompileWarning when numba compiles (a cold first run)."""
+    with on_first_compile(_warn_compiling):
+        return _build_bundle(catalog_path, settings, progress=progress)
+
+
+def _build_bundle(
     catalog_path: str, settings: BuildSettings, *, progress: Progress = NULL_PROGRESS
 ) -> dict[str, Any]:
     """Read and validate the catalog, build every step table, publish the next version under
@@ -94,6 +124,7 @@ def build_bundle(
     """
     from .bundle import publish_bundle
     from .index import FormatPolicy, build_index, parse_step_formats
+    from .index.build import build_index_packed
 
     check_device(settings.device)
     if settings.codebook_sizes:  # fail fast on a bad --step-formats when L is already known
@@ -101,7 +132,7 @@ def build_bundle(
     started = time.perf_counter()
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    catalog = _read_catalog(catalog_path, settings, settings.codebook_sizes or None, progress)
+    catalog = _read_catalog(catalog_path, settings, settings.codebook_sizes or None, progress, pack=True)
     timings["read"] = time.perf_counter() - t
     if catalog.codebook_inferred:
         sizes = ",".join(map(str, catalog.codebook_sizes))
@@ -115,13 +146,24 @@ def build_bundle(
     parse_step_formats(settings.step_formats, catalog.num_steps)  # bad spec: InputError before the build
     t = time.perf_counter()
     progress.stage("sort/tables")
-    index = build_index(
-        catalog.sids,
-        catalog.codebook_sizes,
-        step_formats=settings.step_formats,
-        policy=FormatPolicy(settings.dense_min_share, settings.dense_max_bytes),
-        workers=settings.workers or None,
-    )
+    policy = FormatPolicy(settings.dense_min_share, settings.dense_max_bytes)
+    workers = settings.workers or None
+    if catalog.packed is not None:
+        index = build_index_packed(
+            catalog.packed,
+            step_formats=settings.step_formats,
+            policy=policy,
+            workers=workers,
+            consume=True,
+        )
+    else:
+        index = build_index(
+            catalog.sids,
+            catalog.codebook_sizes,
+            step_formats=settings.step_formats,
+            policy=policy,
+            workers=workers,
+        )
     timings["build"] = time.perf_counter() - t
     catalog_info = {
         "path": catalog.path,
@@ -131,8 +173,15 @@ def build_bundle(
         "files": len(catalog.files),
         "codebook_inferred": catalog.codebook_inferred,
     }
-    item_ids = catalog.item_ids
-    del catalog  # the [N, L] SIDs are in the index now; free them before publishing
+    from .bundle.publish import leaf_ordered
+    from .index.pack import gather_in_place
+
+    if catalog.item_id_values is not None:  # integer ids: permuted in place, item_ids views that buffer
+        gather_in_place(catalog.item_id_values, np.asarray(index.item_order))
+        item_ids = catalog.item_ids
+    else:
+        item_ids = leaf_ordered(catalog.item_ids, index)
+    del catalog  # the SIDs (packed or [N, L]) and catalog-order ids: one copy of the ids while publishing
     t = time.perf_counter()
     kernel_files, kernels_skipped = bundle_kernel_files(settings.kernel_archs)
     if kernels_skipped:
@@ -154,8 +203,10 @@ def build_bundle(
         promote=settings.promote,
         progress=progress,
         extra_files=kernel_files,
+        leaf_order=True,
     )
     timings["publish"] = time.perf_counter() - t
+    del item_ids
     device_load = None
     if settings.device != "cpu":
         import torch

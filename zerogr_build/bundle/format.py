@@ -1,4 +1,4 @@
-"""Bundle format v1: names, dtypes and the manifest schema (see docs/bundle-format.md).
+"""Bundle format v2 (and v1, still read): names, dtypes and the manifest schema (see docs/bundle-format.md).
 
 Everything a reader must check before trusting a manifest lives here, so the writer, the reader and
 `verify` share one definition. No I/O.
@@ -15,9 +15,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import BundleError
+from ..index.tables import leaf_map_dtype
 
 FORMAT_NAME = "zerogr-bundle"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions this reader reads. v1 always stores leaves.offsets as int64; v2 stores no offsets when every
+#: SID names one item (leaf j is item j), else int32 offsets when the item count fits, else int64.
+READABLE_FORMAT_VERSIONS = (1, 2)
 
 MANIFEST_NAME = "manifest.json"
 LATEST_NAME = "LATEST"
@@ -37,7 +41,7 @@ ROLE_DTYPES: dict[str, tuple[str, ...]] = {
     "indptr": ("<i4", "<i8"),
     "tokens": ("<u2", "<i4"),
     "next": ("<i4",),
-    "offsets": ("<i8",),
+    "offsets": ("<i4", "<i8"),
 }
 SPARSE_ROLES = ("indptr", "tokens")
 DENSE_ROLES = ("next",)
@@ -110,10 +114,10 @@ def _need_count(obj: Mapping, key: str, where: str, minimum: int = 0) -> int:
 
 
 def validate_manifest(manifest: Any, where: str = MANIFEST_NAME) -> dict:
-    """Check every field v1 defines (presence, type, range, cross-field consistency). Returns it.
+    """Check every field v1/v2 define (presence, type, range, cross-field consistency). Returns it.
 
     Raises BundleError naming `where` (the manifest file) and the field. Unknown extra fields are allowed
-    (later v1 writers may add fields; see docs/bundle-format.md, "Compatibility").
+    (later writers of the same version may add fields; see docs/bundle-format.md, "Compatibility").
     """
     if not isinstance(manifest, dict):
         raise BundleError(f"{where}: top level must be a JSON object")
@@ -121,11 +125,11 @@ def validate_manifest(manifest: Any, where: str = MANIFEST_NAME) -> dict:
     if fmt != FORMAT_NAME:
         raise BundleError(f"{where}: format is {fmt!r}, expected {FORMAT_NAME!r}")
     format_version = _need(manifest, "format_version", int, where)
-    if format_version != FORMAT_VERSION:
+    if format_version not in READABLE_FORMAT_VERSIONS:
         newer = " (written by a newer zerogr; upgrade to read it)" if format_version > FORMAT_VERSION else ""
+        readable = " and ".join(map(str, READABLE_FORMAT_VERSIONS))
         raise BundleError(
-            f"{where}: format_version {format_version} is not supported "
-            f"(this reader reads {FORMAT_VERSION}){newer}"
+            f"{where}: format_version {format_version} is not supported (this reader reads {readable}){newer}"
         )
     _need_count(manifest, "version", where, minimum=1)
     _need(manifest, "created_at", str, where)
@@ -171,16 +175,37 @@ def validate_manifest(manifest: Any, where: str = MANIFEST_NAME) -> dict:
         raise BundleError(f"{leaves_where}: items {items} < leaf count {count} (every leaf has an item)")
     if count != catalog["distinct_sids"] or items != catalog["rows"]:
         raise BundleError(f"{where}: catalog rows/distinct_sids disagree with leaves items/count")
-    leaf_files = _need(leaves, "files", dict, leaves_where)
-    if set(leaf_files) != {"offsets", "items"}:
-        raise BundleError(f"{leaves_where}: files must name exactly 'offsets' and 'items'")
-    for role, name in leaf_files.items():
-        check_relpath(name, f"{leaves_where}: files.{role}")
-        if name not in files:
-            raise BundleError(f"{leaves_where}: file {name!r} is not listed in files")
-    if "dtype" in leaves and leaves["dtype"] != "<i8":
-        raise BundleError(f"{leaves_where}: offsets dtype must be '<i8', got {leaves['dtype']!r}")
+    _validate_leaf_map(leaves, format_version, count, items, files, leaves_where)
     return manifest
+
+
+def _validate_leaf_map(
+    leaves: Mapping, format_version: int, count: int, items: int, files: Mapping, where: str
+) -> None:
+    """The leaf map's files and offsets dtype. v1: files {offsets, items}, dtype absent or '<i8'.
+    v2: exactly the layout a v2 writer chooses (index.tables.leaf_map_dtype): no offsets file and dtype
+    null when count == items, else files {offsets, items} with dtype '<i4' (items < 2^31) or '<i8'."""
+    leaf_files = _need(leaves, "files", dict, where)
+    if format_version == 1:
+        roles, dtype = {"offsets", "items"}, leaves.get("dtype", "<i8")
+        if dtype != "<i8":
+            raise BundleError(f"{where}: offsets dtype must be '<i8', got {dtype!r}")
+    else:
+        if "dtype" not in leaves:
+            raise BundleError(f"{where}: missing field 'dtype'")
+        dtype, expected = leaves["dtype"], leaf_map_dtype(count, items)
+        if dtype != expected:
+            raise BundleError(
+                f"{where}: offsets dtype must be {expected!r} for {count} leaves and {items} items, "
+                f"got {dtype!r}"
+            )
+        roles = {"items"} if dtype is None else {"offsets", "items"}
+    if set(leaf_files) != roles:
+        raise BundleError(f"{where}: files must name exactly {' and '.join(repr(r) for r in sorted(roles))}")
+    for role, name in leaf_files.items():
+        check_relpath(name, f"{where}: files.{role}")
+        if name not in files:
+            raise BundleError(f"{where}: file {name!r} is not listed in files")
 
 
 def _validate_step(entry: Any, t: int, size: int, rows_expected: int, files: Mapping, where: str) -> None:
@@ -246,5 +271,6 @@ def array_specs(manifest: Mapping) -> dict[str, tuple[str, tuple[int, ...]]]:
             specs[files["indptr"]] = (dtypes["indptr"], (rows + 1,))
             specs[files["tokens"]] = (dtypes["tokens"], (nnz,))
     leaves = manifest["leaves"]
-    specs[leaves["files"]["offsets"]] = ("<i8", (leaves["count"] + 1,))
+    if "offsets" in leaves["files"]:
+        specs[leaves["files"]["offsets"]] = (leaves.get("dtype", "<i8"), (leaves["count"] + 1,))
     return specs

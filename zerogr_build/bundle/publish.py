@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
+from ..index.tables import leaf_map_dtype
 from ..progress import NULL_PROGRESS, Progress
 from .amend import recover_journal, recover_journals
 from .files import HashingFile, _crash_point, atomic_replace_bytes, fsync_dir, write_bytes_durable, write_npy
@@ -89,6 +90,7 @@ def publish_bundle(
     promote: bool = True,
     progress: Progress = NULL_PROGRESS,
     extra_files: Mapping[str, bytes] | None = None,
+    leaf_order: bool = False,
 ) -> PublishedBundle:
     """Write `index` and its items as the next version under `out_dir` and (with promote) make it LATEST.
 
@@ -98,6 +100,8 @@ def publish_bundle(
         settings (dict or dataclass, JSON-serialisable; Paths become strings), and any extra
         non-reserved keys, copied into manifest.json.
     keep: prune to the newest `keep` versions afterwards (never the one LATEST names); None keeps all.
+    leaf_order: `item_ids` are already in leaf order (item_ids.take(index.item_order)); a caller that
+        drops its catalog-order ids first keeps one copy of the ids, not two, while the files are written.
     promote: False publishes the complete version dir (same numbering and crash safety) but leaves LATEST
         alone, so readers following LATEST never see it until promote_bundle(path) after your own checks.
     extra_files: {bundle-relative name: bytes} written into the version with the index and listed with
@@ -124,7 +128,8 @@ def publish_bundle(
         _crash_point("claimed")
         if isinstance(item_ids, pa.ChunkedArray):
             item_ids = item_ids.combine_chunks()
-        items_in_leaf_order = item_ids.take(pa.array(np.asarray(index.item_order), type=pa.int64()))
+        items_in_leaf_order = item_ids if leaf_order else leaf_ordered(item_ids, index)
+        del item_ids
         body = _write_body(claim.dir, index, items_in_leaf_order, progress)
         body["files"] = dict(sorted({**body["files"], **_write_extra(claim.dir, extra_files or {})}.items()))
         _crash_point("files_written")
@@ -161,6 +166,14 @@ def publish_bundle(
     return PublishedBundle(path=final, version=version, manifest=manifest, promoted=bool(promote))
 
 
+def leaf_ordered(item_ids: pa.Array, index) -> pa.Array:
+    """item_ids [N] (catalog row order) in the leaf order of `index` (its item_order, int32 or int64 as it
+    is: no int64 copy just to index)."""
+    if isinstance(item_ids, pa.ChunkedArray):
+        item_ids = item_ids.combine_chunks()
+    return item_ids.take(pa.array(np.asarray(index.item_order)))
+
+
 def _write_body(tmp: Path, index, items, progress: Progress) -> dict:
     """Write every data file into `tmp` on a few threads (numpy writes and sha256 release the GIL).
 
@@ -169,7 +182,9 @@ def _write_body(tmp: Path, index, items, progress: Progress) -> dict:
     for table in index.steps:
         for role, array in table.arrays().items():
             jobs.append((step_file_name(table.step, role), array))
-    jobs.append((LEAF_OFFSETS_NAME, np.asarray(index.leaf_offsets, dtype="<i8")))
+    offsets_dtype = leaf_map_dtype(index.num_leaves, index.num_items)
+    if offsets_dtype is not None:  # None: leaf j is item j, nothing to store
+        jobs.append((LEAF_OFFSETS_NAME, np.asarray(index.leaf_offsets, dtype=offsets_dtype)))
 
     def write_items() -> tuple[int, str]:
         sink = HashingFile(tmp / ITEMS_NAME)
@@ -210,6 +225,9 @@ def _write_extra(tmp: Path, files: Mapping[str, bytes]) -> dict[str, dict]:
 
 
 def _manifest_without_version(index, items, fields: dict, body: dict) -> dict:
+    offsets_dtype = leaf_map_dtype(index.num_leaves, index.num_items)
+    leaf_files = {"items": ITEMS_NAME} if offsets_dtype is None else {"offsets": LEAF_OFFSETS_NAME}
+    leaf_files.setdefault("items", ITEMS_NAME)  # v1 order kept: offsets first when present
     steps = []
     for table in index.steps:
         arrays = table.arrays()
@@ -242,9 +260,9 @@ def _manifest_without_version(index, items, fields: dict, body: dict) -> dict:
         "leaves": {
             "count": index.num_leaves,
             "items": index.num_items,
-            "dtype": "<i8",
+            "dtype": offsets_dtype,
             "item_id_type": str(items.type),
-            "files": {"offsets": LEAF_OFFSETS_NAME, "items": ITEMS_NAME},
+            "files": leaf_files,
         },
         "index_bytes": int(index.index_bytes),
         "settings": json.loads(json.dumps(settings, default=str)),

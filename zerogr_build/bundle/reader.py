@@ -1,6 +1,6 @@
 """Reading bundles: find the version dir, check the manifest and every file against it, memory-map.
 
-Nothing in a bundle is trusted before it is checked: the manifest against the v1 schema, every file name
+Nothing in a bundle is trusted before it is checked: the manifest against the v1/v2 schema, every file name
 against escaping the version dir, every file's size and (by default) sha256, every .npy header against
 the dtype and shape the manifest implies. Errors are BundleError naming the file.
 """
@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import BundleError
 from ..index import SidIndex, StepTable
+from ..index.tables import identity_leaf_offsets
 from .files import read_npy_header, read_small_file, sha256_file
 from .format import (
     ITEM_COLUMN,
@@ -299,10 +300,15 @@ def _open_version(version_dir: Path, verify_checksums: bool) -> Bundle:
                 next=mapped.get("next"),
             )
         )
+    leaves = manifest["leaves"]
+    if "offsets" in leaves["files"]:
+        leaf_offsets = arrays[leaves["files"]["offsets"]]
+    else:  # v2, one item per leaf: leaf j is item j (validate_manifest checked count == items)
+        leaf_offsets = identity_leaf_offsets(leaves["count"])
     index = SidIndex(
         codebook_sizes=tuple(manifest["codebook_sizes"]),
         steps=tuple(steps),
-        leaf_offsets=arrays[manifest["leaves"]["files"]["offsets"]],
+        leaf_offsets=leaf_offsets,
         item_order=None,
     )
     return Bundle(version_dir, manifest, index, items_source)

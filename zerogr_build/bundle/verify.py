@@ -49,9 +49,10 @@ def verify_bundle(path: str | Path | None = None, catalog: Any = None) -> dict:
             }
         )
     leaves = manifest["leaves"]
-    check_leaf_offsets(
-        np.asarray(bundle.index.leaf_offsets), leaves["items"], version_dir / leaves["files"]["offsets"]
-    )
+    # A v2 bundle without an offsets file has identity offsets by construction (count == items, checked
+    # with the manifest); checking them again here costs nothing and keeps one code path for both.
+    offsets_path = leaf_map_path(version_dir, leaves)
+    check_leaf_offsets(np.asarray(bundle.index.leaf_offsets), leaves["items"], offsets_path)
     items = bundle.items()
     check_unique_items(items, version_dir / leaves["files"]["items"])
     catalog_report = None
@@ -141,6 +142,13 @@ def check_dense_step(table, next_path: Path) -> None:
         k = int(np.flatnonzero(wrong)[0])
         r, v = np.argwhere(valid)[k]
         raise BundleError(f"{next_path}: next[{r}, {v}] = {values[k]}, the row numbering rule requires {k}")
+
+
+def leaf_map_path(version_dir: Path, leaves: dict) -> Path:
+    """The file that messages about the leaf map name: the offsets file, or (v2, one item per leaf, no
+    offsets stored) the manifest whose leaves count/items define it."""
+    name = leaves["files"].get("offsets")
+    return version_dir / (name if name is not None else MANIFEST_NAME)
 
 
 def check_leaf_offsets(offsets: np.ndarray, n_items: int, path: Path) -> None:
@@ -239,7 +247,7 @@ def check_against_catalog(bundle: Bundle, catalog: Any) -> dict:
 
     manifest, vdir = bundle.manifest, bundle.path
     leaves_files = manifest["leaves"]["files"]
-    offsets_path, items_path = vdir / leaves_files["offsets"], vdir / leaves_files["items"]
+    offsets_path, items_path = leaf_map_path(vdir, bundle.manifest["leaves"]), vdir / leaves_files["items"]
     last_step_file = vdir / next(iter(manifest["steps"][-1]["files"].values()))
     sizes = bundle.index.codebook_sizes
     sids = np.asarray(catalog.sids)

@@ -3,7 +3,9 @@
 The catalog is read record batch by record batch (each Parquet row group is streamed in bounded batches)
 and every batch's SIDs are written straight into one preallocated [N, L] array of the smallest unsigned
 dtype that holds the tokens, N taken from the files' footers. So a large catalog is held in memory once,
-at 1-2 bytes per token, never as an Arrow table plus a numpy copy.
+at 1-2 bytes per token, never as an Arrow table plus a numpy copy. A build (`read_catalog(pack=True)`)
+goes one step further: each batch is packed into the sort's keys as it arrives (index.pack.PackedSids,
+first token + one 64-bit word per item), so not even the [N, L] array exists.
 
 Every rule a catalog can break raises `InputError` with one line naming the file, the column, the row
 (0-based, counted within that file) and the item id where one applies.
@@ -23,6 +25,7 @@ import pyarrow as pa
 
 from .._threads import prefetched
 from ..errors import InputError
+from ..index.pack import PackedSids, packable
 from ..progress import NULL_PROGRESS, Progress
 from .files import find_catalog_files, fingerprint_files
 from .ids import NUMBA_MIN_ROWS, first_duplicate_row, first_row_with_id
@@ -41,7 +44,8 @@ from .schema import SidLayout, check_sid_schema, common_item_type, item_id_type,
 class Catalog:
     """A catalog in memory, rows in catalog order (files in sorted path order, rows in file order).
 
-    sids            uint8|uint16|uint32|uint64 [N, L]: smallest unsigned dtype that holds every token.
+    sids            uint8|uint16|uint32|uint64 [N, L]: smallest unsigned dtype that holds every token; None
+                    when the catalog was read packed (then `packed` holds the SIDs).
     item_ids        pyarrow Array [N] of the input's type (integer or string).
     codebook_sizes  V_t for t = 0..L-1, as given or inferred (max token + 1).
     codebook_inferred  True when the sizes were inferred from the data (callers should warn loudly).
@@ -49,9 +53,12 @@ class Catalog:
     fingerprint     "sha256:<hex>" over the files' bytes (content only; renaming a file keeps it).
     rows            N.
     path            the catalog argument as given.
+    packed          index.pack.PackedSids of the SIDs (read_catalog(pack=True)), else None.
+    item_id_values  integer ids: the writable numpy buffer item_ids is a zero-copy view of (a build puts
+                    the ids in leaf order in place through it); None for other id types.
     """
 
-    sids: np.ndarray
+    sids: np.ndarray | None
     item_ids: pa.Array
     codebook_sizes: tuple[int, ...]
     codebook_inferred: bool
@@ -59,9 +66,14 @@ class Catalog:
     fingerprint: str
     rows: int
     path: str = ""
+    packed: PackedSids | None = None
+    item_id_values: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
+        if self.sids is None:
+            assert self.packed is not None
+            return self.packed.num_steps
         return int(self.sids.shape[1])
 
 
@@ -73,12 +85,15 @@ def read_catalog(
     item_column: str = "item_id",
     codebook_sizes: Sequence[int] | None = None,
     progress: Progress = NULL_PROGRESS,
+    pack: bool = False,
 ) -> Catalog:
     """Read and validate a catalog.
 
     path: a Parquet file, a directory of them (recursive), or a glob. SIDs come from `sid_column` (list or
     fixed-size list of any integer type) or, when `sid_columns` is given, from those L integer columns.
     codebook_sizes: V_t per step; None (or empty) infers max token + 1 per step (Catalog.codebook_inferred).
+    pack: hold the SIDs as sort keys (Catalog.packed, sids None) when codebook_sizes are given and
+        index.pack.packable says they fit one word; otherwise (and by default) as Catalog.sids.
     Raises InputError naming file, column, row and item id for every broken rule (see module docstring).
     """
     sizes = tuple(int(v) for v in codebook_sizes) if codebook_sizes else None
@@ -119,7 +134,8 @@ def read_catalog(
         if total_rows == 0:
             raise InputError(f"{path}: empty catalog (no rows in {len(files)} file(s))")
 
-        reader = BatchReader(files, layout, item_column, item_type, total_rows, sizes, progress)
+        pack = pack and sizes is not None and packable(total_rows, sizes)
+        reader = BatchReader(files, layout, item_column, item_type, total_rows, sizes, progress, pack=pack)
         columns = [item_column, *([layout.list_column] if layout.list_column else layout.columns)]
         progress.stage("read", total=total_rows)
         row = 0
@@ -144,7 +160,7 @@ def read_catalog(
                 raise InputError(f"{name}: footer says {rows} rows but {file_row} were read")
         # Batches are gone; hand the Arrow pool's cached pages back so the build that follows can use them.
         pa.default_memory_pool().release_unused()
-        if reader.sids is None or reader.num_steps is None:
+        if (reader.sids is None and reader.packed is None) or reader.num_steps is None:
             raise InputError(f"{path}: empty catalog (no SIDs)")
         item_ids = reader.item_array()
         dup = first_duplicate_row(item_ids)
@@ -175,6 +191,8 @@ def read_catalog(
         fingerprint=fingerprint,
         rows=total_rows,
         path=str(path),
+        packed=reader.packed,
+        item_id_values=reader.id_values if reader.int_ids else None,
     )
 
 

@@ -1,5 +1,6 @@
-"""Reading a catalog's record batches into one preallocated [N, L] SID array (smallest unsigned dtype) and
-one item-id array, validating every batch on the way (nulls, SID lengths, token ranges)."""
+"""Reading a catalog's record batches into one preallocated [N, L] SID array (smallest unsigned dtype), or
+packed straight into sort keys (index.pack.PackedSids) when the build asks for that, and one item-id array,
+validating every batch on the way (nulls, SID lengths, token ranges)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import InputError, one_line
+from ..index.pack import PackedSids
 from ..progress import Progress
 from .ids import NUMBA_MIN_ROWS
 from .schema import SidLayout
@@ -55,7 +57,10 @@ class BatchReader:
         total_rows: int,
         codebook_sizes: tuple[int, ...] | None,
         progress: Progress,
+        pack: bool = False,
     ) -> None:
+        """pack: pack each batch's SIDs into sort keys (self.packed) instead of keeping tokens (self.sids);
+        needs codebook_sizes (the caller checks index.pack.packable)."""
         self.files = files
         self.layout = layout
         self.item_column = item_column
@@ -68,6 +73,8 @@ class BatchReader:
             check_codebook_count(files[0], layout, codebook_sizes, self.num_steps)
         self.dtype = unsigned_dtype_for(max(codebook_sizes) - 1 if codebook_sizes else 0)
         self.sids: np.ndarray | None = None
+        self.pack = pack and codebook_sizes is not None
+        self.packed: PackedSids | None = None  # allocated at the first stored batch (L is known by then)
         self.step_max: np.ndarray | None = None  # int64 [L], running max token per step (inference)
         self.int_ids = pa.types.is_integer(item_type)
         self.id_values: np.ndarray | None = (
@@ -218,6 +225,12 @@ class BatchReader:
 
     def _store(self, block: np.ndarray, row: int, n: int) -> None:
         if n == 0:
+            return
+        if self.pack:
+            assert self.codebook_sizes is not None
+            if self.packed is None:
+                self.packed = PackedSids.empty(self.total_rows, self.codebook_sizes)
+            self.packed.pack_into(block, row)
             return
         if self.sids is None:
             assert self.num_steps is not None

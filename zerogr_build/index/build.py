@@ -12,6 +12,7 @@ from .formats import FormatPolicy, choose_format, indptr_dtype, parse_step_forma
 from .tables import SidIndex, StepTable, csr_parents
 
 if TYPE_CHECKING:
+    from .pack import PackedSids
     from .sort import SortedLayout
 
 
@@ -53,15 +54,41 @@ def build_index(
     sids: integer [N, L], one row per item, any order, duplicates allowed (several items per leaf).
     codebook_sizes: V_t for t = 0..L-1. step_formats: "auto", "0=dense,2=sparse" or {step: format}.
     workers: CPU threads for the parallel build (None: all cores).
-    Returns a SidIndex whose item_order int64 [N] lists catalog rows in leaf order.
+    Returns a SidIndex whose item_order int32|int64 [N] lists catalog rows in leaf order.
     """
     sids = validate_sids(sids, codebook_sizes)
     sizes = tuple(int(v) for v in codebook_sizes)
     formats = parse_step_formats(step_formats, len(sizes))
-    policy = policy or FormatPolicy()
     from .sort import sort_and_mark  # numba kernels compile lazily
 
-    layout = sort_and_mark(sids, sizes, workers=workers)
+    return _index_from_layout(sort_and_mark(sids, sizes, workers=workers), sizes, formats, policy)
+
+
+def build_index_packed(
+    packed: PackedSids,
+    *,
+    step_formats: str | Mapping[int, str] | None = None,
+    policy: FormatPolicy | None = None,
+    workers: int | None = None,
+    consume: bool = False,
+) -> SidIndex:
+    """build_index from SIDs packed as the catalog was read (index.pack.PackedSids, tokens already
+    validated): the same SidIndex as build_index(packed.unpack(), packed.codebook_sizes).
+    consume: the sort takes `packed`'s arrays over and frees them (packed is empty afterwards)."""
+    if packed.num_items == 0:
+        raise InputError("empty catalog: no SIDs to index")
+    sizes = packed.codebook_sizes
+    formats = parse_step_formats(step_formats, len(sizes))
+    from .sort import layout_from_packed  # numba kernels compile lazily
+
+    layout = layout_from_packed(packed, workers, consume=consume)
+    return _index_from_layout(layout, sizes, formats, policy)
+
+
+def _index_from_layout(
+    layout: SortedLayout, sizes: tuple[int, ...], formats: Mapping[int, str], policy: FormatPolicy | None
+) -> SidIndex:
+    policy = policy or FormatPolicy()
     steps = []
     for t, size in enumerate(sizes):
         rows = 1 if t == 0 else int(layout.prefix_counts[t - 1])

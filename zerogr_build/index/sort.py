@@ -2,8 +2,9 @@
 
 Two implementations produce the same `SortedLayout`:
 
-* `_parallel_layout` (numba, all cores), used whenever a SID's tokens after the first plus the catalog row
-  number fit in one 64-bit word. The first token splits the catalog into buckets (a stable counting sort);
+* `layout_from_packed` (numba, all cores), used whenever a SID's tokens after the first plus the catalog
+  row number fit in one 64-bit word (`index.pack.PackedSids`, packed as the catalog is read or from an
+  [N, L] array). The first token splits the catalog into buckets (a stable counting sort);
   each bucket is sorted on its own packed (remaining tokens, row) words; contiguous bucket ranges form the
   chunks that every later pass processes independently, writing into slices whose offsets were computed
   by a counting pass first (exclusive prefix sums), so no pass needs a lock or a merge.
@@ -20,7 +21,12 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .formats import bits_for, token_dtype
+from .formats import bits_for, indptr_dtype, token_dtype
+from .pack import PackedSids, pack_sids, packable
+
+#: Above this many first-token buckets per item, the first tokens are renumbered by rank first, so the
+#: counting sort's per-thread histograms follow the catalog, not the first codebook (V0 may be 2^31).
+SPARSE_FIRST_TOKENS_PER_ITEM = 4
 
 
 @dataclass(frozen=True)
@@ -28,10 +34,10 @@ class SortedLayout:
     """The distinct prefixes of every length, in lexicographic order.
 
     prefix_tokens[t]    int [P_{t+1}]       token t of each distinct length-(t+1) prefix (step t's children)
-    prefix_starts[t]    int64 [P_t + 1]     first child (length-(t+1) prefix) of each length-t prefix; P_0 = 1
+    prefix_starts[t]    int32|int64 [P_t+1] first child (length-(t+1) prefix) of each length-t prefix; P_0 = 1
     prefix_counts       int64 [L]           P_1 .. P_L (P_L = distinct SIDs = leaves)
-    leaf_offsets        int64 [P_L + 1]     first sorted catalog position of each leaf, then N
-    item_order          int64 [N]           catalog row at each sorted position (catalog order within a leaf)
+    leaf_offsets        int32|int64 [P_L+1] first sorted position of each leaf, then N (int32 while N < 2^31)
+    item_order          int32|int64 [N]     catalog row at each sorted position (catalog order within a leaf)
     """
 
     prefix_tokens: list[np.ndarray]
@@ -45,15 +51,22 @@ def sort_and_mark(
     sids: np.ndarray, codebook_sizes: Sequence[int], workers: int | None = None
 ) -> SortedLayout:
     """sids int [N, L] (validated: tokens in range) -> SortedLayout. workers: threads (None = all cores)."""
-    n, num_steps = sids.shape
-    token_bits = [bits_for(int(v)) for v in codebook_sizes]
-    if sum(token_bits[1:]) + bits_for(n) > 64:
+    if not packable(sids.shape[0], codebook_sizes):
         return _lexsort_layout(sids)
+    return layout_from_packed(pack_sids(sids, codebook_sizes), workers)
+
+
+def layout_from_packed(
+    packed: PackedSids, workers: int | None = None, *, consume: bool = False
+) -> SortedLayout:
+    """PackedSids -> SortedLayout. workers: threads (None = all cores). consume: take the packed arrays
+    over (PackedSids.release) and free them once sorted, so the build never holds two sets of words
+    (`packed` is empty afterwards)."""
     threads = max(1, min(int(workers or os.cpu_count() or 1), numba.config.NUMBA_NUM_THREADS))
     previous = numba.get_num_threads()
     numba.set_num_threads(threads)
     try:
-        return _parallel_layout(sids, tuple(int(v) for v in codebook_sizes), token_bits, threads)
+        return _parallel_layout(packed, threads, consume)
     finally:
         numba.set_num_threads(previous)
 
@@ -86,8 +99,10 @@ def _lexsort_layout(sids: np.ndarray) -> SortedLayout:
         starts.append(np.append(first, count).astype(np.int64))
         counts.append(count)
         prev_new = new
-    leaf_offsets = np.append(np.flatnonzero(prev_new), n).astype(np.int64)
-    return SortedLayout(tokens, starts, np.asarray(counts, np.int64), leaf_offsets, order.astype(np.int64))
+    position_dtype = np.int32 if n < 2**31 else np.int64
+    leaf_offsets = np.append(np.flatnonzero(prev_new), n).astype(position_dtype)
+    counts_array = np.asarray(counts, np.int64)
+    return SortedLayout(tokens, starts, counts_array, leaf_offsets, order.astype(position_dtype))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -95,30 +110,30 @@ def _lexsort_layout(sids: np.ndarray) -> SortedLayout:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _parallel_layout(
-    sids: np.ndarray, codebook_sizes: tuple[int, ...], token_bits: list[int], threads: int
-) -> SortedLayout:
-    n, num_steps = sids.shape
-    row_bits = bits_for(n)
-    # shifts[t]: where token t (t >= 1) sits inside a packed word; the row number takes the low bits.
-    shifts = np.zeros(num_steps, dtype=np.int64)
-    acc = row_bits
-    for t in range(num_steps - 1, 0, -1):
-        shifts[t] = acc
-        acc += token_bits[t]
+def _parallel_layout(packed: PackedSids, threads: int, consume: bool = False) -> SortedLayout:
+    n, num_steps, codebook_sizes = packed.num_items, packed.num_steps, packed.codebook_sizes
+    token_bits = [bits_for(int(v)) for v in codebook_sizes]
+    row_bits, shifts = packed.row_bits, packed.shifts
     masks = np.array([(1 << b) - 1 for b in token_bits], dtype=np.uint64)
-    num_buckets = codebook_sizes[0]
+    first, packed_words = packed.release() if consume else (packed.first, packed.words)
+    first_values = None
+    if codebook_sizes[0] > SPARSE_FIRST_TOKENS_PER_ITEM * n:
+        # Bucket by the rank of the first token among those present: memory O(N), not O(V0).
+        first_values = np.unique(first)
+        first = np.searchsorted(first_values, first).astype(np.uint32)
+    num_buckets = codebook_sizes[0] if first_values is None else int(first_values.shape[0])
 
-    # 1. Stable counting sort by first token, packing (tokens 1.., row) per item on the way.
+    # 1. Stable counting sort by first token, moving each packed word (tokens 1.., row) to its bucket.
     segments = np.linspace(0, n, threads + 1).astype(np.int64)
-    seg_hist = _segment_histograms(sids, segments, num_buckets)
+    seg_hist = _segment_histograms(first, segments, num_buckets)
     bucket_sizes = seg_hist.sum(axis=0)
     bucket_starts = np.zeros(num_buckets + 1, dtype=np.int64)
     np.cumsum(bucket_sizes, out=bucket_starts[1:])
     # Segment s writes bucket b from bucket_starts[b] + (rows of b in earlier segments): stable order.
     seg_offsets = bucket_starts[:-1][None, :] + np.cumsum(seg_hist, axis=0) - seg_hist
     words = np.empty(n, dtype=np.uint64)
-    _scatter_packed(sids, segments, seg_offsets, shifts, words)
+    _scatter_words(first, packed_words, segments, seg_offsets, words)
+    del first, packed_words, seg_hist, seg_offsets
 
     # 2. Chunks: contiguous bucket ranges holding about n / (8 * threads) rows each.
     chunk_buckets = _chunk_buckets(bucket_starts, 8 * threads)
@@ -139,10 +154,13 @@ def _parallel_layout(
     for t in range(num_steps):
         step_tokens = np.empty(int(counts[t]), dtype=token_dtype(codebook_sizes[t]))
         if t == 0:
-            step_starts = np.array([0, counts[0]], dtype=np.int64)
+            step_starts = np.array([0, counts[0]], dtype=indptr_dtype(int(counts[0])))
             _fill_first_tokens(bucket_starts, step_tokens)
+            if first_values is not None:  # ranks back to tokens
+                step_tokens = first_values[step_tokens.astype(np.int64)].astype(step_tokens.dtype)
         else:
-            step_starts = np.empty(int(counts[t - 1]) + 1, dtype=np.int64)
+            # the indptr dtype the table keeps (int32 below 2^31 children): no int64 copy to narrow later
+            step_starts = np.empty(int(counts[t - 1]) + 1, dtype=indptr_dtype(int(counts[t])))
             step_starts[-1] = counts[t]
             chunk_rows = np.ascontiguousarray(chunk_offsets[:, t - 1])
             _fill_step(
@@ -161,20 +179,24 @@ def _parallel_layout(
         tokens.append(step_tokens)
         starts.append(step_starts)
 
-    leaf_offsets = np.empty(int(counts[-1]) + 1, dtype=np.int64)
+    # int32 while row numbers fit: 4 bytes per item and leaf less at the build's peak
+    position_dtype = np.int32 if n < 2**31 else np.int64
+    # item_order first, then the words (8 B/item) go, and only then the leaf offsets (4 B/leaf) exist:
+    # the two never overlap the words at the build's peak.
+    item_order = np.empty(n, dtype=position_dtype)
+    _fill_item_order(words, row_bits, item_order)
+    del words
+    leaf_offsets = np.empty(int(counts[-1]) + 1, dtype=position_dtype)
     leaf_offsets[-1] = n
-    item_order = np.empty(n, dtype=np.int64)
-    _fill_leaves(
-        words,
+    _fill_leaf_offsets(
         first_diff,
         bucket_starts,
         chunk_buckets,
         np.ascontiguousarray(chunk_offsets[:, -1]),
         num_steps - 1,
-        row_bits,
         leaf_offsets,
-        item_order,
     )
+    del first_diff
     return SortedLayout(tokens, starts, counts.astype(np.int64), leaf_offsets, item_order)
 
 
@@ -192,29 +214,25 @@ def _chunk_buckets(bucket_starts: np.ndarray, target_chunks: int) -> np.ndarray:
 
 
 @njit(cache=True, parallel=True)
-def _segment_histograms(sids, segments, num_buckets):
-    """int64 [S, V0]: first-token counts of each contiguous input segment."""
+def _segment_histograms(first, segments, num_buckets):
+    """int64 [S, buckets]: first-token counts of each contiguous input segment."""
     num_segments = segments.shape[0] - 1
     hist = np.zeros((num_segments, num_buckets), dtype=np.int64)
     for s in prange(num_segments):
         for i in range(segments[s], segments[s + 1]):
-            hist[s, sids[i, 0]] += 1
+            hist[s, first[i]] += 1
     return hist
 
 
 @njit(cache=True, parallel=True)
-def _scatter_packed(sids, segments, seg_offsets, shifts, words):
-    """words[pos] = (tokens 1.. packed high, row low) with pos from a stable counting sort on token 0."""
+def _scatter_words(first, packed_words, segments, seg_offsets, words):
+    """words[pos] = packed_words[i] with pos from a stable counting sort on first[i]."""
     num_segments = segments.shape[0] - 1
-    num_steps = sids.shape[1]
     for s in prange(num_segments):
         cursor = seg_offsets[s].copy()
         for i in range(segments[s], segments[s + 1]):
-            word = np.uint64(i)
-            for t in range(1, num_steps):
-                word |= np.uint64(sids[i, t]) << np.uint64(shifts[t])
-            b = sids[i, 0]
-            words[cursor[b]] = word
+            b = first[i]
+            words[cursor[b]] = packed_words[i]
             cursor[b] += 1
 
 
@@ -355,23 +373,19 @@ def _fill_step(
 
 
 @njit(cache=True, parallel=True)
-def _fill_leaves(
-    words,
-    first_diff,
-    bucket_starts,
-    chunk_buckets,
-    leaf_chunk_offsets,
-    last,
-    row_bits,
-    leaf_offsets,
-    item_order,
-):
-    """leaf_offsets[j]: sorted position where leaf j starts; item_order[p]: catalog row at position p."""
-    row_mask = (np.uint64(1) << np.uint64(row_bits)) - np.uint64(1)
+def _fill_leaf_offsets(first_diff, bucket_starts, chunk_buckets, leaf_chunk_offsets, last, leaf_offsets):
+    """leaf_offsets[j]: sorted position where leaf j starts."""
     for c in prange(chunk_buckets.shape[0] - 1):
         leaf = leaf_chunk_offsets[c]
         for p in range(bucket_starts[chunk_buckets[c]], bucket_starts[chunk_buckets[c + 1]]):
             if first_diff[p] <= last:
                 leaf_offsets[leaf] = p
                 leaf += 1
-            item_order[p] = np.int64(words[p] & row_mask)
+
+
+@njit(cache=True, parallel=True)
+def _fill_item_order(words, row_bits, item_order):
+    """item_order[p]: catalog row at sorted position p (the low bits of its word)."""
+    row_mask = (np.uint64(1) << np.uint64(row_bits)) - np.uint64(1)
+    for p in prange(words.shape[0]):
+        item_order[p] = words[p] & row_mask

@@ -47,6 +47,21 @@ def csr_gather(offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     return np.arange(shift.shape[0], dtype=np.int64) + shift, counts
 
 
+def leaf_map_dtype(num_leaves: int, num_items: int) -> str | None:
+    """How a bundle (format v2) stores the leaf -> items map of `num_leaves` leaves over `num_items` items:
+    None (no offsets at all) when every leaf holds exactly one item, so leaf j *is* item j of the leaf-order
+    items table; else "<i4" offsets when num_items fits int32, else "<i8"."""
+    if num_leaves == num_items:
+        return None
+    return "<i4" if num_items < 2**31 else "<i8"
+
+
+def identity_leaf_offsets(num_leaves: int) -> np.ndarray:
+    """The leaf offsets [n_leaves + 1] of a catalog whose leaves hold one item each (0, 1, ..., n_leaves),
+    int32 while they fit (what a v2 bundle without an offsets file stands for)."""
+    return np.arange(num_leaves + 1, dtype=np.int32 if num_leaves < 2**31 else np.int64)
+
+
 def csr_parents(offsets: np.ndarray) -> np.ndarray:
     """int64 [offsets[-1]]: the row owning each flat position of CSR `offsets` int [n+1] (ascending)."""
     counts = np.diff(np.asarray(offsets, dtype=np.int64))
@@ -127,9 +142,10 @@ class StepTable(StepMeta):
 class SidIndex:
     """All step tables of one catalog plus the leaf -> items mapping.
 
-    `leaf_offsets` int64 [n_leaves+1]: items of leaf j are positions leaf_offsets[j]:leaf_offsets[j+1] of
-    the items table in leaf order. `item_order` int64 [n_items] (in-memory builds only, else None): the
-    catalog row of the i-th item in leaf order; items of one leaf keep their catalog order.
+    `leaf_offsets` int32|int64 [n_leaves+1]: items of leaf j are positions
+    leaf_offsets[j]:leaf_offsets[j+1] of the items table in leaf order. `item_order` int64 [n_items]
+    (in-memory builds only, else None): the catalog row of the i-th item in leaf order; items of one leaf
+    keep their catalog order.
     """
 
     codebook_sizes: tuple[int, ...]
@@ -156,8 +172,10 @@ class SidIndex:
 
     @property
     def leaf_map_bytes(self) -> int:
-        """Bytes of leaf_offsets, the leaf -> items map (STATIC has no counterpart; reported separately)."""
-        return int(self.leaf_offsets.nbytes)
+        """Bytes a bundle (format v2) stores for the leaf -> items map (leaf_map_dtype): 0 when every leaf
+        holds one item, else 4 or 8 per leaf + 1. STATIC has no counterpart; reported separately."""
+        dtype = leaf_map_dtype(self.num_leaves, self.num_items)
+        return 0 if dtype is None else np.dtype(dtype).itemsize * (self.num_leaves + 1)
 
     def leaf_items(self, leaves: np.ndarray, item_ids: Any = None) -> tuple[Any, np.ndarray]:
         """The items of each leaf, concatenated: the one leaf -> items mapping (Decoder.items and

@@ -1,0 +1,146 @@
+"""Sort keys packed as the catalog is read: per item, its first token (the counting sort's bucket) and one
+64-bit word holding tokens 1.. (most significant first) above the catalog row number.
+
+A build that packs each batch as it arrives never holds the [N, L] token array: 2-4 + 8 bytes per item
+instead of L x (1-8) bytes plus the words the sort makes from them anyway. `index.sort.layout_from_packed`
+sorts these words; `index.build.build_index_packed` turns them into step tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from .formats import bits_for
+
+
+def packable(num_items: int, codebook_sizes: Sequence[int]) -> bool:
+    """Whether tokens 1.. and a row number of 0..num_items-1 fit one 64-bit word."""
+    return sum(bits_for(int(v)) for v in codebook_sizes[1:]) + bits_for(num_items) <= 64
+
+
+def first_token_dtype(codebook_size: int) -> np.dtype:
+    """uint16 while the first codebook fits it, else uint32 (codebooks are at most 2^31)."""
+    return np.dtype(np.uint16) if codebook_size <= 65536 else np.dtype(np.uint32)
+
+
+@dataclass(eq=False)
+class PackedSids:
+    """The SIDs of N items as sort keys, rows in catalog order.
+
+    first   uint16|uint32 [N]: token 0 of each SID.
+    words   uint64 [N]: token t (t >= 1) at bits [shifts[t], shifts[t] + bits_for(V_t)), the row number in
+            the low `row_bits` bits.
+    codebook_sizes  V_t, t = 0..L-1.
+    """
+
+    first: np.ndarray
+    words: np.ndarray
+    codebook_sizes: tuple[int, ...]
+
+    @property
+    def num_items(self) -> int:
+        return int(self.words.shape[0])
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.codebook_sizes)
+
+    @property
+    def row_bits(self) -> int:
+        return bits_for(self.num_items)
+
+    @property
+    def shifts(self) -> np.ndarray:
+        return word_shifts(self.codebook_sizes, self.num_items)
+
+    @classmethod
+    def empty(cls, num_items: int, codebook_sizes: Sequence[int]) -> PackedSids:
+        """Zeroed outputs for `num_items` rows, filled batch by batch with `pack_into`.
+
+        np.zeros, not np.empty: large np.empty buffers get transparent huge pages, and writing batch after
+        batch into untouched huge pages measured far slower than into calloc'ed memory."""
+        sizes = tuple(int(v) for v in codebook_sizes)
+        first = np.zeros(num_items, dtype=first_token_dtype(sizes[0]))
+        return cls(first, np.zeros(num_items, dtype=np.uint64), sizes)
+
+    def pack_into(self, tokens: np.ndarray, row: int) -> None:
+        """Pack validated tokens int [n, L] (any integer dtype, values in range) as rows row..row+n-1."""
+        if tokens.shape[0]:
+            _pack_block(tokens, row, self.shifts, self.first, self.words)
+
+    def release(self) -> tuple[np.ndarray, np.ndarray]:
+        """(first, words), leaving this object holding empty arrays: the sort takes the words over so they
+        are freed as soon as it has moved them, even while a Catalog still refers to this object."""
+        first, words = self.first, self.words
+        self.first, self.words = first[:0].copy(), words[:0].copy()
+        return first, words
+
+    def unpack(self) -> np.ndarray:
+        """int64 [N, L]: the tokens back (for tests and small tools)."""
+        out = np.empty((self.num_items, self.num_steps), dtype=np.int64)
+        out[:, 0] = self.first
+        shifts = self.shifts
+        for t in range(1, self.num_steps):
+            mask = np.uint64((1 << bits_for(self.codebook_sizes[t])) - 1)
+            out[:, t] = (self.words >> np.uint64(shifts[t])) & mask
+        return out
+
+
+def word_shifts(codebook_sizes: Sequence[int], num_items: int) -> np.ndarray:
+    """int64 [L]: where token t (t >= 1) starts in a packed word (row bits lowest); shifts[0] unused (0)."""
+    shifts = np.zeros(len(codebook_sizes), dtype=np.int64)
+    acc = bits_for(num_items)
+    for t in range(len(codebook_sizes) - 1, 0, -1):
+        shifts[t] = acc
+        acc += bits_for(int(codebook_sizes[t]))
+    return shifts
+
+
+def pack_sids(sids: np.ndarray, codebook_sizes: Sequence[int]) -> PackedSids:
+    """PackedSids of a whole validated [N, L] array (the in-memory build's path)."""
+    packed = PackedSids.empty(sids.shape[0], codebook_sizes)
+    packed.pack_into(np.ascontiguousarray(sids), 0)
+    return packed
+
+
+@njit(cache=True, nogil=True)
+def _pack_block(tokens, row0, shifts, first, words):
+    num_steps = tokens.shape[1]
+    for i in range(tokens.shape[0]):
+        word = np.uint64(row0 + i)
+        for t in range(1, num_steps):
+            word |= np.uint64(tokens[i, t]) << np.uint64(shifts[t])
+        first[row0 + i] = tokens[i, 0]
+        words[row0 + i] = word
+
+
+def gather_in_place(values: np.ndarray, order: np.ndarray) -> None:
+    """values[:] = values[order] without a second copy of `values` (1 byte per item of marks instead).
+
+    values: any numeric [N], writable; order: int [N], a permutation of 0..N-1 (e.g. item_order: catalog
+    row at each leaf-order position). Follows each cycle of the permutation once.
+    """
+    if values.shape[0] != order.shape[0]:
+        raise ValueError(f"{values.shape[0]} values for a permutation of {order.shape[0]}")
+    _gather_cycles(values, order, np.zeros(values.shape[0], dtype=np.bool_))
+
+
+@njit(cache=True, nogil=True)
+def _gather_cycles(values, order, done):
+    for start in range(values.shape[0]):
+        if done[start]:
+            continue
+        first = values[start]
+        j = start
+        while True:
+            done[j] = True
+            k = order[j]
+            if k == start:
+                values[j] = first
+                break
+            values[j] = values[k]
+            j = k
