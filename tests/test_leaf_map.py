@@ -21,7 +21,7 @@ from zerogr_build.bundle.files import sha256_file
 from zerogr_build.errors import BundleError
 from zerogr_build.index import build_index
 from zerogr_build.index.tables import leaf_map_dtype
-from zerogr_build.runtime import Decoder
+from zerogr_build.runtime.decoder import Decoder
 
 FIXTURES = Path(__file__).parent / "fixtures"
 V1_BUNDLES = ("bundle_v1_shared", "bundle_v1_unique")
