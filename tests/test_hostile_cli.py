@@ -256,3 +256,18 @@ def test_a_huge_item_id_is_cut_in_the_message(tmp_path):
         read_catalog(tmp_path / "cat.parquet", codebook_sizes=[4, 4])
     message = str(info.value)
     assert len(message) < 500 and "(2000002 chars)" in message and "token 9 at step 1" in message
+
+
+# ------------------------------------------------------------------------------------------------ F18
+
+
+def test_an_impossible_forced_dense_table_is_bad_input_before_it_is_allocated(tmp_path):
+    """`--step-formats 2=dense` with V_2 = 2^31-1: rows x V x 4 bytes (hundreds of GiB) is refused as bad
+    input (exit 2, one line naming the table's size), not a MemoryError (exit 1); nothing is published."""
+    path = small_catalog(tmp_path / "cat.parquet")
+    out = tmp_path / "OUT"
+    sizes = "6,6,2147483647"
+    res = invoke("build", path, "-q", "--out", out, "--codebook-sizes", sizes, "--step-formats", "2=dense")
+    line = one_error_line(res)
+    assert "dense table" in line and "2147483647 tokens" in line
+    assert not any(p.name.startswith("v0") for p in out.glob("*"))

@@ -8,6 +8,7 @@ stderr as soon as the catalog is read); long work reports through `progress`.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Mapping
@@ -42,6 +43,14 @@ def _warn_compiling(kernel: str) -> None:
         KernelCompileWarning,
         stacklevel=4,
     )
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 class CodebookInferredWarning(UserWarning):
@@ -146,7 +155,7 @@ def _build_bundle(
     parse_step_formats(settings.step_formats, catalog.num_steps)  # bad spec: InputError before the build
     t = time.perf_counter()
     progress.stage("sort/tables")
-    policy = FormatPolicy(settings.dense_min_share, settings.dense_max_bytes)
+    policy = FormatPolicy(settings.dense_min_share, settings.dense_max_bytes, physical_memory_bytes())
     workers = settings.workers or None
     if catalog.packed is not None:
         index = build_index_packed(

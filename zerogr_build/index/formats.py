@@ -28,6 +28,7 @@ class FormatPolicy:
 
     dense_min_share: float = 0.9
     dense_max_bytes: int = 256 * 1024 * 1024
+    forced_dense_limit: int | None = None  # bytes a *forced* dense table may take (None: no limit)
 
 
 def bits_for(count: int) -> int:
@@ -46,10 +47,17 @@ def indptr_dtype(nnz: int) -> np.dtype:
 
 
 def choose_format(rows: int, nnz: int, codebook_size: int, forced: str, policy: FormatPolicy) -> StepFormat:
-    """Resolve one step's format: `forced` is "auto", "sparse" or "dense"."""
+    """Resolve one step's format: `forced` is "auto", "sparse" or "dense". A forced dense table larger
+    than policy.forced_dense_limit is refused (InputError) before anything is allocated."""
+    dense_bytes = rows * codebook_size * 4
+    limit = policy.forced_dense_limit
+    if forced == "dense" and limit is not None and dense_bytes > limit:
+        raise InputError(
+            f"--step-formats forces a dense table of {rows} rows x {codebook_size} tokens x 4 bytes = "
+            f"{dense_bytes} bytes, more than this machine's {limit} bytes of memory: store that step sparse"
+        )
     if forced in ("sparse", "dense"):
         return forced  # type: ignore[return-value]
-    dense_bytes = rows * codebook_size * 4
     share = nnz / (rows * codebook_size) if rows else 0.0
     if share >= policy.dense_min_share and dense_bytes <= policy.dense_max_bytes:
         return "dense"
