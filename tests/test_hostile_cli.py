@@ -271,3 +271,18 @@ def test_an_impossible_forced_dense_table_is_bad_input_before_it_is_allocated(tm
     line = one_error_line(res)
     assert "dense table" in line and "2147483647 tokens" in line
     assert not any(p.name.startswith("v0") for p in out.glob("*"))
+
+
+# ------------------------------------------------------------------------------------------------ F25
+
+
+def test_output_layers_with_d_zero_are_refused():
+    """Weights of shape [V_t, 0] (d = 0) are bad input, not a search over empty dot products."""
+    import torch
+
+    from zerogr_build.errors import InputError
+    from zerogr_build.runtime.weights import normalize_weights
+
+    with pytest.raises(InputError, match=r"has shape \[6, 0\], expected \[6, d\] with d >= 1"):
+        normalize_weights([torch.zeros(6, 0), torch.zeros(6, 0)], (6, 6), "cpu")
+    assert len(normalize_weights([torch.zeros(6, 1), torch.zeros(6, 1)], (6, 6), "cpu")) == 2

@@ -49,9 +49,9 @@ def normalize_weights(
             weight = torch.as_tensor(weight).detach()
         except (TypeError, ValueError, RuntimeError) as exc:
             raise InputError(f"{source}: {label} is not an array ({type(entry).__name__})") from exc
-        if weight.ndim != 2 or weight.shape[0] != sizes[t]:
+        if weight.ndim != 2 or weight.shape[0] != sizes[t] or weight.shape[1] < 1:
             raise InputError(
-                f"{source}: {label} has shape {list(weight.shape)}, expected [{sizes[t]}, d] "
+                f"{source}: {label} has shape {list(weight.shape)}, expected [{sizes[t]}, d] with d >= 1 "
                 f"(codebook size of step {t}; codebooks {sizes})"
             )
         dtype_name(weight.dtype)  # raises for unsupported dtypes
