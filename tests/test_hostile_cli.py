@@ -286,3 +286,18 @@ def test_output_layers_with_d_zero_are_refused():
     with pytest.raises(InputError, match=r"has shape \[6, 0\], expected \[6, d\] with d >= 1"):
         normalize_weights([torch.zeros(6, 0), torch.zeros(6, 0)], (6, 6), "cpu")
     assert len(normalize_weights([torch.zeros(6, 1), torch.zeros(6, 1)], (6, 6), "cpu")) == 2
+
+
+# ------------------------------------------------------------------------------------------------ F24
+
+
+def test_a_catalog_whose_name_is_not_utf8_is_read(tmp_path):
+    """Arrow takes UTF-8 paths only; a valid catalog named with a non-UTF-8 byte builds and verifies."""
+    import os
+
+    name = os.fsdecode(os.path.join(os.fsencode(tmp_path), b"cat\xff.parquet"))
+    os.replace(small_catalog(tmp_path / "plain.parquet"), name)
+    out = tmp_path / "OUT"
+    res = invoke("build", name, "-q", "--out", out, "--codebook-sizes", "6,6,6")
+    assert res.exit_code == 0, res.output
+    assert invoke("verify", out, "--catalog", name, "-q").exit_code == 0
