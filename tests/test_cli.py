@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from zerogr_build.cli import app
 from zerogr_build.config import KNOWN_TABLES, BuildSettings, load_settings
 from zerogr_build.errors import InputError
+from zerogr_build.testing import stderr_lines as nonblank_stderr_lines
 
 try:
     import tomllib
@@ -52,7 +53,7 @@ def build(tmp_path: Path, out: Path, *args: str):
 
 
 def stderr_lines(result) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.strip()]
+    return nonblank_stderr_lines(result.stderr)
 
 
 # --------------------------------------------------------------------------------------- end to end

@@ -26,6 +26,7 @@ from zerogr_build.compare import (
 from zerogr_build.compare.metrics import ndcg_at_k, overlap_at_k, recall_at_k
 from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
+from zerogr_build.testing import stderr_lines
 
 SIZES = (4, 4, 2)
 N_SIDS = 20
@@ -270,5 +271,5 @@ def test_cli_compare_errors_exit_2(bundle, tmp_path, model, columns, message):
     req = _requests_file(tmp_path, columns)
     res = runner.invoke(app, ["compare", str(bundle.path), "--model", model, "--requests", req])
     assert res.exit_code == 2, res.output
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    lines = stderr_lines(res.stderr)
     assert len(lines) == 1 and message in lines[0], res.stderr

@@ -200,8 +200,8 @@ def test_canonical_npy_header_still_opens(tmp_path, catalog):
     _, published = publish_catalog(catalog, out)
     path = published.path / "leaves.offsets.npy"
     offsets = np.load(path)
-    header = npy_header(np.dtype("<i8"), offsets.shape)
-    path.write_bytes(header + offsets.astype("<i8").tobytes())
+    header = npy_header(offsets.dtype, offsets.shape)  # the file's own dtype (int32 or int64, format 2)
+    path.write_bytes(header + offsets.tobytes())
     relist(published.path, "leaves.offsets.npy")
     assert open_bundle(published.path).index.num_leaves == len(offsets) - 1
 

@@ -19,7 +19,7 @@ from zerogr_build.bundle import open_bundle
 from zerogr_build.catalog import read_catalog
 from zerogr_build.cli import app
 from zerogr_build.errors import InputError
-from zerogr_build.testing import finishes
+from zerogr_build.testing import finishes, stderr_lines
 
 runner = CliRunner()
 
@@ -30,7 +30,7 @@ def invoke(*args: str):
 
 def one_error_line(result, code: int = 2) -> str:
     assert result.exit_code == code, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = stderr_lines(result.stderr)
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     return lines[0]
 

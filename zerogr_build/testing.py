@@ -376,3 +376,16 @@ def finishes(fn: Any, timeout: float = 10.0) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+# --- CLI output ---
+
+
+def stderr_lines(text: str) -> list[str]:
+    """The non-blank lines of a command's stderr, without the one-time numba compile notice that a cold
+    first run prints before anything else (`pipeline.KernelCompileWarning`): tests that count a command's
+    lines (e.g. "bad input is one line") then hold whether or not this process compiled the kernels."""
+    return [line for line in text.splitlines() if line.strip() and not line.startswith(_COMPILE_NOTICE)]
+
+
+_COMPILE_NOTICE = "WARNING: compiling the build kernels"
