@@ -27,3 +27,22 @@ def reference_steps(
     for i, row in enumerate(rows):
         leaf_items.setdefault(leaf_rank[row], []).append(i)
     return steps, leaves, leaf_items
+
+
+def selective_reference(hidden, weight, bias, slot_tokens):
+    """fp64 loops straight from the contract: dot + bias at valid slots, -inf elsewhere; its log-softmax."""
+    h, w = hidden.double().numpy(), weight.double().numpy()
+    b = None if bias is None else bias.double().numpy()
+    tokens = slot_tokens.numpy()
+    out = np.full(tokens.shape, -np.inf)
+    for r in range(tokens.shape[0]):
+        for k in range(tokens.shape[1]):
+            tok = int(tokens[r, k])
+            if 0 <= tok < w.shape[0]:
+                out[r, k] = h[r] @ w[tok] + (0.0 if b is None else b[tok])
+    logp = np.full(tokens.shape, -np.inf)
+    for r in range(tokens.shape[0]):
+        valid = np.isfinite(out[r])
+        if valid.any():
+            logp[r, valid] = out[r, valid] - np.logaddexp.reduce(out[r, valid])
+    return out, logp

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.reference import selective_reference
 from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
 from zerogr_build.runtime.dtypes import DTYPE_NAMES, DTYPES, dtype_name, torch_dtype
@@ -16,25 +17,6 @@ from zerogr_build.runtime.scoring import MODE_NAMES, available_modes, full_torch
 from zerogr_build.runtime.slots import MIN_CAP, default_slot_cap, lane_count, lane_width
 
 IMPLS = {"selective": selective_torch, "full": full_torch}
-
-
-def reference(hidden, weight, bias, slot_tokens):
-    """fp64 loops straight from the contract: dot + bias at valid slots, -inf elsewhere; its log-softmax."""
-    h, w = hidden.double().numpy(), weight.double().numpy()
-    b = None if bias is None else bias.double().numpy()
-    tokens = slot_tokens.numpy()
-    out = np.full(tokens.shape, -np.inf)
-    for r in range(tokens.shape[0]):
-        for k in range(tokens.shape[1]):
-            tok = int(tokens[r, k])
-            if 0 <= tok < w.shape[0]:
-                out[r, k] = h[r] @ w[tok] + (0.0 if b is None else b[tok])
-    logp = np.full(tokens.shape, -np.inf)
-    for r in range(tokens.shape[0]):
-        valid = np.isfinite(out[r])
-        if valid.any():
-            logp[r, valid] = out[r, valid] - np.logaddexp.reduce(out[r, valid])
-    return out, logp
 
 
 @settings(max_examples=40, deadline=None)
@@ -57,7 +39,7 @@ def test_contract_matches_fp64_reference(rows, slots, dim, vocab, with_bias, dty
     slot_tokens = torch.randint(-3, vocab + 3, (rows, slots), generator=g, dtype=torch.int32)
     if rows:
         slot_tokens[0] = -1  # a row without any valid slot
-    want_scores, want_logp = reference(hidden, weight, bias, slot_tokens)
+    want_scores, want_logp = selective_reference(hidden, weight, bias, slot_tokens)
     tol = 1e-4 if dtype == "fp32" else 1e-3
     got = selective_torch.selective_scores(hidden, weight, bias, slot_tokens, block_bytes=block)
     got_lsm = selective_torch.selective_log_softmax(hidden, weight, bias, slot_tokens, block_bytes=block)

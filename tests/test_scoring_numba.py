@@ -11,30 +11,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.reference import selective_reference
 from zerogr_build.errors import InputError
 from zerogr_build.runtime.plan import heuristic_mode
 from zerogr_build.runtime.scoring import available_modes, get_mode, selective_numba, selective_torch
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def brute_force(hidden, weight, bias, slot_tokens):
-    """fp64 loops straight from the contract: (scores, log-softmax over each row's valid slots)."""
-    h, w = hidden.double().numpy(), weight.double().numpy()
-    b = None if bias is None else bias.double().numpy()
-    tokens = slot_tokens.numpy()
-    scores = np.full(tokens.shape, -np.inf)
-    for r in range(tokens.shape[0]):
-        for k in range(tokens.shape[1]):
-            tok = int(tokens[r, k])
-            if 0 <= tok < w.shape[0]:
-                scores[r, k] = h[r] @ w[tok] + (0.0 if b is None else b[tok])
-    logp = np.full(tokens.shape, -np.inf)
-    for r in range(tokens.shape[0]):
-        valid = np.isfinite(scores[r])
-        if valid.any():
-            logp[r, valid] = scores[r, valid] - np.logaddexp.reduce(scores[r, valid])
-    return scores, logp
 
 
 def laid_out(t: torch.Tensor, layout: str, g: torch.Generator) -> torch.Tensor:
@@ -92,7 +74,7 @@ def test_contract_matches_fp64_brute_force(
         slot_tokens[0] = -1  # a row without any valid slot
     if rows > 1 and slots:
         slot_tokens[1] = torch.randint(0, vocab, (slots,), generator=g)  # a row with every slot valid
-    want_scores, want_logp = brute_force(hidden, weight, bias, slot_tokens)
+    want_scores, want_logp = selective_reference(hidden, weight, bias, slot_tokens)
     atol = (1e-4 if dtype == "fp32" else 1e-3) * dim
     check(selective_numba.selective_scores(hidden, weight, bias, slot_tokens), want_scores, atol)
     check(selective_numba.selective_log_softmax(hidden, weight, bias, slot_tokens), want_logp, atol)

@@ -389,3 +389,30 @@ def stderr_lines(text: str) -> list[str]:
 
 
 _COMPILE_NOTICE = "WARNING: compiling the build kernels"
+
+
+# --- decoding without host reads ---
+
+_HOST_READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero")
+
+
+def replay_without_host_reads(
+    monkeypatch: Any, dec: Any, start: Any, hiddens: Sequence[Any], mode: Any
+) -> Any:
+    """Replay `dec.step` from state `start` with the precomputed hidden vectors while every way of reading
+    a tensor value back to the host raises; returns the final state. A step that syncs the host (what
+    CUDA-graph capture forbids) fails the calling test. monkeypatch: pytest's fixture (undone here)."""
+
+    def no_host_read(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a decoding step read a tensor value back to the host")
+
+    for name in _HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, no_host_read)
+    monkeypatch.setattr(torch, "nonzero", no_host_read)
+    try:
+        state = start
+        for hidden in hiddens:
+            state = dec.step(state, hidden, mode=mode)
+    finally:
+        monkeypatch.undo()
+    return state
