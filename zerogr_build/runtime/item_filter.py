@@ -61,6 +61,17 @@ def availability_counts(space: ItemSpace, available: np.ndarray | None) -> tuple
     common case: unique SIDs) take the mask itself."""
     if available is None:
         return space.full_counts
+    if space.device.type == "cpu":  # numpy: about 3x faster than torch's int32 cumsum + gathers here
+        cum = np.zeros(available.shape[0] + 1, dtype=np.int32)
+        np.cumsum(available, dtype=np.int32, out=cum[1:])
+        host = []
+        for s, b in enumerate(space.bounds):
+            if s == len(space.bounds) - 1 and space.one_item_per_leaf:
+                host.append(available.astype(np.int32))
+            else:
+                edges = cum[b.numpy()]
+                host.append(edges[1:] - edges[:-1])
+        return tuple(torch.from_numpy(c) for c in host)
     mask = torch.as_tensor(available).to(space.device)
     cum = torch.zeros(mask.shape[0] + 1, dtype=torch.int32, device=space.device)
     torch.cumsum(mask, 0, dtype=torch.int32, out=cum[1:])
