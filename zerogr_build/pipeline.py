@@ -132,8 +132,10 @@ def _build_bundle(
     CodebookInferredWarning.
     """
     from .bundle import publish_bundle
+    from .bundle.publish import leaf_ordered
     from .index import FormatPolicy, build_index, parse_step_formats
     from .index.build import build_index_packed
+    from .index.pack import gather_in_place
 
     check_device(settings.device)
     if settings.codebook_sizes:  # fail fast on a bad --step-formats when L is already known
@@ -182,9 +184,6 @@ def _build_bundle(
         "files": len(catalog.files),
         "codebook_inferred": catalog.codebook_inferred,
     }
-    from .bundle.publish import leaf_ordered
-    from .index.pack import gather_in_place
-
     if catalog.item_id_values is not None:  # integer ids: permuted in place, item_ids views that buffer
         gather_in_place(catalog.item_id_values, np.asarray(index.item_order))
         item_ids = catalog.item_ids
