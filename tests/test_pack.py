@@ -11,10 +11,11 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zerogr_build.bundle.publish import ITEMS_ROW_GROUP_ROWS, write_items_in_leaf_order
 from zerogr_build.catalog import read_catalog
 from zerogr_build.index import build_index
 from zerogr_build.index.build import build_index_packed
-from zerogr_build.index.pack import gather_in_place, pack_sids, packable
+from zerogr_build.index.pack import pack_sids, packable
 from zerogr_build.index.sort import _lexsort_layout, sort_and_mark
 
 
@@ -96,22 +97,30 @@ def test_catalog_read_packed_holds_the_same_sids(tmp_path):
     _assert_same_index(consumed, build_index(plain.sids, plain.codebook_sizes))
 
 
-@settings(max_examples=50, deadline=None)
-@given(data=st.data(), n=st.integers(0, 200))
-def test_gather_in_place_equals_fancy_indexing(data, n):
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), n=st.integers(0, 40), group=st.integers(1, 7), strings=st.booleans())
+def test_items_written_a_row_group_at_a_time_equal_a_whole_take(tmp_path_factory, data, n, group, strings):
+    """items.parquet holds item_ids.take(item_order) in order, across row-group boundaries, for integer and
+    string ids, with `group` rows per row group."""
     order = np.array(data.draw(st.permutations(range(n))), dtype=np.int32)
-    values = np.arange(n, dtype=np.int64) * 7 - 3
-    expected = values[order]
-    gather_in_place(values, order)
-    np.testing.assert_array_equal(values, expected)
+    numbers = np.arange(n, dtype=np.int64) * 7 - 3
+    ids = pa.array([f"item-{v}" for v in numbers] if strings else numbers)
+    path = tmp_path_factory.mktemp("items") / "items.parquet"
+    write_items_in_leaf_order(str(path), ids, order, rows_per_group=group)
+    written = pq.ParquetFile(path)
+    assert written.read().column("item_id").to_pylist() == ids.take(pa.array(order)).to_pylist()
+    assert written.schema_arrow.field("item_id").type == ids.type
+    assert [written.metadata.row_group(g).num_rows for g in range(written.num_row_groups)] == (
+        [min(group, n - s) for s in range(0, n, group)] or [0])
 
 
-def test_catalog_item_ids_view_the_values_a_build_permutes(tmp_path):
-    path = tmp_path / "cat.parquet"
-    pq.write_table(
-        pa.table({"item_id": pa.array([30, 10, 20]), "sid": pa.array([[2, 0], [0, 1], [1, 1]])}), path
-    )
-    catalog = read_catalog(path, codebook_sizes=[3, 2], pack=True)
-    index = build_index_packed(catalog.packed)
-    gather_in_place(catalog.item_id_values, np.asarray(index.item_order))
-    assert catalog.item_ids.to_pylist() == [10, 20, 30]  # leaf order, through the same buffer
+def test_items_file_is_the_one_a_whole_table_write_makes(tmp_path):
+    """Written a row group at a time, items.parquet is byte-identical to pq.write_table of the leaf-order
+    ids (what bundles before the row-group writer hold), here over two default-sized row groups."""
+    n = ITEMS_ROW_GROUP_ROWS + 1000
+    ids = pa.array(np.arange(n, dtype=np.int64) * 3)
+    order = np.random.default_rng(0).permutation(n).astype(np.int32)
+    write_items_in_leaf_order(str(tmp_path / "a.parquet"), ids, order)
+    pq.write_table(pa.table({"item_id": ids.take(pa.array(order))}), tmp_path / "b.parquet",
+                   use_dictionary=False, compression="snappy")
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()

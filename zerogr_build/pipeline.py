@@ -132,10 +132,8 @@ def _build_bundle(
     CodebookInferredWarning.
     """
     from .bundle import publish_bundle
-    from .bundle.publish import leaf_ordered
     from .index import FormatPolicy, build_index, parse_step_formats
     from .index.build import build_index_packed
-    from .index.pack import gather_in_place
 
     check_device(settings.device)
     if settings.codebook_sizes:  # fail fast on a bad --step-formats when L is already known
@@ -184,12 +182,9 @@ def _build_bundle(
         "files": len(catalog.files),
         "codebook_inferred": catalog.codebook_inferred,
     }
-    if catalog.item_id_values is not None:  # integer ids: permuted in place, item_ids views that buffer
-        gather_in_place(catalog.item_id_values, np.asarray(index.item_order))
-        item_ids = catalog.item_ids
-    else:
-        item_ids = leaf_ordered(catalog.item_ids, index)
-    del catalog  # the SIDs (packed or [N, L]) and catalog-order ids: one copy of the ids while publishing
+    # Catalog order: publish gathers each row group of items.parquet as it writes it, so the ids exist once.
+    item_ids = catalog.item_ids
+    del catalog  # the SIDs (packed or [N, L]) go; the build already released the packed words
     t = time.perf_counter()
     kernel_files, kernels_skipped = bundle_kernel_files(settings.kernel_archs)
     if kernels_skipped:
@@ -211,7 +206,6 @@ def _build_bundle(
         promote=settings.promote,
         progress=progress,
         extra_files=kernel_files,
-        leaf_order=True,
     )
     timings["publish"] = time.perf_counter() - t
     del item_ids

@@ -54,8 +54,6 @@ class Catalog:
     rows            N.
     path            the catalog argument as given.
     packed          index.pack.PackedSids of the SIDs (read_catalog(pack=True)), else None.
-    item_id_values  integer ids: the writable numpy buffer item_ids is a zero-copy view of (a build puts
-                    the ids in leaf order in place through it); None for other id types.
     """
 
     sids: np.ndarray | None
@@ -67,7 +65,6 @@ class Catalog:
     rows: int
     path: str = ""
     packed: PackedSids | None = None
-    item_id_values: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -192,7 +189,6 @@ def read_catalog(
         rows=total_rows,
         path=str(path),
         packed=reader.packed,
-        item_id_values=reader.id_values if reader.int_ids else None,
     )
 
 

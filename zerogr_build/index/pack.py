@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from .._memory import populated_zeros
 from .formats import bits_for
 
 
@@ -59,13 +60,11 @@ class PackedSids:
 
     @classmethod
     def empty(cls, num_items: int, codebook_sizes: Sequence[int]) -> PackedSids:
-        """Zeroed outputs for `num_items` rows, filled batch by batch with `pack_into`.
-
-        np.zeros, not np.empty: large np.empty buffers get transparent huge pages, and writing batch after
-        batch into untouched huge pages measured far slower than into calloc'ed memory."""
+        """Zeroed outputs for `num_items` rows, filled batch by batch with `pack_into`, their pages mapped up
+        front (_memory.populated_zeros) so the batches never fault."""
         sizes = tuple(int(v) for v in codebook_sizes)
-        first = np.zeros(num_items, dtype=first_token_dtype(sizes[0]))
-        return cls(first, np.zeros(num_items, dtype=np.uint64), sizes)
+        first = populated_zeros(num_items, first_token_dtype(sizes[0]))
+        return cls(first, populated_zeros(num_items, np.uint64), sizes)
 
     def pack_into(self, tokens: np.ndarray, row: int) -> None:
         """Pack validated tokens int [n, L] (any integer dtype, values in range) as rows row..row+n-1."""
@@ -116,31 +115,3 @@ def _pack_block(tokens, row0, shifts, first, words):
             word |= np.uint64(tokens[i, t]) << np.uint64(shifts[t])
         first[row0 + i] = tokens[i, 0]
         words[row0 + i] = word
-
-
-def gather_in_place(values: np.ndarray, order: np.ndarray) -> None:
-    """values[:] = values[order] without a second copy of `values` (1 byte per item of marks instead).
-
-    values: any numeric [N], writable; order: int [N], a permutation of 0..N-1 (e.g. item_order: catalog
-    row at each leaf-order position). Follows each cycle of the permutation once.
-    """
-    if values.shape[0] != order.shape[0]:
-        raise ValueError(f"{values.shape[0]} values for a permutation of {order.shape[0]}")
-    _gather_cycles(values, order, np.zeros(values.shape[0], dtype=np.bool_))
-
-
-@njit(cache=True, nogil=True)
-def _gather_cycles(values, order, done):
-    for start in range(values.shape[0]):
-        if done[start]:
-            continue
-        first = values[start]
-        j = start
-        while True:
-            done[j] = True
-            k = order[j]
-            if k == start:
-                values[j] = first
-                break
-            values[j] = values[k]
-            j = k
