@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from zerogr_build.catalog import fingerprint_files, first_duplicate_row, read_catalog
 from zerogr_build.catalog import ids as catalog_ids
 from zerogr_build.catalog import reader as catalog_reader
-from zerogr_build.catalog._kernels import first_repeat_int64, step_min_max
+from zerogr_build.catalog._kernels import first_repeat_int64, has_repeat_partitioned, step_min_max
 from zerogr_build.errors import InputError
 
 UINT16 = pa.uint16()
@@ -382,6 +382,19 @@ def test_first_repeat_matches_brute_force(values):
     assert first_repeat_int64(keys) == expected
     assert first_duplicate_row(pa.array(keys)) == expected
     assert first_duplicate_row(pa.array([str(v) for v in values], pa.string())) == expected
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    values=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=400)
+    | st.lists(st.integers(-3, 30), max_size=80),
+    chunks=st.integers(1, 9),
+)
+def test_partitioned_repeat_check_any_chunking_matches_brute_force(values, chunks):
+    """The parallel count/scatter/probe finds a repeat exactly when one exists, however the rows are split
+    into chunks (a twin in another chunk, the same bucket or another bucket group included)."""
+    keys = np.array(values, dtype=np.int64)
+    assert has_repeat_partitioned(keys, chunks=chunks) == (len(set(values)) < len(values))
 
 
 def test_partitioned_duplicate_path_on_many_scattered_ids():

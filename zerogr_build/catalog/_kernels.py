@@ -18,7 +18,9 @@ distinct strings; a repeated hash (a duplicate, or a ~N^2/2^65 collision) sends 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import get_num_threads, njit, prange
+
+from .._memory import populated_zeros
 
 #: Use the bitmap when the id range needs at most this many bits per item (2 bytes per item at 16).
 _BITMAP_BITS_PER_ITEM = 16
@@ -70,66 +72,93 @@ def _first_repeat_bitmap(keys: np.ndarray, lo: np.int64, span: np.uint64) -> int
     return -1
 
 
-@njit(cache=True)
-def _bucket_starts(keys: np.ndarray, bits: int) -> np.ndarray:
-    """int64 [2**bits + 1]: exclusive prefix sum of keys per bucket (top `bits` bits of the hash)."""
-    shift = np.uint64(64 - bits)
-    starts = np.zeros((1 << bits) + 1, dtype=np.int64)
-    for i in range(keys.shape[0]):
-        starts[np.int64(_mix(keys[i]) >> shift) + 1] += 1
-    for b in range(1 << bits):
-        starts[b + 1] += starts[b]
-    return starts
-
-
-@njit(cache=True)
-def _scatter_hashes(keys: np.ndarray, bits: int, starts: np.ndarray, part: np.ndarray) -> None:
-    """part[starts[b]:starts[b+1]] = hashes of bucket b. The hash is a bijection of the key (xor-shifts and
-    odd multiplications), so equal hashes mean equal keys and the keys themselves are not needed."""
-    shift = np.uint64(64 - bits)
-    fill = starts[:-1].copy()
-    for i in range(keys.shape[0]):
-        h = _mix(keys[i])
-        b = np.int64(h >> shift)
-        part[fill[b]] = np.int64(h)
-        fill[b] += 1
-
-
-@njit(cache=True)
-def _probe_buckets(part: np.ndarray, starts: np.ndarray, table: np.ndarray, stamp: np.ndarray) -> bool:
-    """Open addressing per bucket on the hash's low bits; stamp[slot] == bucket + 1 marks slots used by the
-    current bucket, so the cache-sized table is never cleared between buckets."""
-    mask = np.int64(table.shape[0] - 1)
-    for b in range(starts.shape[0] - 1):
-        mark = b + 1
-        for i in range(starts[b], starts[b + 1]):
-            h = part[i]
-            slot = h & mask
-            while stamp[slot] == mark:
-                if table[slot] == h:
-                    return True
-                slot = (slot + 1) & mask
-            stamp[slot] = mark
-            table[slot] = h
-    return False
-
-
-def has_repeat_partitioned(keys: np.ndarray) -> bool:
-    """True when some key occurs twice. Buffers come from np.zeros here rather than from numba: numba's
-    allocations are touched page by page on first write and measured several times slower to fill."""
+@njit(cache=True, parallel=True)
+def _chunk_bucket_counts(keys: np.ndarray, bits: int, chunks: int) -> np.ndarray:
+    """int64 [chunks, 2**bits]: how many keys of each chunk fall in each bucket (top `bits` bits of the
+    hash). Chunk c is rows [n*c // chunks, n*(c+1) // chunks); chunks are counted in parallel."""
     n = keys.shape[0]
+    shift = np.uint64(64 - bits)
+    counts = np.zeros((chunks, 1 << bits), dtype=np.int64)
+    for c in prange(chunks):
+        for i in range(n * c // chunks, n * (c + 1) // chunks):
+            counts[c, np.int64(_mix(keys[i]) >> shift)] += 1
+    return counts
+
+
+def _chunk_fill_starts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """counts int64 [chunks, B] -> (starts int64 [B + 1]: where bucket b begins in the partition;
+    fill int64 [chunks, B]: where chunk c's keys of bucket b begin).
+
+    Within bucket b the chunks' keys lie in chunk order, so chunk c's slice starts after the keys of chunks
+    0..c-1 in that bucket (an exclusive prefix sum down the chunk axis): the slices are disjoint, which is
+    what lets the chunks scatter in parallel without a race."""
+    starts = np.zeros(counts.shape[1] + 1, dtype=np.int64)
+    np.cumsum(counts.sum(axis=0), out=starts[1:])
+    fill = starts[:-1][None, :] + np.cumsum(counts, axis=0) - counts
+    return starts, fill
+
+
+@njit(cache=True, parallel=True)
+def _scatter_hashes(keys: np.ndarray, bits: int, fill: np.ndarray, part: np.ndarray) -> None:
+    """part[starts[b]:starts[b+1]] = hashes of bucket b, each chunk writing its own slices (fill, from
+    _chunk_fill_starts; advanced in place). The hash is a bijection of the key (xor-shifts and odd
+    multiplications), so equal hashes mean equal keys and the keys themselves are not needed."""
+    n = keys.shape[0]
+    chunks = fill.shape[0]
+    shift = np.uint64(64 - bits)
+    for c in prange(chunks):
+        for i in range(n * c // chunks, n * (c + 1) // chunks):
+            h = _mix(keys[i])
+            b = np.int64(h >> shift)
+            part[fill[c, b]] = np.int64(h)
+            fill[c, b] += 1
+
+
+@njit(cache=True, parallel=True)
+def _probe_buckets(part: np.ndarray, starts: np.ndarray, groups: int, capacity: int) -> bool:
+    """Open addressing per bucket on the hash's low bits, `groups` runs of buckets in parallel, each with
+    its own cache-sized table of `capacity` (a power of two >= 2x the largest bucket). stamp[slot] ==
+    bucket + 1 marks slots used by the current bucket, so a table is never cleared between buckets."""
+    buckets = starts.shape[0] - 1
+    mask = np.int64(capacity - 1)
+    found = np.zeros(groups, dtype=np.bool_)
+    for g in prange(groups):
+        table = np.zeros(capacity, dtype=np.int64)
+        stamp = np.zeros(capacity, dtype=np.int32)
+        for b in range(buckets * g // groups, buckets * (g + 1) // groups):
+            mark = b + 1
+            for i in range(starts[b], starts[b + 1]):
+                h = part[i]
+                slot = h & mask
+                while stamp[slot] == mark and table[slot] != h:
+                    slot = (slot + 1) & mask
+                if stamp[slot] == mark:  # stopped on an equal hash: a repeated key
+                    found[g] = True
+                    break
+                stamp[slot] = mark
+                table[slot] = h
+            if found[g]:
+                break
+    return found.any()
+
+
+def has_repeat_partitioned(keys: np.ndarray, chunks: int | None = None) -> bool:
+    """True when some key occurs twice (keys int64 [N]). chunks: how many parallel slices the counting,
+    scattering and probing are split into (default: numba's thread count); any value gives the same
+    answer. The partition buffer comes from _memory.populated_zeros rather than from numba: numba's
+    allocations fault page by page on first write and measured several times slower."""
+    n = keys.shape[0]
+    chunks = max(1, int(chunks if chunks is not None else get_num_threads()))
     bits = 0
     while (n >> bits) > _BUCKET_KEYS and bits < 24:
         bits += 1
     bits = max(bits, 1)
-    starts = _bucket_starts(keys, bits)
-    part = np.zeros(n, dtype=np.int64)
-    _scatter_hashes(keys, bits, starts, part)
+    starts, fill = _chunk_fill_starts(_chunk_bucket_counts(keys, bits, chunks))
+    part = populated_zeros(n, np.int64)
+    _scatter_hashes(keys, bits, fill, part)
     largest = int((starts[1:] - starts[:-1]).max())
     capacity = 1 << max(int(2 * largest - 1).bit_length(), 1)
-    table = np.zeros(capacity, dtype=np.int64)
-    stamp = np.zeros(capacity, dtype=np.int32)
-    return bool(_probe_buckets(part, starts, table, stamp))
+    return bool(_probe_buckets(part, starts, min(chunks, 1 << bits), capacity))
 
 
 @njit(cache=True)

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .._memory import populated_zeros
 from ..errors import InputError, one_line
 from ..index.pack import PackedSids
 from ..progress import Progress
@@ -28,13 +29,9 @@ MAX_ID_CHARS = 200
 
 
 def _fresh(shape: int | tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A large output array that batches are copied into.
-
-    np.zeros, not np.empty: numpy marks big np.empty buffers for transparent huge pages, and copying batch
-    after batch into such untouched memory measured ~20x slower (0.5 s vs 0.025 s per 160 MB) than into a
-    calloc'ed np.zeros buffer, whose pages the kernel hands out zeroed on first write anyway.
-    """
-    return np.zeros(shape, dtype=dtype)
+    """A large zeroed output array that batches are copied into, its pages mapped before the first batch
+    (_memory.populated_zeros: neither a page fault per 4 KiB nor a huge-page compaction stall)."""
+    return populated_zeros(shape, dtype)
 
 
 def unsigned_dtype_for(max_value: int) -> np.dtype:
