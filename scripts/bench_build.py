@@ -25,8 +25,10 @@ both catalogs; end to end >= 3M items/s and peak RSS <= 80 bytes/item.
                                                   # ~3 GB of disk per catalog, written once to --workdir)
 
 With a bare `--scale`, the table "end to end at scale" adds one row per size in --scale-items (time,
-items/s, peak bytes/item, index bytes, leaf-map bytes as bundle format 2 stores it). Targets (issue 14):
-at 100M items, peak RSS <= 32 bytes/item and >= 7M items/s with the numba cache warm.
+items/s, peak bytes/item, index bytes, leaf-map bytes as bundle format 2 stores it, and the CLI's own
+stage timings: startup is wall minus their sum). Targets (issue 14): at 100M items, peak RSS <= 32
+bytes/item and >= 7M items/s with the numba cache warm. Then the cold first run: the README's 1M-item
+build with an empty numba cache, next to the same build warm (--cold-items; 0 skips it).
 """
 
 from __future__ import annotations
@@ -190,13 +192,16 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
-def _run_measured(command: list[str]) -> tuple[float, int, int, str, str]:
-    """Run a command; (wall seconds, peak RSS bytes of that command alone, return code, stdout, stderr)."""
+def _run_measured(command: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int, str, str]:
+    """Run a command; (wall seconds, peak RSS bytes of that command alone, return code, stdout, stderr).
+    env: extra environment variables for the command."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryDirectory() as d:
         peak_file = Path(d) / "peak_rss"
         reaper = [sys.executable, "-c", _PEAK_RSS_REAPER, str(peak_file)]
         started = time.perf_counter()
-        proc = subprocess.run([*reaper, *command], stdout=out, stderr=err, cwd=REPO)
+        proc = subprocess.run(
+            [*reaper, *command], stdout=out, stderr=err, cwd=REPO, env={**os.environ, **(env or {})}
+        )
         wall = time.perf_counter() - started
         out.seek(0)
         err.seek(0)
@@ -226,6 +231,49 @@ def bench_end_to_end(items: int, steps: int, codebook: int, workdir: Path) -> En
         summary = None
     shutil.rmtree(out, ignore_errors=True)
     return EndToEndResult(items, steps, codebook, wall, rss, code, summary)
+
+
+@dataclass
+class ColdResult:
+    items: int
+    cold_s: float
+    warm_s: float
+    notice: bool  # the cold run said on stderr that it was compiling
+    returncode: int
+
+
+def bench_cold_first_run(items: int, workdir: Path) -> ColdResult:
+    """The newcomer's first build: `zerogr build` of an `items`-item catalog (L=3, V=8192, the README's
+    set-up command) with empty caches (NUMBA_CACHE_DIR for the build kernels, ZEROGR_CACHE_DIR for the
+    nvcc-compiled CUDA kernels a bundle ships), then the same build again with the caches that first run
+    left (warm). Wall times of the whole process; notice: KernelCompileWarning shown."""
+    sizes = [8192] * 3
+    catalog = workdir / f"cold_{items}_3x8192.parquet"
+    if not catalog.exists():
+        synthetic.write_catalog(catalog, items, sizes, seed=SEED)
+    with tempfile.TemporaryDirectory(prefix="zerogr_cold_") as cache:
+        env = {"NUMBA_CACHE_DIR": f"{cache}/numba", "ZEROGR_CACHE_DIR": f"{cache}/zerogr"}
+        runs = []
+        for name in ("cold", "warm"):
+            out = workdir / f"bundles_{name}"
+            shutil.rmtree(out, ignore_errors=True)
+            runs.append(_run_measured(_cli_command(catalog, out, 8192, 3), env))
+            shutil.rmtree(out, ignore_errors=True)
+    (cold_s, _, cold_code, _, cold_err), (warm_s, _, warm_code, _, _) = runs
+    notice = "compiling the build kernels" in cold_err
+    return ColdResult(items, cold_s, warm_s, notice, cold_code or warm_code)
+
+
+def print_cold(r: ColdResult) -> None:
+    print(f"\ncold first run: python cli.py build, {r.items / 1e6:g}M items L=3 V=8192, empty caches")
+    if r.returncode != 0:
+        print(f"  FAILED with exit code {r.returncode}")
+        return
+    print(
+        f"  cold {r.cold_s:.1f} s ({r.items / r.cold_s / 1e6:.2f}M items/s)   warm {r.warm_s:.1f} s "
+        f"({r.items / r.warm_s / 1e6:.2f}M items/s)   compiling: {r.cold_s - r.warm_s:.1f} s   the cold run "
+        f"{'said' if r.notice else 'did NOT say'} it was compiling"
+    )
 
 
 def _mb(n: int) -> str:
@@ -350,6 +398,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--e2e-codebook", type=int, default=2048, help="codebook size, end-to-end catalog")
     parser.add_argument("--workdir", type=Path, default=None, help="where the e2e catalog goes (default tmp)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument(
+        "--cold-items",
+        type=int,
+        default=1_000_000,
+        help="with bare --scale: catalog size of the cold first-run row (0 skips it)",
+    )
     args = parser.parse_args(argv)
     scale_rows = args.scale == "rows"
     args.scale = 1.0 if scale_rows else float(args.scale)
@@ -382,6 +436,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"end to end at scale: {items:,} items ...", file=sys.stderr, flush=True)
             scale_results.append(bench_end_to_end(items, 4, 2048, workdir))
         print_scale_table(scale_results)
+    cold = None
+    if scale_rows and args.cold_items > 0:
+        print(f"cold first run: {args.cold_items:,} items ...", file=sys.stderr, flush=True)
+        cold = bench_cold_first_run(args.cold_items, workdir)
+        print_cold(cold)
     if args.json is not None:
         payload = {
             "scale_factor": args.scale,
@@ -401,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 for r in scale_results
             ],
+            "cold_first_run": None if cold is None else asdict(cold),
         }
         args.json.write_text(json.dumps(payload, indent=2))
     return 0
