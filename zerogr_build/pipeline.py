@@ -106,6 +106,7 @@ def _read_catalog(
         codebook_sizes=codebook_sizes,
         progress=progress,
         pack=pack,
+        workers=settings.workers or None,
     )
 
 

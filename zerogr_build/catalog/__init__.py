@@ -13,7 +13,6 @@ Every rule a catalog can break raises `InputError` with one line naming the file
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,20 +22,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .._threads import prefetched
 from ..errors import InputError
 from ..index.pack import PackedSids, packable
 from ..progress import NULL_PROGRESS, Progress
 from .files import find_catalog_files, fingerprint_files
 from .ids import NUMBA_MIN_ROWS, first_duplicate_row, first_row_with_id
-from .reader import (
-    BATCH_ROWS,
-    MAX_CODEBOOK_SIZE,
-    BatchReader,
-    describe_row,
-    iter_batches,
-    unsigned_dtype_for,
-)
+from .reader import BATCH_ROWS, MAX_CODEBOOK_SIZE, BatchReader, describe_row, unsigned_dtype_for
+from .row_groups import read_in_order, read_on_pool, read_workers
 from .schema import SidLayout, check_sid_schema, common_item_type, item_id_type, open_parquet
 
 
@@ -83,6 +75,7 @@ def read_catalog(
     codebook_sizes: Sequence[int] | None = None,
     progress: Progress = NULL_PROGRESS,
     pack: bool = False,
+    workers: int | None = None,
 ) -> Catalog:
     """Read and validate a catalog.
 
@@ -91,6 +84,8 @@ def read_catalog(
     codebook_sizes: V_t per step; None (or empty) infers max token + 1 per step (Catalog.codebook_inferred).
     pack: hold the SIDs as sort keys (Catalog.packed, sids None) when codebook_sizes are given and
         index.pack.packable says they fit one word; otherwise (and by default) as Catalog.sids.
+    workers: threads a packed read decodes, validates and packs row groups on (None: every core; 1 reads
+        in order on this thread). An unpacked read is always in order.
     Raises InputError naming file, column, row and item id for every broken rule (see module docstring).
     """
     sizes = tuple(int(v) for v in codebook_sizes) if codebook_sizes else None
@@ -135,26 +130,11 @@ def read_catalog(
         reader = BatchReader(files, layout, item_column, item_type, total_rows, sizes, progress, pack=pack)
         columns = [item_column, *([layout.list_column] if layout.list_column else layout.columns)]
         progress.stage("read", total=total_rows)
-        row = 0
-        for name, rows in zip(files, file_rows, strict=True):
-            reader.file_starts.append(row)
-            file_row = 0
-            # closing(): on an error the prefetch thread is stopped before the file is closed under it
-            with (
-                open_parquet(name) as pf,
-                contextlib.closing(
-                    prefetched(iter_batches(name, pf, columns), name="zerogr-parquet-prefetch")
-                ) as batches,
-            ):
-                for batch in batches:
-                    if file_row + batch.num_rows > rows:  # the footer's count sized the output arrays
-                        raise InputError(f"{name}: footer says {rows} rows but its row groups hold more")
-                    reader.add_batch(name, batch, file_row, row)
-                    file_row += batch.num_rows
-                    row += batch.num_rows
-                    progress.advance(batch.num_rows)
-            if file_row != rows:
-                raise InputError(f"{name}: footer says {rows} rows but {file_row} were read")
+        threads = read_workers(workers)
+        if reader.pack and threads > 1:
+            read_on_pool(reader, files, file_rows, columns, progress, threads)
+        else:
+            read_in_order(reader, files, file_rows, columns, progress)
         # Batches are gone; hand the Arrow pool's cached pages back so the build that follows can use them.
         pa.default_memory_pool().release_unused()
         if (reader.sids is None and reader.packed is None) or reader.num_steps is None:

@@ -28,7 +28,7 @@ _BITMAP_BITS_PER_ITEM = 16
 _BUCKET_KEYS = 1 << 15
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def step_min_max(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """block int [n, L] (any integer dtype) -> (min int64 [L], max int64 [L]) per column. Needs n >= 1.
 

@@ -4,7 +4,8 @@ validating every batch on the way (nulls, SID lengths, token ranges)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -71,18 +72,26 @@ class BatchReader:
         self.dtype = unsigned_dtype_for(max(codebook_sizes) - 1 if codebook_sizes else 0)
         self.sids: np.ndarray | None = None
         self.pack = pack and codebook_sizes is not None
-        self.packed: PackedSids | None = None  # allocated at the first stored batch (L is known by then)
+        # Packed: allocated now (L = len(codebook_sizes)), so row groups read on several threads never race
+        # to create it.
+        self.packed: PackedSids | None = (
+            PackedSids.empty(total_rows, codebook_sizes) if self.pack and codebook_sizes else None
+        )
         self.step_max: np.ndarray | None = None  # int64 [L], running max token per step (inference)
+        self._step_max_lock = threading.Lock()
         self.int_ids = pa.types.is_integer(item_type)
         self.id_values: np.ndarray | None = (
             _fresh(total_rows, item_type.to_pandas_dtype()) if self.int_ids else None
         )
-        self.id_chunks: list[pa.Array] = []
+        self.id_chunks: list[tuple[int, pa.Array]] = []  # (first row, ids) of each batch, any arrival order
         self.file_starts: list[int] = []  # global row of each file's first row
 
     # -- per batch -------------------------------------------------------------------------------
     def add_batch(self, name: str, batch: pa.RecordBatch, file_row: int, row: int) -> None:
-        """Validate one batch and copy it into the outputs at global rows [row, row + n)."""
+        """Validate one batch and copy it into the outputs at global rows [row, row + n).
+
+        Packed reads may call this from several threads at once for disjoint row ranges (row_groups.py):
+        every output is written at its own rows, and the one shared running value (step_max) is locked."""
         n = batch.num_rows
         items = batch.column(self.item_column)
         if items.null_count:
@@ -100,7 +109,8 @@ class BatchReader:
                 items = self._cast_ids(name, items, file_row)
             self.id_values[row : row + n] = items.to_numpy(zero_copy_only=False)
         else:
-            self.id_chunks.append(items.cast(self.item_type) if items.type != self.item_type else items)
+            same_type = items.type == self.item_type
+            self.id_chunks.append((row, items if same_type else items.cast(self.item_type)))
 
     def _list_tokens(self, name: str, batch: pa.RecordBatch, items: pa.Array, file_row: int) -> np.ndarray:
         """List column -> tokens [n, L] (a zero-copy view of the batch's values where possible)."""
@@ -210,10 +220,11 @@ class BatchReader:
                 f"{name}: {self._column_at(t)}, {describe_row(file_row + row, items[row])}: "
                 f"token {token} at step {t} {rule}"
             )
-        if self.step_max is None:
-            self.step_max = hi
-        else:
-            np.maximum(self.step_max, hi, out=self.step_max)
+        with self._step_max_lock:
+            if self.step_max is None:
+                self.step_max = hi
+            else:
+                np.maximum(self.step_max, hi, out=self.step_max)
 
     def _column_at(self, t: int) -> str:
         if self.layout.list_column is not None:
@@ -224,9 +235,7 @@ class BatchReader:
         if n == 0:
             return
         if self.pack:
-            assert self.codebook_sizes is not None
-            if self.packed is None:
-                self.packed = PackedSids.empty(self.total_rows, self.codebook_sizes)
+            assert self.packed is not None
             self.packed.pack_into(block, row)
             return
         if self.sids is None:
@@ -255,10 +264,11 @@ class BatchReader:
     def item_array(self) -> pa.Array:
         if self.int_ids:
             return pa.array(self.id_values, type=self.item_type)  # zero-copy over the numpy buffer
+        chunks = [ids for _, ids in sorted(self.id_chunks, key=lambda chunk: chunk[0])]
         try:
-            return pa.concat_arrays(self.id_chunks)
+            return pa.concat_arrays(chunks)
         except pa.ArrowInvalid:  # more than 2 GiB of string data: needs 64-bit offsets
-            return pa.concat_arrays([c.cast(pa.large_string()) for c in self.id_chunks])
+            return pa.concat_arrays([c.cast(pa.large_string()) for c in chunks])
 
     def locate(self, row: int) -> tuple[str, int]:
         """Global row -> (file, row within file)."""
@@ -285,12 +295,21 @@ def check_codebook_count(name: str, layout: SidLayout, sizes: tuple[int, ...], n
         raise InputError(f"{name}: {len(sizes)} codebook sizes given but {what}")
 
 
-def iter_batches(name: str, pf: pq.ParquetFile, columns: list[str]) -> Iterator[pa.RecordBatch]:
-    """Stream a file's batches; a corrupt page becomes an InputError naming the file."""
+def iter_batches(
+    name: str,
+    pf: pq.ParquetFile,
+    columns: list[str],
+    groups: Sequence[int] | None = None,
+    use_threads: bool = True,
+) -> Iterator[pa.RecordBatch]:
+    """Stream the batches of a file's row groups (`groups`, default all, in order); a corrupt page becomes
+    an InputError naming the file. use_threads: let Arrow decode columns on its own threads."""
     # One reader per row group: a reader over the whole file decodes row groups ahead and holds several
     # hundred MB of Arrow buffers at once; per group, Arrow memory stays at one group's batches.
-    for group in range(pf.num_row_groups):
-        it = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=columns, use_threads=True)
+    for group in range(pf.num_row_groups) if groups is None else groups:
+        it = pf.iter_batches(
+            batch_size=BATCH_ROWS, row_groups=[group], columns=columns, use_threads=use_threads
+        )
         while True:
             try:
                 batch = next(it)

@@ -1,0 +1,141 @@
+"""Feeding a catalog's row groups to a BatchReader: in catalog order on the calling thread (the next batch
+decoded by a prefetch thread), or, for a build's packed read, on a thread pool.
+
+Why a pool is exact: every row group's global rows are known from the footers before any data is read
+(RowGroup.row), and BatchReader writes each batch only at its own rows (packed keys, item ids), so row
+groups can be decoded, validated and packed in any order on any thread. Errors stay those of the
+sequential reader: each task stops at its own first bad row, and the caller collects the tasks in catalog
+order and raises the first failure it meets, which is the failure at the lowest row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pyarrow.parquet as pq
+
+from .._threads import prefetched
+from ..errors import InputError
+from ..progress import Progress
+from .reader import BatchReader, iter_batches
+from .schema import open_parquet
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """One row group of one file: its rows are the file's rows [file_row, file_row + rows) and the
+    catalog's rows [row, row + rows)."""
+
+    name: str
+    group: int
+    file_row: int
+    row: int
+    rows: int
+
+
+def plan_row_groups(files: list[str], file_rows: list[int]) -> list[RowGroup]:
+    """Every row group of `files` (file_rows: each file's footer row count), in catalog order. A footer
+    whose row groups hold more or fewer rows than it says is an InputError naming the file."""
+    groups: list[RowGroup] = []
+    row = 0
+    for name, rows in zip(files, file_rows, strict=True):
+        with open_parquet(name) as pf:
+            counts = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+        if sum(counts) > rows:
+            raise InputError(f"{name}: footer says {rows} rows but its row groups hold more")
+        if sum(counts) < rows:
+            raise InputError(f"{name}: footer says {rows} rows but its row groups hold {sum(counts)}")
+        file_row = 0
+        for group, count in enumerate(counts):
+            groups.append(RowGroup(name, group, file_row, row, count))
+            file_row += count
+            row += count
+    return groups
+
+
+def read_in_order(
+    reader: BatchReader, files: list[str], file_rows: list[int], columns: list[str], progress: Progress
+) -> None:
+    """Every batch of every file into `reader`, in catalog order, the next batch prefetched."""
+    row = 0
+    for name, rows in zip(files, file_rows, strict=True):
+        reader.file_starts.append(row)
+        file_row = 0
+        # closing(): on an error the prefetch thread is stopped before the file is closed under it
+        with (
+            open_parquet(name) as pf,
+            contextlib.closing(
+                prefetched(iter_batches(name, pf, columns), name="zerogr-parquet-prefetch")
+            ) as batches,
+        ):
+            for batch in batches:
+                if file_row + batch.num_rows > rows:  # the footer's count sized the output arrays
+                    raise InputError(f"{name}: footer says {rows} rows but its row groups hold more")
+                reader.add_batch(name, batch, file_row, row)
+                file_row += batch.num_rows
+                row += batch.num_rows
+                progress.advance(batch.num_rows)
+        if file_row != rows:
+            raise InputError(f"{name}: footer says {rows} rows but {file_row} were read")
+
+
+def read_on_pool(
+    reader: BatchReader,
+    files: list[str],
+    file_rows: list[int],
+    columns: list[str],
+    progress: Progress,
+    workers: int,
+) -> None:
+    """Every row group into `reader` (a packed BatchReader), `workers` row groups at a time.
+
+    The first row group is read on the calling thread first: it fixes the SID length the others are
+    checked against, with the sequential reader's messages."""
+    groups = plan_row_groups(files, file_rows)
+    starts: dict[str, int] = {}
+    for g in groups:
+        starts.setdefault(g.name, g.row)
+    reader.file_starts.extend(starts[name] for name in files)
+    if not groups:
+        return
+    handles = threading.local()  # one open ParquetFile per thread and file
+    opened_files: list[pq.ParquetFile] = []  # every one of them, closed at the end
+
+    def read_group(g: RowGroup) -> int:
+        opened: dict[str, pq.ParquetFile] = handles.__dict__.setdefault("files", {})
+        if g.name not in opened:
+            opened[g.name] = open_parquet(g.name)
+            opened_files.append(opened[g.name])
+        read = 0
+        for batch in iter_batches(g.name, opened[g.name], columns, groups=[g.group], use_threads=False):
+            if read + batch.num_rows > g.rows:
+                raise InputError(f"{g.name}: footer says {g.rows} rows in row group {g.group}, it holds more")
+            reader.add_batch(g.name, batch, g.file_row + read, g.row + read)
+            read += batch.num_rows
+        if read != g.rows:
+            raise InputError(f"{g.name}: footer says {g.rows} rows in row group {g.group}, {read} were read")
+        return read
+
+    try:
+        progress.advance(read_group(groups[0]))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zerogr-read") as pool:
+            futures: list[Future[int]] = [pool.submit(read_group, g) for g in groups[1:]]
+            try:
+                for future in futures:  # catalog order: the first failure met is the one at the lowest row
+                    progress.advance(future.result())
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+    finally:
+        for pf in opened_files:
+            pf.close()
+
+
+def read_workers(workers: int | None) -> int:
+    """Threads for a pooled read: `workers` when given, else every core."""
+    return max(1, int(workers) if workers else os.cpu_count() or 1)
