@@ -51,7 +51,8 @@ def build(
     sid_columns: SidColumnsOpt = None,
     item_column: ItemColumnOpt = None,
     workers: Annotated[
-        int | None, typer.Option("--workers", "-j", help="CPU threads for the build [config: 0 = all cores]")
+        int | None,
+        typer.Option("--workers", "-j", help="CPU threads to read and build with [config: 0 = all cores]"),
     ] = None,
     step_formats: Annotated[
         str | None,
