@@ -360,7 +360,10 @@ def print_scale_table(rows: list[EndToEndResult]) -> None:
         if r.returncode != 0:
             print(f"{r.items:>12,}  FAILED with exit code {r.returncode}")
             continue
-        stages = " ".join(f"{k} {v:.1f}" for k, v in ((r.summary or {}).get("timings") or {}).items())
+        timings = (r.summary or {}).get("timings") or {}
+        # Outside the stages: interpreter start, imports, numba's cache loads, the summary and the exit.
+        timings = {**timings, "outside": r.wall_s - sum(timings.values())}
+        stages = " ".join(f"{k} {v:.1f}" for k, v in timings.items())
         print(
             f"{r.items:>12,}{r.wall_s:>9.1f}{r.items_per_s / 1e6:>9.2f}M{r.rss_per_item:>12.1f}"
             f"{_mb(r.index_bytes or 0):>13}{_mb(r.leaf_map_bytes or 0):>12}  {stages}"
