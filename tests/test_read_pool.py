@@ -3,6 +3,8 @@ read holds, and refuses bad input with exactly the in-order read's error (the lo
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -86,3 +88,86 @@ def test_pool_reports_the_lowest_bad_row_of_many(tmp_path):
     pq.write_table(table, tmp_path / "c.parquet", row_group_size=10)
     with pytest.raises(InputError, match=r"row 57 \(item id 57\): token 8 at step 2 is >= codebook size 3"):
         read_catalog(tmp_path / "c.parquet", codebook_sizes=SIZES, pack=True, workers=4)
+
+
+def test_pool_reports_the_lowest_bad_row_when_a_later_one_fails_first(tmp_path, monkeypatch):
+    """The late row group is made to fail before the early one is even decoded: the error is still the
+    early one's (futures are collected in catalog order, not as they complete)."""
+    from zerogr_build.catalog import reader as reader_module
+    from zerogr_build.catalog import row_groups
+
+    rows = 400
+    sids = [[1, 1, 1]] * rows
+    sids[57], sids[390] = [4, 1, 8], [1, 9, 1]
+    ids = pa.array(np.arange(rows), pa.int64())
+    table = pa.table({"item_id": ids, "sid": pa.array(sids, pa.list_(pa.int64()))})
+    pq.write_table(table, tmp_path / "c.parquet", row_group_size=10)
+    late_failed = threading.Event()
+    plain_iter, plain_add = row_groups.iter_batches, reader_module.BatchReader.add_batch
+
+    def iter_batches(name, pf, columns, groups=None, use_threads=True):
+        if groups == [5]:  # rows 50..59: wait until the late group has raised
+            assert late_failed.wait(10)
+        yield from plain_iter(name, pf, columns, groups, use_threads)
+
+    def add_batch(self, name, batch, file_row, row):
+        try:
+            plain_add(self, name, batch, file_row, row)
+        finally:
+            if row == 390:
+                late_failed.set()
+
+    monkeypatch.setattr(row_groups, "iter_batches", iter_batches)
+    monkeypatch.setattr(reader_module.BatchReader, "add_batch", add_batch)
+    with pytest.raises(InputError, match=r"row 57 \(item id 57\)"):
+        read_catalog(tmp_path / "c.parquet", codebook_sizes=SIZES, pack=True, workers=4)
+    assert late_failed.is_set()
+
+
+def test_pool_reads_files_without_row_groups(tmp_path):
+    """A Parquet file closed without any write has no row group at all; it is read as 0 rows."""
+    schema = pa.schema([("item_id", pa.int64()), ("sid", pa.list_(pa.int16()))])
+    pq.ParquetWriter(tmp_path / "a.parquet", schema).close()
+    pq.write_table(pa.table({"item_id": pa.array([5, 6, 7], pa.int64()),
+                             "sid": pa.array([[1, 2, 0], [0, 0, 1], [4, 6, 2]], pa.list_(pa.int16()))}),
+                   tmp_path / "b.parquet", row_group_size=1)
+    in_order, pooled = _read(tmp_path, 1), _read(tmp_path, 3)
+    assert in_order[1] is None and pooled[1] is None
+    np.testing.assert_array_equal(pooled[0].packed.words, in_order[0].packed.words)
+    assert pooled[0].item_ids.to_pylist() == [5, 6, 7]
+
+
+def test_pool_fixes_the_sid_length_from_the_first_rows_even_after_an_empty_file(tmp_path):
+    """An empty first file (one row group of 0 rows), then 4-token SIDs where 3 codebooks are given: the
+    pooled read refuses it with the in-order read's words, not with a length taken from a later row."""
+    sid_type = pa.list_(pa.int16())
+    pq.write_table(pa.table({"item_id": pa.array([], pa.int64()), "sid": pa.array([], sid_type)}),
+                   tmp_path / "a.parquet")
+    sids = [[1, 1, 1, 1]] * 200 + [[1, 1, 1]] * 2
+    table = pa.table({"item_id": pa.array(np.arange(202), pa.int64()), "sid": pa.array(sids, sid_type)})
+    pq.write_table(table, tmp_path / "b.parquet", row_group_size=10)
+    _, in_order_error = _read(tmp_path, 1)
+    assert "3 codebook sizes given but column 'sid' holds SIDs of 4 tokens" in in_order_error
+    for _ in range(5):
+        assert _read(tmp_path, 4)[1] == in_order_error
+
+
+def test_pool_reads_row_groups_large_enough_for_the_numba_range_check(tmp_path):
+    """Row groups above NUMBA_MIN_ROWS run the nogil range check on several threads at once."""
+    from zerogr_build.catalog import NUMBA_MIN_ROWS
+
+    rows = 3 * NUMBA_MIN_ROWS + 17
+    rng = np.random.default_rng(1)
+    sids = np.stack([rng.integers(0, v, rows) for v in SIZES], axis=1).astype(np.int16)
+    sids[rows - 5, 1] = 7  # out of range in the last group: the error names it on both paths
+    table = pa.table({"item_id": pa.array(np.arange(rows), pa.int64()),
+                      "sid": pa.FixedSizeListArray.from_arrays(pa.array(sids.reshape(-1)), 3)})
+    pq.write_table(table, tmp_path / "c.parquet", row_group_size=NUMBA_MIN_ROWS)
+    assert _read(tmp_path / "c.parquet", 3)[1] == _read(tmp_path / "c.parquet", 1)[1]
+    assert f"row {rows - 5} " in _read(tmp_path / "c.parquet", 3)[1]
+    sids[rows - 5, 1] = 0
+    fixed = pa.FixedSizeListArray.from_arrays(pa.array(sids.reshape(-1)), 3)
+    pq.write_table(table.set_column(1, "sid", fixed), tmp_path / "c.parquet", row_group_size=NUMBA_MIN_ROWS)
+    pooled, in_order = _read(tmp_path / "c.parquet", 3)[0], _read(tmp_path / "c.parquet", 1)[0]
+    np.testing.assert_array_equal(pooled.packed.words, in_order.packed.words)
+    np.testing.assert_array_equal(pooled.packed.first, in_order.packed.first)

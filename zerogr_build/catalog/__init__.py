@@ -140,7 +140,7 @@ def read_catalog(
         if (reader.sids is None and reader.packed is None) or reader.num_steps is None:
             raise InputError(f"{path}: empty catalog (no SIDs)")
         item_ids = reader.item_array()
-        dup = first_duplicate_row(item_ids)
+        dup = first_duplicate_row(item_ids, threads)
         if dup >= 0:
             name, file_row = reader.locate(dup)
             item = item_ids[dup]

@@ -191,15 +191,16 @@ def _span(keys: np.ndarray) -> tuple[np.int64, np.uint64]:
     return lo, np.uint64(hi) - np.uint64(lo)
 
 
-def first_repeat_int64(keys: np.ndarray) -> int:
-    """keys int64 [N] -> index of the first element equal to an earlier one, or -1 when all are distinct."""
+def first_repeat_int64(keys: np.ndarray, workers: int | None = None) -> int:
+    """keys int64 [N] -> index of the first element equal to an earlier one, or -1 when all are distinct.
+    workers: parallel slices of the partitioned check (None: numba's thread count)."""
     n = keys.shape[0]
     if n < 2:
         return -1
     lo, span = _span(keys)
     if int(span) < _BITMAP_BITS_PER_ITEM * n:
         return int(_first_repeat_bitmap(keys, lo, span))
-    if not has_repeat_partitioned(keys):
+    if not has_repeat_partitioned(keys, workers):
         return -1
     # Error path: name the first repeated row. int32 row numbers while they fit halve the table.
     capacity = 1 << int(2 * n - 1).bit_length()

@@ -42,9 +42,10 @@ def _has_string_buffers(tp: pa.DataType) -> bool:
     )
 
 
-def first_duplicate_row(ids: pa.Array) -> int:
+def first_duplicate_row(ids: pa.Array, workers: int | None = None) -> int:
     """Index of the first row whose item id already occurred in an earlier row, or -1 if all are distinct.
-    ids: pyarrow Array without nulls (integers and strings take the fast paths; any other type works)."""
+    ids: pyarrow Array without nulls (integers and strings take the fast paths; any other type works).
+    workers: parallel slices of the hash check (None: numba's thread count)."""
     if len(ids) < 2:
         return -1
     if pa.types.is_integer(ids.type):
@@ -59,11 +60,11 @@ def first_duplicate_row(ids: pa.Array) -> int:
         keys = values.view(np.int64) if values.dtype == np.uint64 else values.astype(np.int64, copy=False)
         from ._kernels import first_repeat_int64  # numba compiles lazily (cached)
 
-        return int(first_repeat_int64(keys))
+        return int(first_repeat_int64(keys, workers))
     if len(ids) >= NUMBA_MIN_ROWS and _has_string_buffers(ids.type):
         from ._kernels import first_repeat_int64, hash_strings
 
-        if first_repeat_int64(hash_strings(*_string_buffers(ids))) == -1:
+        if first_repeat_int64(hash_strings(*_string_buffers(ids)), workers) == -1:
             return -1  # distinct hashes: certainly distinct strings
     elif len(pc.unique(ids)) == len(ids):
         return -1

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .._memory import populated_zeros
+from .._memory import fresh_zeros, populate_rows
 from ..errors import InputError, one_line
 from ..index.pack import PackedSids
 from ..progress import Progress
@@ -30,9 +30,10 @@ MAX_ID_CHARS = 200
 
 
 def _fresh(shape: int | tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A large zeroed output array that batches are copied into, its pages mapped before the first batch
-    (_memory.populated_zeros: neither a page fault per 4 KiB nor a huge-page compaction stall)."""
-    return populated_zeros(shape, dtype)
+    """A large zeroed output array that batches are copied into; each batch maps its rows' pages first
+    (_memory.populate_rows: neither a page fault per 4 KiB nor a huge-page compaction stall, and memory is
+    committed only for rows that arrive, whatever the footers claim)."""
+    return fresh_zeros(shape, dtype)
 
 
 def unsigned_dtype_for(max_value: int) -> np.dtype:
@@ -107,6 +108,7 @@ class BatchReader:
             assert self.id_values is not None
             if items.type != self.item_type:
                 items = self._cast_ids(name, items, file_row)
+            populate_rows(self.id_values, row, row + n)
             self.id_values[row : row + n] = items.to_numpy(zero_copy_only=False)
         else:
             same_type = items.type == self.item_type
@@ -247,8 +249,10 @@ class BatchReader:
                 # Inferred sizes only: widen once when a larger token first shows up (rows so far are copied;
                 # with real catalogs this happens in the first batch, when nothing has been stored yet).
                 wider = _fresh(self.sids.shape, needed)
+                populate_rows(wider, 0, row)
                 wider[:row] = self.sids[:row]
                 self.sids = wider
+        populate_rows(self.sids, row, row + n)
         self.sids[row : row + n] = block
 
     def _cast_ids(self, name: str, items: pa.Array, file_row: int) -> pa.Array:

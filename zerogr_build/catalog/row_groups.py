@@ -3,26 +3,28 @@ decoded by a prefetch thread), or, for a build's packed read, on a thread pool.
 
 Why a pool is exact: every row group's global rows are known from the footers before any data is read
 (RowGroup.row), and BatchReader writes each batch only at its own rows (packed keys, item ids), so row
-groups can be decoded, validated and packed in any order on any thread. Errors stay those of the
-sequential reader: each task stops at its own first bad row, and the caller collects the tasks in catalog
-order and raises the first failure it meets, which is the failure at the lowest row.
+groups can be decoded, validated and packed in any order on any thread. Errors are those of the in-order
+reader: each task stops at its own first bad row, and the caller collects the tasks in catalog order and
+raises the first failure it meets, which is the failure at the lowest row. One difference: a file whose
+footer row count disagrees with its row groups' counts is refused from those counts, after the rows of
+the files before it are read but before its own data is decoded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-
-import pyarrow.parquet as pq
 
 from .._threads import prefetched
 from ..errors import InputError
 from ..progress import Progress
 from .reader import BatchReader, iter_batches
 from .schema import open_parquet
+
+#: Most threads a pooled read starts without --workers (each holds one row group's decoded batches).
+MAX_READ_THREADS = 16
 
 
 @dataclass(frozen=True)
@@ -37,24 +39,26 @@ class RowGroup:
     rows: int
 
 
-def plan_row_groups(files: list[str], file_rows: list[int]) -> list[RowGroup]:
-    """Every row group of `files` (file_rows: each file's footer row count), in catalog order. A footer
-    whose row groups hold more or fewer rows than it says is an InputError naming the file."""
+def plan_row_groups(files: list[str], file_rows: list[int]) -> tuple[list[RowGroup], InputError | None]:
+    """Every row group of `files` (file_rows: each file's footer row count), in catalog order, up to the
+    first file whose row groups hold more or fewer rows than its footer says; that file's InputError is
+    returned beside the groups before it (None when every footer agrees)."""
     groups: list[RowGroup] = []
     row = 0
     for name, rows in zip(files, file_rows, strict=True):
         with open_parquet(name) as pf:
             counts = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
         if sum(counts) > rows:
-            raise InputError(f"{name}: footer says {rows} rows but its row groups hold more")
+            return groups, InputError(f"{name}: footer says {rows} rows but its row groups hold more")
         if sum(counts) < rows:
-            raise InputError(f"{name}: footer says {rows} rows but its row groups hold {sum(counts)}")
+            held = sum(counts)
+            return groups, InputError(f"{name}: footer says {rows} rows but its row groups hold {held}")
         file_row = 0
         for group, count in enumerate(counts):
             groups.append(RowGroup(name, group, file_row, row, count))
             file_row += count
             row += count
-    return groups
+    return groups, None
 
 
 def read_in_order(
@@ -93,49 +97,52 @@ def read_on_pool(
 ) -> None:
     """Every row group into `reader` (a packed BatchReader), `workers` row groups at a time.
 
-    The first row group is read on the calling thread first: it fixes the SID length the others are
-    checked against, with the sequential reader's messages."""
-    groups = plan_row_groups(files, file_rows)
-    starts: dict[str, int] = {}
-    for g in groups:
-        starts.setdefault(g.name, g.row)
-    reader.file_starts.extend(starts[name] for name in files)
-    if not groups:
-        return
-    handles = threading.local()  # one open ParquetFile per thread and file
-    opened_files: list[pq.ParquetFile] = []  # every one of them, closed at the end
+    Leading row groups are read on the calling thread until one holds rows: that fixes the SID length the
+    others are checked against, with the in-order reader's messages. Each task opens its file itself and
+    closes it again, so at most `workers` files are open, however many parts the catalog has."""
+    row = 0
+    for rows in file_rows:
+        reader.file_starts.append(row)
+        row += rows
+    groups, footer_error = plan_row_groups(files, file_rows)
 
     def read_group(g: RowGroup) -> int:
-        opened: dict[str, pq.ParquetFile] = handles.__dict__.setdefault("files", {})
-        if g.name not in opened:
-            opened[g.name] = open_parquet(g.name)
-            opened_files.append(opened[g.name])
         read = 0
-        for batch in iter_batches(g.name, opened[g.name], columns, groups=[g.group], use_threads=False):
-            if read + batch.num_rows > g.rows:
-                raise InputError(f"{g.name}: footer says {g.rows} rows in row group {g.group}, it holds more")
-            reader.add_batch(g.name, batch, g.file_row + read, g.row + read)
-            read += batch.num_rows
+        where = f"{g.name}: footer says {g.rows} rows in row group {g.group}"
+        with open_parquet(g.name) as pf:
+            for batch in iter_batches(g.name, pf, columns, groups=[g.group], use_threads=False):
+                if read + batch.num_rows > g.rows:
+                    raise InputError(f"{where}, it holds more")
+                reader.add_batch(g.name, batch, g.file_row + read, g.row + read)
+                read += batch.num_rows
         if read != g.rows:
-            raise InputError(f"{g.name}: footer says {g.rows} rows in row group {g.group}, {read} were read")
+            raise InputError(f"{where}, {read} were read")
         return read
 
-    try:
-        progress.advance(read_group(groups[0]))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zerogr-read") as pool:
-            futures: list[Future[int]] = [pool.submit(read_group, g) for g in groups[1:]]
-            try:
-                for future in futures:  # catalog order: the first failure met is the one at the lowest row
-                    progress.advance(future.result())
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
-    finally:
-        for pf in opened_files:
-            pf.close()
+    first = 0
+    while first < len(groups) and reader.num_steps is None:
+        progress.advance(read_group(groups[first]))
+        first += 1
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zerogr-read") as pool:
+        futures: list[Future[int]] = [pool.submit(read_group, g) for g in groups[first:]]
+        try:
+            for future in futures:  # catalog order: the first failure met is the one at the lowest row
+                progress.advance(future.result())
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+    if footer_error is not None:
+        raise footer_error
 
 
 def read_workers(workers: int | None) -> int:
-    """Threads for a pooled read: `workers` when given, else every core."""
-    return max(1, int(workers) if workers else os.cpu_count() or 1)
+    """Threads for a pooled read: `workers` when given, else the CPUs this process may run on (at most
+    MAX_READ_THREADS: each holds one row group's decoded batches)."""
+    if workers:
+        return max(1, int(workers))
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_READ_THREADS))

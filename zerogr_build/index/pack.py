@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from .._memory import populated_zeros
+from .._memory import fresh_zeros, populate_rows
 from .formats import bits_for
 
 
@@ -60,15 +60,17 @@ class PackedSids:
 
     @classmethod
     def empty(cls, num_items: int, codebook_sizes: Sequence[int]) -> PackedSids:
-        """Zeroed outputs for `num_items` rows, filled batch by batch with `pack_into`, their pages mapped up
-        front (_memory.populated_zeros) so the batches never fault."""
+        """Zeroed outputs for `num_items` rows, filled batch by batch with `pack_into`, which maps each
+        batch's pages in bulk first (_memory.populate_rows) so the batches never fault."""
         sizes = tuple(int(v) for v in codebook_sizes)
-        first = populated_zeros(num_items, first_token_dtype(sizes[0]))
-        return cls(first, populated_zeros(num_items, np.uint64), sizes)
+        first = fresh_zeros(num_items, first_token_dtype(sizes[0]))
+        return cls(first, fresh_zeros(num_items, np.uint64), sizes)
 
     def pack_into(self, tokens: np.ndarray, row: int) -> None:
         """Pack validated tokens int [n, L] (any integer dtype, values in range) as rows row..row+n-1."""
         if tokens.shape[0]:
+            populate_rows(self.first, row, row + tokens.shape[0])
+            populate_rows(self.words, row, row + tokens.shape[0])
             _pack_block(tokens, row, self.shifts, self.first, self.words)
 
     def release(self) -> tuple[np.ndarray, np.ndarray]:
