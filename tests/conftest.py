@@ -66,3 +66,21 @@ def tiny_hf_models() -> dict:
     """{"t5", "bart", "gpt2", "llama"}: tiny seeded models in eval mode, built once per session."""
     pytest.importorskip("transformers")
     return {kind: _tiny_hf_model(kind, seed) for seed, kind in enumerate(HF_CONFIGS, start=1)}
+
+
+# --- slow tests (issue 13) ---
+# `@pytest.mark.slow` tests (the real datasets, real training) are skipped unless asked for with
+# `python -m pytest --run-slow` (or selected with `-m slow --run-slow`); the default suite stays fast.
+def pytest_addoption(parser):
+    parser.addoption(
+        "--run-slow", action="store_true", default=False, help="also run @pytest.mark.slow tests"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -207,13 +207,34 @@ def synthetic_ml_files(
     return "\n".join(lines) + "\n", "\n".join(item_lines) + "\n"
 
 
-def write_fake_wheel(path: str | Path, inter_text: str, item_text: str) -> Path:
-    """Write a zip with the two recbole members (tests of `read_ml100k_wheel` without network)."""
+def write_fake_wheel(
+    path: str | Path, inter_text: str, item_text: str, members: tuple[str, str] = (INTER_MEMBER, ITEM_MEMBER)
+) -> Path:
+    """Write a zip with the two recbole members (tests of the wheel readers without network); members:
+    their paths (default ML-100K's in the recbole wheel)."""
     path = Path(path)
     with zipfile.ZipFile(path, "w") as z:
-        z.writestr(INTER_MEMBER, inter_text)
-        z.writestr(ITEM_MEMBER, item_text)
+        z.writestr(members[0], inter_text)
+        z.writestr(members[1], item_text)
     return path
+
+
+def synthetic_ml1m_files(
+    n_users: int = 40, n_items: int = 60, events_per_user: tuple[int, int] = (6, 20), seed: int = 0
+) -> tuple[str, str]:
+    """synthetic_ml_files in ML-1M's spelling (for tests; no network): CRLF line endings, users
+    `1m_<n>`, item_id = a unique title with its year, a `genre` column. Items never rated stay in .item.
+    Returns (inter_text, item_text); item row r (1-based) is the synthetic item r."""
+    inter_text, item_text = synthetic_ml_files(n_users, n_items, events_per_user, seed)
+    items = [line.split("\t") for line in item_text.splitlines()[1:]]
+    title = {row[0]: f"{row[1]} ({row[2]})" for row in items}
+    item_lines = ["item_id:token\tmovie_title:token_seq\trelease_year:token\tgenre:token_seq"]
+    item_lines += [f"{title[r[0]]}\t{r[1]}\t{r[2]}\t{r[3]}" for r in items]
+    lines = ["user_id:token\titem_id:token\trating:float\ttimestamp:float"]
+    for line in inter_text.splitlines()[1:]:
+        user, item, rating, when = line.split("\t")
+        lines.append(f"1m_{user}\t{title[item]}\t{rating}\t{when}")
+    return "\r\n".join(lines) + "\r\n", "\r\n".join(item_lines) + "\r\n"
 
 
 # --- runtime + tune (H1) ---------------------------------------------------------------------------------

@@ -27,16 +27,28 @@ The model contract (`zerogr compare --model module:function`)::
 
 The function is called once per batch of requests; its weights should not depend on the batch.
 
-Modules: `inputs` (the model function, the requests file, K), `measure` (compare_orders, run_compare),
-`metrics` (overlap@K, Recall@K, NDCG@K, top-K item lists), `report` (CompareReport). The tables are drawn
-by the CLI (zerogr_build.cli._render).
+Modules: `inputs` (the model function, the requests file, K), `measure` (compare_orders, run_compare, and
+compare_searches for any beam search, e.g. a Hugging Face model's), `metrics` (overlap@K, Recall@K,
+NDCG@K, top-K item lists), `report` (CompareReport). The tables are drawn by the CLI
+(zerogr_build.cli._render).
 """
 
 from __future__ import annotations
 
 from ..runtime.decoder import ORDERS
 from .inputs import DEFAULT_KS, ModelFn, Requests, load_model_fn, parse_ks, read_requests
-from .measure import CONSTRAINED, MASS_CHUNK, compare_orders, invalid_mass, run_compare, valid_token_mask
+from .measure import (
+    CONSTRAINED,
+    MASS_CHUNK,
+    Search,
+    StepMass,
+    compare_orders,
+    compare_searches,
+    invalid_mass,
+    model_fn_search,
+    run_compare,
+    valid_token_mask,
+)
 from .report import CompareReport
 
 __all__ = [
@@ -47,9 +59,13 @@ __all__ = [
     "CompareReport",
     "ModelFn",
     "Requests",
+    "Search",
+    "StepMass",
     "compare_orders",
+    "compare_searches",
     "invalid_mass",
     "load_model_fn",
+    "model_fn_search",
     "parse_ks",
     "read_requests",
     "run_compare",

@@ -24,6 +24,8 @@ from .metrics import ndcg_at_k, overlap_at_k, recall_at_k, top_k_items
 from .report import CompareReport
 
 CONSTRAINED = ("filter_first", "score_first")
+# search(ids, order, beam_width) -> (SearchResult, item ids [B][M], StepMass.per_step()); see compare_searches
+Search = Callable[[list, str, int], tuple[Any, list, list]]
 MASS_CHUNK = 1024  # beams per invalid-mass block (logits [chunk, V_t] fp32)
 
 
@@ -42,53 +44,102 @@ def valid_token_mask(table: Any, rows: np.ndarray) -> np.ndarray:
     return mask
 
 
-def invalid_mass(hidden: Any, weight: Any, bias: Any, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def invalid_mass(
+    hidden: Any, weight: Any, bias: Any, valid: np.ndarray, log_normalizer: Any = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(mass, boost), float64 [R] each: the full softmax's probability on tokens where valid[r] is False,
     and filter-first's boost -log(1 - mass) = logsumexp(all logits) - logsumexp(valid logits) (fp32 math).
 
+    log_normalizer fp32 [R] (optional): the logsumexp over a larger vocabulary than the step's V_t (a
+    language model's, see integrations/hf); then mass also counts every token outside the step's codes.
     Both come from the two logsumexps, so mass stays exact near 0 and boost near mass = 1.
     """
     logits = hidden.float() @ weight.float().T
     if bias is not None:
         logits = logits + bias.float()
     valid_t = torch.as_tensor(valid, device=logits.device)
-    lse_all = torch.logsumexp(logits, dim=1)
+    if log_normalizer is None:
+        lse_all = torch.logsumexp(logits, dim=1)
+    else:
+        lse_all = torch.as_tensor(log_normalizer, device=logits.device).float()
     lse_valid = torch.logsumexp(logits.masked_fill(~valid_t, float("-inf")), dim=1)
     mass = -torch.expm1(lse_valid - lse_all)
     boost = (lse_all - lse_valid).clamp(min=0.0)
     return mass.clamp(0.0, 1.0).double().cpu().numpy(), boost.double().cpu().numpy()
 
 
-def _run_order(dec: Any, step_fn: Callable, batch_size: int, beam_width: int, order: str, weights: list):
-    """One search in `order`; returns (result, per step: (invalid mass float64 [A_t], boost float64 [A_t],
-    request int64 [A_t]) of the A_t beams alive at that step)."""
+class StepMass:
+    """The mechanism along one constrained search: invalid mass and boost of the beams alive at each step.
+
+    Call observe(t, state, hidden, log_normalizer) with the hidden vectors [R, d] the Decoder is about to
+    step with; per_step() then gives, per step, (mass float64 [A_t], boost float64 [A_t], request int64
+    [A_t]) of the A_t beams alive at that step. `dec` supplies the step layers and tables.
+    """
+
+    def __init__(self, dec: Any) -> None:
+        self.dec = dec
+        n = dec.num_steps
+        self.masses: list[list[np.ndarray]] = [[] for _ in range(n)]
+        self.boosts: list[list[np.ndarray]] = [[] for _ in range(n)]
+        self.owners: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in range(n)]
+
+    def observe(self, t: int, state: Any, hidden: Any, log_normalizer: Any = None) -> None:
+        rows = state.rows.detach().cpu().numpy()
+        alive = np.flatnonzero(rows >= 0)
+        alive_rows = rows[alive]
+        self.owners[t] = state.batch.detach().cpu().numpy()[alive]
+        weight, bias = self.dec.weights[t]
+        keep = torch.as_tensor(alive)
+        h = torch.as_tensor(hidden).detach().cpu()[keep]
+        w, b = weight.cpu(), None if bias is None else bias.cpu()
+        norm = None if log_normalizer is None else torch.as_tensor(log_normalizer).detach().cpu()[keep]
+        for lo in range(0, h.shape[0], MASS_CHUNK):  # bounded [chunk, V_t] logits for large codebooks
+            sel = slice(lo, lo + MASS_CHUNK)
+            mask = valid_token_mask(self.dec.index.steps[t], alive_rows[sel])
+            mass, boost = invalid_mass(h[sel], w, b, mask, None if norm is None else norm[sel])
+            self.masses[t].append(mass)
+            self.boosts[t].append(boost)
+
+    def per_step(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        return [
+            (np.concatenate(m) if m else np.zeros(0), np.concatenate(b) if b else np.zeros(0), o)
+            for m, b, o in zip(self.masses, self.boosts, self.owners, strict=True)
+        ]
+
+
+def _run_order(dec: Any, step_fn: Callable, batch_size: int, beam_width: int, order: str):
+    """One search in `order`; returns (result, StepMass.per_step() - empty lists when unconstrained)."""
     state = dec.start(batch_size, beam_width, order)
-    masses: list[list[np.ndarray]] = [[] for _ in range(dec.num_steps)]
-    boosts: list[list[np.ndarray]] = [[] for _ in range(dec.num_steps)]
-    owners: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in range(dec.num_steps)]
+    meter = StepMass(dec)
     for t in range(dec.num_steps):
         hidden = step_fn(t, state.prefixes, state.batch)
         if order in CONSTRAINED:
-            rows = state.rows.detach().cpu().numpy()
-            alive = rows >= 0
-            alive_rows = rows[alive]
-            owners[t] = state.batch.detach().cpu().numpy()[alive]
-            weight, bias = weights[t]
-            h_all = torch.as_tensor(hidden).detach()
-            h = h_all[torch.as_tensor(np.flatnonzero(alive), device=h_all.device)]
-            w = weight.cpu()
-            for lo in range(0, h.shape[0], MASS_CHUNK):  # bounded [chunk, V_t] logits for large codebooks
-                sel = slice(lo, lo + MASS_CHUNK)
-                mask = valid_token_mask(dec.index.steps[t], alive_rows[sel])
-                mass, boost = invalid_mass(h[sel].cpu(), w, bias, mask)
-                masses[t].append(mass)
-                boosts[t].append(boost)
+            meter.observe(t, state, hidden)
         state = dec.step(state, hidden)
-    per_step = [
-        (np.concatenate(m) if m else np.zeros(0), np.concatenate(b) if b else np.zeros(0), o)
-        for m, b, o in zip(masses, boosts, owners, strict=True)
-    ]
-    return dec.finish(state), per_step
+    return dec.finish(state), meter.per_step()
+
+
+def model_fn_search(bundle: Any, model_fn: ModelFn, device: str = "cpu", available: ItemMask | None = None):
+    """The Search (see compare_searches) of a `zerogr compare` model function through runtime.Decoder.
+
+    model_fn is called once per batch of request ids (the three orders of a batch share its result).
+    """
+    sizes = tuple(int(v) for v in bundle.index.codebook_sizes)
+    last: dict[str, Any] = {}
+
+    def search(ids: list, order: str, beam_width: int):
+        if last.get("ids") is not ids:
+            out = model_fn(bundle, list(ids))
+            if not isinstance(out, (tuple, list)) or len(out) != 2 or not callable(out[1]):
+                raise InputError("model function must return (weights, step_fn) with step_fn callable")
+            dec = Decoder(bundle, normalize_weights(out[0], sizes, source="model"), device=device)
+            dec.set_availability(available)
+            last.update(ids=ids, dec=dec, step_fn=out[1])
+        dec = last["dec"]
+        res, masses = _run_order(dec, last["step_fn"], len(ids), beam_width, order)
+        return res, dec.items(res), masses
+
+    return search
 
 
 def _boost_spread(boost: np.ndarray, owner: np.ndarray, batch_size: int) -> tuple[float, int]:
@@ -120,6 +171,27 @@ def compare_orders(
     bundle: an opened Bundle (open_bundle). beam_width: M (default max(ks); with M < K a top-K list holds
     at most the items of M SIDs). batch_size: requests per model_fn call / search.
     """
+    search = model_fn_search(bundle, model_fn, device, available)
+    return compare_searches(
+        bundle, search, requests, beam_width=beam_width, ks=ks, batch_size=batch_size, progress=progress
+    )
+
+
+def compare_searches(
+    bundle: Any,
+    search: Search,
+    requests: Requests,
+    *,
+    beam_width: int | None = None,
+    ks: Sequence[int] = DEFAULT_KS,
+    batch_size: int = 64,
+    progress: Progress = NULL_PROGRESS,
+) -> CompareReport:
+    """compare_orders over any beam search: search(ids, order, beam_width) -> (SearchResult, item ids
+    [B][M], StepMass.per_step() of that search) for one batch of request ids, called once per order with
+    the same `ids` list. model_fn_search makes one from a model function; integrations.hf_compare from a
+    Hugging Face model (decoded with its own KV cache).
+    """
     ks = parse_ks(ks)
     m = int(beam_width) if beam_width is not None else max(ks)
     if m < 1:
@@ -141,17 +213,10 @@ def compare_orders(
     k_max = max(ks)
     progress.stage("compare", n)
     for lo in range(0, n, batch_size):
-        ids = requests.ids[lo : lo + batch_size]
-        out = model_fn(bundle, list(ids))
-        if not isinstance(out, (tuple, list)) or len(out) != 2 or not callable(out[1]):
-            raise InputError("model function must return (weights, step_fn) with step_fn callable")
-        weights = normalize_weights(out[0], sizes, source="model")
-        step_fn = out[1]
-        dec = Decoder(bundle, weights, device=device)
-        dec.set_availability(available)
+        ids = list(requests.ids[lo : lo + batch_size])
         for order in ORDERS:
-            res, masses = _run_order(dec, step_fn, len(ids), m, order, weights)
-            lists[order].extend(top_k_items(dec.items(res), k_max))
+            res, items, masses = search(ids, order, m)
+            lists[order].extend(top_k_items(items, k_max))
             for t, (mass, boost, owner) in enumerate(masses):
                 if mass.size:
                     mass_sum[order][t] += mass.sum()

