@@ -68,42 +68,51 @@ class ItemIds:
         else:
             ids = np.arange(self.num_items, dtype=np.int64)
         self._numeric = ids.dtype.kind in "iu"
+        self._direct: np.ndarray | None = None
         if self._numeric:
             ids = ids.astype(np.int64, copy=False)
             self._order = np.argsort(ids, kind="stable")
             self._sorted = ids[self._order]
+            low = int(self._sorted[0]) if ids.size else 0
+            span = int(self._sorted[-1]) - low + 1 if ids.size else 0
+            if span <= 4 * ids.size + 1024:  # dense ids (catalog rows, 0..n-1): one gather per lookup
+                self._low = low
+                self._direct = np.full(span, -1, dtype=np.int64)
+                self._direct[self._sorted[::-1] - low] = self._order[::-1]  # a duplicate id: its first row
         else:
             self._lookup = {v: i for i, v in enumerate(ids.tolist())}
 
-    def positions(self, ids: Any, what: str = "item ids") -> np.ndarray:
-        """int64 [k]: leaf-order positions of the known ids among `ids` (any order, duplicates kept).
-        Unknown ids are dropped and reported in one warning per call."""
+    def lookup(self, ids: Any) -> np.ndarray:
+        """int64 [k]: the leaf-order position of each of `ids` (any order), -1 where not in the catalog."""
         if hasattr(ids, "to_numpy"):
             ids = ids.to_numpy(zero_copy_only=False)
         ids = np.asarray(ids).reshape(-1)
         if ids.size == 0:
             return np.zeros(0, dtype=np.int64)
-        if self._numeric:
-            if ids.dtype.kind not in "iu":
-                unknown_mask = np.ones(ids.shape[0], dtype=bool)
-                pos = np.zeros(0, dtype=np.int64)
-            else:
-                ids = ids.astype(np.int64)
-                at = np.searchsorted(self._sorted, ids).clip(max=max(self._sorted.shape[0] - 1, 0))
-                found = self._sorted[at] == ids if self._sorted.size else np.zeros(ids.shape, bool)
-                unknown_mask = ~found
-                pos = self._order[at[found]]
-        else:
-            got = [self._lookup.get(v, -1) for v in ids.tolist()]
-            pos = np.asarray(got, dtype=np.int64)
-            unknown_mask = pos < 0
-            pos = pos[~unknown_mask]
-        unknown = int(unknown_mask.sum())
+        if not self._numeric:
+            return np.asarray([self._lookup.get(v, -1) for v in ids.tolist()], dtype=np.int64)
+        if ids.dtype.kind not in "iu":
+            return np.full(ids.shape[0], -1, dtype=np.int64)
+        ids = ids.astype(np.int64)
+        if self._direct is not None:
+            at = ids - self._low
+            inside = (at >= 0) & (at < self._direct.shape[0])
+            return np.where(inside, self._direct[np.where(inside, at, 0)], -1)
+        if self._sorted.size == 0:
+            return np.full(ids.shape[0], -1, dtype=np.int64)
+        at = np.searchsorted(self._sorted, ids).clip(max=self._sorted.shape[0] - 1)
+        return np.where(self._sorted[at] == ids, self._order[at], -1)
+
+    def positions(self, ids: Any, what: str = "item ids") -> np.ndarray:
+        """int64 [k]: leaf-order positions of the known ids among `ids` (any order, duplicates kept).
+        Unknown ids are dropped and reported in one warning per call."""
+        found = self.lookup(ids)
+        unknown = int((found < 0).sum())
         if unknown:
             warnings.warn(
-                f"{unknown} of {ids.shape[0]} {what} are not in the catalog (ignored)", stacklevel=3
+                f"{unknown} of {found.shape[0]} {what} are not in the catalog (ignored)", stacklevel=3
             )
-        return pos.astype(np.int64, copy=False)
+        return found[found >= 0]
 
 
 _ID_LOOKUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -1,0 +1,261 @@
+"""The Decoder's resident item-constraint state: what set_availability and set_item_sets compute once, so a
+search pays nothing for the availability mask and O(1) per candidate slot for include sets
+(docs/constraints.md). Pure functions of the index geometry and the mask / sets; item_requests.py compiles
+one search's lists against this, item_filter.py applies both in the steps.
+
+Geometry (ItemSpace, once per decoder). Row j of step s (1..L; the rows of step L are the leaves) is the j-th
+distinct length-s prefix in lexicographic order, so it covers the contiguous run [bounds[s-1][j],
+bounds[s-1][j+1]) of the leaf-ordered items (row_item_bounds). A child row of step s is a flat child
+position of step table s-1 (sparse: tokens[f] is its last token; dense: next[p, k] = its row).
+
+Availability (per mask). cum = the mask's prefix sum, so row j of step s has cum[hi] - cum[lo] available
+items; it is valid iff that is > 0. For every step table t the children of *unavailable* rows of step t+1 are
+written as -1 into a copy of its tokens (sparse) / next (dense): `masked_tables`. A search then fills its
+slots from that copy and a slot is in the catalog *and* has an available item in one read - no step-time
+cost at all. cum stays on the host for the per-request exclusion counts (item_requests.py).
+
+Item sets (per sets, then per mask). Set i is bit i of a word (uint8/16/32/64, or W uint64 words past 63
+sets), plus one bit ANY that every item has. item_bits[p] = ANY and the sets item p belongs to (once per
+ItemSets); row_bits[s-1][j] = OR of item_bits over the *available* items of row j (per mask). Bit i of
+row_bits[j] is set iff row j has an available item of set i, so for a request naming sets S, "row j has an
+available item in the union of S" is exactly (row_bits[j] & word(S)) != 0 - an OR of per-set existence bits
+is the existence of the union (an item in two sets is one item either way; no counts are added up). A
+request naming no set has word(ANY): "row j has an available item". Exclusions are handled per set in
+item_requests.py, where counts are needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from .constraints import ItemMask, ItemSets, index_of, row_item_bounds
+
+
+class ItemSpace:
+    """The leaf-order item geometry of one index, for one decoder's step tables on its device.
+
+    bounds[s-1]: int64 [rows_s + 1] host (row_item_bounds); child_start[s-1]: int64 [rows_s + 1], the first
+    row of step s+1 under each row of step s (s < L); child_token[t]: int64 [rows_{t+1}], the last token of
+    each child row of a *dense* step table t (None for sparse tables: tokens[f] is it)."""
+
+    def __init__(self, source: Any, steps: Any, device: torch.device) -> None:
+        index = index_of(source)
+        self.num_items = index.num_items
+        self.device = device
+        self.steps = tuple(steps)  # the decoder's DeviceStep tables
+        self.bounds = tuple(np.asarray(b, dtype=np.int64) for b in row_item_bounds(index))
+        self.rows = tuple(int(b.shape[0]) - 1 for b in self.bounds)
+        # The bounds of step s are a subset of those of step s+1 (a row is a union of whole child rows),
+        # so a binary search finds each row's first child.
+        self.child_start = tuple(
+            np.searchsorted(self.bounds[s + 1], self.bounds[s]) for s in range(len(self.bounds) - 1)
+        )
+        self.one_item_per_leaf = index.num_leaves == index.num_items
+        tokens: list[np.ndarray | None] = []
+        for t, table in enumerate(index.steps):
+            if table.next is None:
+                tokens.append(None)
+                continue
+            nxt = np.asarray(table.next)
+            parent, token = np.nonzero(nxt >= 0)
+            last = np.empty(self.rows[t], dtype=np.int64)
+            last[nxt[parent, token]] = token  # next[p, k] is the child row: its last token is k
+            tokens.append(last)
+        self.child_token = tuple(tokens)
+
+
+@dataclass(frozen=True, eq=False)
+class SetBits:
+    """One ItemSets compiled against the item order, independent of availability.
+
+    Bit i (< number of sets) = in set i; bit ANY = len(sets) is set for every item, so a row word carries
+    "has an available item" too and a request without include sets has the word of ANY alone (one test,
+    (row & word) != 0, for every request). item_bits: uint8/16/32/64 [items] (uint64 [items, words] past
+    63 sets); set_words: the same dtype, [sets + 1] (or [sets + 1, words]), the word of each bit alone."""
+
+    sets: ItemSets
+    item_bits: np.ndarray
+    set_words: np.ndarray
+    words: int
+
+    @property
+    def any_bit(self) -> int:
+        return len(self.sets.names)
+
+    @classmethod
+    def build(cls, sets: ItemSets) -> SetBits:
+        n = len(sets.names) + 1
+        fits = [d for d in (np.uint8, np.uint16, np.uint32) if n <= 8 * np.dtype(d).itemsize]
+        dtype = fits[0] if fits else np.uint64
+        words = max(1, -(-n // 64)) if dtype == np.uint64 else 1
+        width = 8 * np.dtype(dtype).itemsize
+        set_words = np.zeros((n, words), dtype=dtype)
+        set_words[np.arange(n), np.arange(n) // width] = dtype(1) << (np.arange(n) % width).astype(dtype)
+        set_words = set_words if words > 1 else set_words[:, 0]
+        bits = np.empty((sets.num_items, words) if words > 1 else sets.num_items, dtype=dtype)
+        bits[...] = set_words[n - 1]  # ANY
+        for i, positions in enumerate(sets.positions):
+            bits[positions] |= set_words[i]
+        return cls(sets, bits, set_words, words)
+
+    def contains(self, positions: np.ndarray, sets: np.ndarray) -> np.ndarray:
+        """bool [k]: item position positions[i] is in set sets[i] (int64 [k] each)."""
+        hit = (self.item_bits[positions] & self.set_words[sets]) != 0
+        return hit.any(axis=1) if hit.ndim == 2 else hit
+
+    def request_words(self, set_flat: np.ndarray, set_off: np.ndarray) -> np.ndarray:
+        """[B] (or [B, words]): OR of the words of the sets of request b, set_flat[set_off[b] :
+        set_off[b + 1]] (int64); ANY alone for a request naming none."""
+        batch = set_off.shape[0] - 1
+        out = np.zeros((batch,) + self.set_words.shape[1:], dtype=self.set_words.dtype)
+        owner = np.repeat(np.arange(batch), np.diff(set_off))
+        np.bitwise_or.at(out, owner, self.set_words[set_flat])
+        out[set_off[1:] == set_off[:-1]] = self.set_words[self.any_bit]
+        return out
+
+
+def signed_words(array: np.ndarray) -> np.ndarray:
+    """The same bits under a dtype torch does bitwise ops on (uint8 stays; uint16/32/64 -> int16/32/64)."""
+    return array if array.dtype == np.uint8 else array.view(f"int{8 * array.dtype.itemsize}")
+
+
+@dataclass(frozen=True, eq=False)
+class Resident:
+    """The Decoder's current availability and item sets (replaced as a whole, never mutated).
+
+    available: bool [items] host or None (all available); cum: int32 [items + 1] host, its prefix sum (None
+    when all are available); tables[t]: step table t's tokens (int32 [nnz]) or next (int32 [rows, V]) with
+    the children of unavailable rows set to -1, on the device (None: the table itself); set_bits: the sets
+    (None: none); row_bits[s-1]: per row of step s the sets with an available item there, on the device
+    (torch view of SetBits' word type, [rows_s + pad] or [rows_s + pad, words]; pad = max_slots of step
+    table s-1, zero words, so every slot window start + width of that table lies inside); set_keys: int64
+    host, ascending, i * (items + 1) + p for the available positions p of set i (per-set counts of
+    item_requests.py)."""
+
+    space: ItemSpace
+    available: np.ndarray | None
+    cum: np.ndarray | None
+    tables: tuple[torch.Tensor | None, ...]
+    set_bits: SetBits | None
+    row_bits: tuple[torch.Tensor, ...]
+    set_keys: np.ndarray | None
+
+    def device_bytes(self) -> int:
+        """Bytes this state holds on the device: the masked tables and the sets' row words (O(rows))."""
+        held = [t for t in self.tables if t is not None] + list(self.row_bits)
+        return sum(int(t.numel() * t.element_size()) for t in held)
+
+    @property
+    def sets(self) -> ItemSets | None:
+        return None if self.set_bits is None else self.set_bits.sets
+
+    def available_in(self, step: int, rows: np.ndarray) -> np.ndarray:
+        """int64 like rows: available items of rows `rows` of step `step` (1..L)."""
+        b = self.space.bounds[step - 1]
+        if self.cum is None:
+            return b[rows + 1] - b[rows]
+        return self.cum[b[rows + 1]].astype(np.int64) - self.cum[b[rows]]
+
+
+def row_validity(space: ItemSpace, cum: np.ndarray, available: np.ndarray) -> list[np.ndarray]:
+    """Per step s: bool [rows_s], row j has an available item (cum[hi] > cum[lo]; at the leaves of a
+    one-item-per-leaf index the mask itself). O(items + rows)."""
+    valid = []
+    for s, b in enumerate(space.bounds):
+        if s == len(space.bounds) - 1 and space.one_item_per_leaf:
+            valid.append(available)
+        else:
+            edges = cum[b]
+            valid.append(edges[1:] > edges[:-1])
+    return valid
+
+
+def masked_tables(space: ItemSpace, valid: list[np.ndarray]) -> tuple[torch.Tensor, ...]:
+    """Per step table t: its children (rows of step t+1) that have no available item set to -1.
+
+    Sparse: int32 [nnz], child f is row f of step t+1, so tokens[f] | (valid[f] - 1) keeps the token where
+    valid (x | 0) and gives -1 where not (x | -1) - one pass, no branch (numpy on the CPU, 5x faster than
+    np.where). Dense: int32 [rows, V], next[p, k] where next[p, k] >= 0 and its row is valid, else -1."""
+    out = []
+    for t, table in enumerate(space.steps):
+        child_valid = valid[t]  # valid[t]: the rows of step t + 1
+        if table.next is not None:
+            nxt = table.next
+            keep = torch.as_tensor(child_valid).to(nxt.device)[nxt.clamp(min=0).long()] & (nxt >= 0)
+            out.append(torch.where(keep, nxt, -1))
+        elif table.tokens.device.type == "cpu":
+            masked = np.subtract(child_valid, 1, dtype=np.int32, casting="unsafe")
+            np.bitwise_or(masked, table.tokens.numpy(), out=masked)
+            out.append(torch.from_numpy(masked))
+        else:
+            keep = torch.as_tensor(child_valid).to(table.tokens.device)
+            out.append(torch.where(keep, table.tokens, -1))
+    return tuple(out)
+
+
+def set_row_bits(
+    space: ItemSpace, set_bits: SetBits, available: np.ndarray | None
+) -> tuple[torch.Tensor, ...]:
+    """Per step s: the sets with an available item in each row (SetBits' word type, [rows_s](, words)) on
+    the device, zero-padded (see Resident). Leaves first (item bits of available items OR-ed over each
+    leaf's run), then each step from the next one: a row's items are exactly its child rows' items, so
+    OR-ing the child rows' words (one contiguous run each, child_start) gives the same word as OR-ing its
+    items'. O(items + rows)."""
+    bits = set_bits.item_bits
+    if available is not None:
+        zero = np.zeros((), dtype=bits.dtype)
+        bits = np.where(available[:, None] if bits.ndim == 2 else available, bits, zero)
+    leaves = bits if space.one_item_per_leaf else np.bitwise_or.reduceat(bits, space.bounds[-1][:-1], axis=0)
+    per_step = [leaves]
+    for s in range(len(space.bounds) - 2, -1, -1):
+        per_step.append(np.bitwise_or.reduceat(per_step[-1], space.child_start[s][:-1], axis=0))
+    out = []
+    for s, b in enumerate(reversed(per_step)):  # zero padding: any slot window start + width fits
+        pad = np.zeros((space.steps[s].max_slots,) + b.shape[1:], dtype=b.dtype)
+        out.append(torch.from_numpy(signed_words(np.concatenate([b, pad]))).to(space.device))
+    return tuple(out)
+
+
+def make_resident(space: ItemSpace, mask: ItemMask | None, set_bits: SetBits | None, *,
+                  reuse: Resident | None = None) -> Resident:  # fmt: skip
+    """The Resident of availability `mask` (None: all) and compiled sets `set_bits` (None: no sets).
+    O(items + rows + sum of set sizes); builds everything before the caller swaps one reference. reuse: a
+    Resident whose availability part is taken as is when it has the same mask array (new sets only)."""
+    for what, n in (("availability mask", None if mask is None else mask.num_items),
+                    ("item sets", None if set_bits is None else set_bits.sets.num_items)):  # fmt: skip
+        if n is not None and n != space.num_items:
+            raise InputError(f"{what} is for {n} items, the decoder's index has {space.num_items}")
+    available = cum = None
+    tables: tuple[torch.Tensor | None, ...] = (None,) * len(space.steps)
+    if reuse is not None and mask is not None and reuse.available is mask.available:
+        available, cum, tables = reuse.available, reuse.cum, reuse.tables
+    elif mask is not None:
+        available = mask.available
+        cum = np.zeros(available.shape[0] + 1, dtype=np.int32)
+        np.cumsum(available, dtype=np.int32, out=cum[1:])
+        tables = masked_tables(space, row_validity(space, cum, available))
+    row_bits: tuple[torch.Tensor, ...] = ()
+    set_keys = None
+    if set_bits is not None:
+        row_bits = set_row_bits(space, set_bits, available)
+        stride = space.num_items + 1
+        chosen = [p if available is None else p[available[p]] for p in set_bits.sets.positions]
+        set_keys = np.concatenate([np.zeros(0, np.int64)] + [p + i * stride for i, p in enumerate(chosen)])
+    return Resident(space, available, cum, tables, set_bits, row_bits, set_keys)
+
+
+__all__ = [
+    "ItemSpace",
+    "Resident",
+    "SetBits",
+    "make_resident",
+    "masked_tables",
+    "row_validity",
+    "set_row_bits",
+    "signed_words",
+]
