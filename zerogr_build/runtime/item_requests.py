@@ -1,20 +1,8 @@
 """One search's include / exclude arguments compiled against the Decoder's Resident (item_space.py): the
-per-request set words, and per step the few rows that the request's exclusions empty ("kills").
-
-Allowed items of request b: A_b = (available and in the union of its sets S_b, when it names any) minus its
-excluded items E_b. A row R of step s is valid for b iff A_b meets R. Without E_b that is the resident
-availability (item_space.masked_tables) and, with sets, (row_bits[R] & mask(S_b)) != 0. An exclusion can only
-turn a valid row invalid, and only a row that holds an excluded item - one of the <= |E_b| ancestors per step
-of b's excluded positions. For such a row:
-
-  - no sets: A_b meets R iff avail(R) > |E_b ∩ avail ∩ R| (avail(R) from the mask's prefix sum);
-  - sets S_b: A_b ∩ R = U_{i in S_b} (avail ∩ set_i ∩ R) minus E_b, which is empty iff *every* set's part
-    lies inside E_b, i.e. for every i in S_b: cnt_i(R) == |E_b ∩ avail ∩ set_i ∩ R|, where cnt_i(R) =
-    |avail ∩ set_i ∩ R| (two binary searches in Resident.set_keys). Each set is compared with its own
-    count, so an item in two sets is never counted twice (a sum of per-set counts would be wrong).
-
-So the kills of step s are found in O(|E| x |S_b| x log) host work at start(), independent of the catalog
-size, and a step then drops them from its slots in O(kills + beams log beams) (item_filter.py).
+per-request set words (set_mask), and per step the few rows that the requests' exclusions empty (Kills,
+computed by item_kills.killed_rows, where the exactness argument is), laid out for the lookups the steps
+make (item_filter.py). Host work per search: one id lookup and a few sorts over the batch's excluded items,
+vectorised across requests; nothing per catalog item, and no step reads a value back to the host.
 """
 
 from __future__ import annotations
@@ -29,6 +17,7 @@ import torch
 from ..errors import InputError
 from ..index import SidIndex
 from .constraints import POSITIONS, ItemIds
+from .item_kills import expand_sets, killed_rows, unique_counts
 from .item_space import Resident, signed_words
 
 
@@ -115,97 +104,16 @@ def _per_request(arg: Any, batch_size: int, what: str) -> list[Any]:
     return arg
 
 
-def _group_all(ok: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """bool [groups]: all of ok's consecutive runs of sizes (int64 [groups], all >= 1) are True."""
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    return np.logical_and.reduceat(ok, starts) if ok.size else np.zeros(0, dtype=bool)
-
-
-def _search(sorted_array: np.ndarray, queries: np.ndarray, side: str = "left") -> np.ndarray:
-    """np.searchsorted with the queries sorted first: numpy narrows each search from the previous result,
-    so a few thousand scattered queries into a million-entry array take ~3x less time."""
-    order = np.argsort(queries, kind="stable")
-    out = np.empty(queries.shape[0], dtype=np.int64)
-    out[order] = np.searchsorted(sorted_array, queries[order], side=side)
-    return out
-
-
-def ancestors(resident: Resident, step: int, positions: np.ndarray) -> np.ndarray:
-    """int64 [k]: the row of step `step` (1..L) holding each leaf-order item position int64 [k] - the last
-    row whose run starts at or before it (rows cover consecutive runs, row_item_bounds)."""
-    space = resident.space
-    if step == len(space.bounds) and space.one_item_per_leaf:
-        return positions  # leaf p holds item p
-    return _search(space.bounds[step - 1], positions, side="right") - 1
-
-
-def _expand(req: np.ndarray, set_flat: np.ndarray, set_off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One entry per (entry i, set of request req[i]): (i int64, set index int64), the sets of request b
-    being set_flat[set_off[b] : set_off[b + 1]] (set_off int64 [B + 1])."""
-    sizes = set_off[req + 1] - set_off[req]
-    entry = np.repeat(np.arange(req.shape[0]), sizes)
-    first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    rank = np.arange(entry.shape[0]) - first[entry]
-    return entry, set_flat[set_off[req[entry]] + rank]
-
-
-def killed_rows(resident: Resident, step: int, req: np.ndarray, pos: np.ndarray, set_req: np.ndarray,
-                set_id: np.ndarray, set_pos: np.ndarray, set_flat: np.ndarray,
-                set_off: np.ndarray) -> tuple[np.ndarray, ...]:  # fmt: skip
-    """The (request, row) pairs of step `step` (1..L) that the exclusions empty (see the module docstring).
-
-    Args:
-        req, pos: int64 [n], excluded *available* positions of requests without sets (unique per request).
-        set_req, set_id, set_pos: int64 [m], (request, set i, position) for each excluded position of a
-            request with sets that is an available member of set i in S_b (unique triples).
-        set_flat, set_off: the sets S_b of request b are set_flat[set_off[b] : set_off[b + 1]] (sorted).
-    Returns (request, row, a killed excluded position of the row) int64 [k] each, sorted by (request, row).
-    """
-    space = resident.space
-    bounds, rows = space.bounds[step - 1], space.rows[step - 1]
-    out_req, out_row, out_pos = [], [], []
-    if req.size:  # without sets: killed iff every available item of the row is excluded
-        row = ancestors(resident, step, pos)
-        keys, first, excluded = np.unique(req * rows + row, return_index=True, return_counts=True)
-        dead = resident.available_in(step, keys % rows) == excluded
-        out_req.append(keys[dead] // rows)
-        out_row.append(keys[dead] % rows)
-        out_pos.append(pos[first[dead]])
-    if set_req.size:  # with sets: killed iff for every set of the request its available part is excluded
-        assert resident.sets is not None and resident.set_keys is not None
-        nsets = len(resident.sets.names)
-        row = ancestors(resident, step, set_pos)
-        per_set, per_set_excluded = np.unique((set_req * nsets + set_id) * rows + row, return_counts=True)
-        pairs, first = np.unique(set_req * rows + row, return_index=True)
-        b, r = pairs // rows, pairs % rows
-        pair, sid = _expand(b, set_flat, set_off)  # one entry per (pair, set of its request)
-        stride = space.num_items + 1
-        lo, hi = sid * stride + bounds[r[pair]], sid * stride + bounds[r[pair] + 1]
-        keys = resident.set_keys
-        available = _search(keys, hi) - _search(keys, lo)  # cnt_i(R), from the sets' available positions
-        q = (b[pair] * nsets + sid) * rows + r[pair]
-        at = np.searchsorted(per_set, q).clip(max=max(per_set.shape[0] - 1, 0))
-        excluded = np.where(per_set[at] == q, per_set_excluded[at], 0)
-        dead = _group_all(available == excluded, set_off[b + 1] - set_off[b])
-        out_req.append(b[dead])
-        out_row.append(r[dead])
-        out_pos.append(set_pos[first[dead]])
-    if not out_req:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    b, r, p = (np.concatenate(x) for x in (out_req, out_row, out_pos))
-    order = np.argsort(b * rows + r, kind="stable")
-    return b[order], r[order], p[order]
-
-
-def _kills_on_device(resident: Resident, step: int, b: np.ndarray, r: np.ndarray, p: np.ndarray,
-                     batch_size: int, static: bool) -> Kills | None:  # fmt: skip
-    """Kills of step `step` as the lookups item_filter.py makes (see Kills)."""
+def _kills_on_device(resident: Resident, step: int, b: np.ndarray, r: np.ndarray, batch_size: int,
+                     static: bool) -> Kills | None:  # fmt: skip
+    """Kills of step `step` (request b, row r int64 [k]) as the lookups item_filter.py makes (see Kills)."""
     if b.size == 0:
         return None
     space = resident.space
     rows = space.rows[step - 1]
     parent_rows = space.rows[step - 2] if step >= 2 else 1
-    parent = np.searchsorted(space.bounds[step - 2], p, side="right") - 1 if step >= 2 else np.zeros_like(p)
+    parent = space.parent[step - 1]
+    parent = parent[r].astype(np.int64) if parent is not None else np.zeros_like(r)
     token = space.child_token[step - 1]
     column = token[r] if token is not None else np.zeros_like(r)
     slot_q, beam_q = b * (rows + 1) + r, b * (parent_rows + 1) + parent
@@ -216,9 +124,10 @@ def _kills_on_device(resident: Resident, step: int, b: np.ndarray, r: np.ndarray
         beam_q = np.concatenate([beam_q, np.full(pad, batch_size * (parent_rows + 1), np.int64)])
         column = np.concatenate([column, np.zeros(pad, np.int64)])
     dev = space.device
-    return Kills(
-        *(torch.as_tensor(np.ascontiguousarray(x, dtype=np.int64)).to(dev) for x in (slot_q, beam_q, column))
+    tensors = (
+        torch.as_tensor(np.ascontiguousarray(x, dtype=np.int64)).to(dev) for x in (slot_q, beam_q, column)
     )
+    return Kills(*tensors)
 
 
 def _ids(entry: Any) -> np.ndarray:
@@ -263,13 +172,13 @@ def request_constraints(resident: Resident, ids: ItemIds, include: Any, exclude:
     # Every request's excluded ids in one lookup; key = request * (n + 1) + position sorts and dedups them
     # by (request, position) at once.
     lists = [_ids(e) if e is not None else np.zeros(0, np.int64) for e in exclude]
+    owner = np.repeat(np.arange(batch_size), [x.size for x in lists])
     lists = [x for x in lists if x.size] or [np.zeros(0, np.int64)]
-    owner = np.repeat(np.arange(batch_size), [0 if e is None else _ids(e).size for e in exclude])
     found = ids.lookup(np.concatenate(lists))
     if (found < 0).any():
         warnings.warn(f"{int((found < 0).sum())} of {found.shape[0]} excluded item ids are not in the "
                       "catalog (ignored)", stacklevel=4)  # fmt: skip
-    keys = np.unique(owner[found >= 0] * (n + 1) + found[found >= 0])
+    keys = unique_counts(owner[found >= 0] * (n + 1) + found[found >= 0])[0]
     req, pos = keys // (n + 1), keys % (n + 1)
     cut = np.searchsorted(req, np.arange(batch_size + 1))
     host_exclude = tuple(pos[cut[b] : cut[b + 1]] for b in range(batch_size))
@@ -277,14 +186,14 @@ def request_constraints(resident: Resident, ids: ItemIds, include: Any, exclude:
 
     plain = live & ~uses_sets[req]
     with_sets = np.flatnonzero(live & uses_sets[req])
-    entry, sid = _expand(req[with_sets], set_flat, set_off)
+    entry, sid = expand_sets(req[with_sets], set_flat, set_off)
     spos = pos[with_sets][entry]
     member = set_bits.contains(spos, sid) if set_bits is not None else np.zeros(0, bool)
     arrays = (req[plain], pos[plain], req[with_sets][entry][member], sid[member], spos[member])
-    kills = []
-    for s in range(1, len(resident.space.bounds) + 1):
-        killed = killed_rows(resident, s, *arrays, set_flat, set_off)
-        kills.append(_kills_on_device(resident, s, *killed, batch_size, static))
+    kills = [
+        _kills_on_device(resident, s, b, r, batch_size, static)
+        for s, (b, r) in enumerate(killed_rows(resident, *arrays, set_flat, set_off), start=1)
+    ]
     dev = resident.space.device
     set_mask = None
     host_sets: list[np.ndarray | None] = [None] * batch_size
@@ -297,4 +206,4 @@ def request_constraints(resident: Resident, ids: ItemIds, include: Any, exclude:
                               batch_size, static)  # fmt: skip
 
 
-__all__ = ["Kills", "RequestConstraints", "ancestors", "killed_rows", "request_constraints"]
+__all__ = ["Kills", "RequestConstraints", "request_constraints"]

@@ -37,17 +37,19 @@ from .constraints import ItemMask, ItemSets, index_of, row_item_bounds
 
 
 class ItemSpace:
-    """The leaf-order item geometry of one index, for one decoder's step tables on its device.
+    """The leaf-order item geometry of one index, for one decoder's step tables on its device (host
+    memory O(rows + items)).
 
-    bounds[s-1]: int64 [rows_s + 1] host (row_item_bounds); child_start[s-1]: int64 [rows_s + 1], the first
-    row of step s+1 under each row of step s (s < L); child_token[t]: int64 [rows_{t+1}], the last token of
-    each child row of a *dense* step table t (None for sparse tables: tokens[f] is it)."""
+    bounds[s-1]: int64 [rows_s + 1] host (row_item_bounds); child_start[s-1]: int64 [rows_s + 1], the
+    first row of step s+1 under each row of step s (s < L); child_token[t]: int64 [rows_{t+1}], the last
+    token of each child row of a *dense* step table t (None for sparse tables: tokens[f] is it)."""
 
     def __init__(self, source: Any, steps: Any, device: torch.device) -> None:
         index = index_of(source)
         self.num_items = index.num_items
         self.device = device
         self.steps = tuple(steps)  # the decoder's DeviceStep tables
+        # int64 (numpy's index type): an int32 index array would be converted on every gather of a swap
         self.bounds = tuple(np.asarray(b, dtype=np.int64) for b in row_item_bounds(index))
         self.rows = tuple(int(b.shape[0]) - 1 for b in self.bounds)
         # The bounds of step s are a subset of those of step s+1 (a row is a union of whole child rows),
@@ -56,6 +58,17 @@ class ItemSpace:
             np.searchsorted(self.bounds[s + 1], self.bounds[s]) for s in range(len(self.bounds) - 1)
         )
         self.one_item_per_leaf = index.num_leaves == index.num_items
+        # parent[s-1][j]: the row of step s-1 above row j of step s (s >= 2; None at s = 1, whose parent
+        # is the root); item_leaf[p]: the leaf of item position p (None when leaf p holds item p).
+        small = np.int32 if max(self.rows) < 2**31 - 1 else np.int64
+        self.parent: tuple[np.ndarray | None, ...] = (None,) + tuple(
+            np.repeat(np.arange(self.rows[s], dtype=small), np.diff(self.child_start[s]))
+            for s in range(len(self.bounds) - 1)
+        )
+        self.item_leaf = None
+        if not self.one_item_per_leaf:
+            leaves = self.bounds[-1]
+            self.item_leaf = np.repeat(np.arange(self.rows[-1], dtype=small), np.diff(leaves))
         tokens: list[np.ndarray | None] = []
         for t, table in enumerate(index.steps):
             if table.next is None:
@@ -67,6 +80,10 @@ class ItemSpace:
             last[nxt[parent, token]] = token  # next[p, k] is the child row: its last token is k
             tokens.append(last)
         self.child_token = tuple(tokens)
+
+    def leaf_of(self, positions: np.ndarray) -> np.ndarray:
+        """int64 [k]: the leaf holding each item position int64 [k]."""
+        return positions if self.item_leaf is None else self.item_leaf[positions].astype(np.int64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -162,39 +179,31 @@ class Resident:
         return self.cum[b[rows + 1]].astype(np.int64) - self.cum[b[rows]]
 
 
-def row_validity(space: ItemSpace, cum: np.ndarray, available: np.ndarray) -> list[np.ndarray]:
-    """Per step s: bool [rows_s], row j has an available item (cum[hi] > cum[lo]; at the leaves of a
-    one-item-per-leaf index the mask itself). O(items + rows)."""
-    valid = []
-    for s, b in enumerate(space.bounds):
-        if s == len(space.bounds) - 1 and space.one_item_per_leaf:
-            valid.append(available)
-        else:
-            edges = cum[b]
-            valid.append(edges[1:] > edges[:-1])
-    return valid
+def row_validity(space: ItemSpace, cum: np.ndarray, step: int) -> np.ndarray:
+    """bool [rows_s]: row j of step `step` (1..L) has an available item (cum[hi] > cum[lo], cum the int32
+    [items + 1] prefix sum of the mask). O(rows_s)."""
+    edges = cum[space.bounds[step - 1]]
+    return edges[1:] > edges[:-1]
 
 
-def masked_tables(space: ItemSpace, valid: list[np.ndarray]) -> tuple[torch.Tensor, ...]:
+def masked_tables(space: ItemSpace, cum: np.ndarray) -> tuple[torch.Tensor, ...]:
     """Per step table t: its children (rows of step t+1) that have no available item set to -1.
 
-    Sparse: int32 [nnz], child f is row f of step t+1, so tokens[f] | (valid[f] - 1) keeps the token where
-    valid (x | 0) and gives -1 where not (x | -1) - one pass, no branch (numpy on the CPU, 5x faster than
-    np.where). Dense: int32 [rows, V], next[p, k] where next[p, k] >= 0 and its row is valid, else -1."""
+    Sparse: int32 [nnz], child f is row f of step t+1 (on the CPU in numpy, about 5x faster than
+    np.where; elsewhere the validity goes to the device and torch.where keeps the tokens). Dense: int32
+    [rows, V], next[p, k] where next[p, k] >= 0 and its row is valid, else -1. O(rows) per table."""
     out = []
     for t, table in enumerate(space.steps):
-        child_valid = valid[t]  # valid[t]: the rows of step t + 1
         if table.next is not None:
             nxt = table.next
-            keep = torch.as_tensor(child_valid).to(nxt.device)[nxt.clamp(min=0).long()] & (nxt >= 0)
-            out.append(torch.where(keep, nxt, -1))
-        elif table.tokens.device.type == "cpu":
-            masked = np.subtract(child_valid, 1, dtype=np.int32, casting="unsafe")
-            np.bitwise_or(masked, table.tokens.numpy(), out=masked)
-            out.append(torch.from_numpy(masked))
+            valid = torch.as_tensor(row_validity(space, cum, t + 1)).to(nxt.device)
+            out.append(torch.where(valid[nxt.clamp(min=0).long()] & (nxt >= 0), nxt, -1))
+        elif table.tokens.device.type == "cpu":  # tokens | (valid - 1): x | 0 = x, x | -1 = -1, no branch
+            masked = np.subtract(row_validity(space, cum, t + 1), 1, dtype=np.int32, casting="unsafe")
+            out.append(torch.from_numpy(np.bitwise_or(masked, table.tokens.numpy(), out=masked)))
         else:
-            keep = torch.as_tensor(child_valid).to(table.tokens.device)
-            out.append(torch.where(keep, table.tokens, -1))
+            valid = torch.as_tensor(row_validity(space, cum, t + 1)).to(table.tokens.device)
+            out.append(torch.where(valid, table.tokens, -1))
     return tuple(out)
 
 
@@ -238,7 +247,7 @@ def make_resident(space: ItemSpace, mask: ItemMask | None, set_bits: SetBits | N
         available = mask.available
         cum = np.zeros(available.shape[0] + 1, dtype=np.int32)
         np.cumsum(available, dtype=np.int32, out=cum[1:])
-        tables = masked_tables(space, row_validity(space, cum, available))
+        tables = masked_tables(space, cum)
     row_bits: tuple[torch.Tensor, ...] = ()
     set_keys = None
     if set_bits is not None:
