@@ -3,6 +3,7 @@
     python scripts/bench_constraints.py                  # CPU: 1M items, L=3, V=8192, d=128, 16 x 64 beams
     python scripts/bench_constraints.py --device cuda:0  # the same on a GPU (scripts/gpu_check.sh)
     python scripts/bench_constraints.py --swap-items 0   # skip the 10M-item mask swap
+    python scripts/bench_constraints.py --threads 1      # a shared CPU: one torch thread (no pool waits)
 
 Rows (same index, weights, step function, order and mode in every search row; median of --iters, after
 --warmup untimed calls, interleaved so drift hits every row alike):
@@ -67,8 +68,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=7)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="torch intra-op threads (0: torch's default); 1 on a busy box"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     sizes = [int(v) for v in args.sizes.split(",")]
     rng = np.random.default_rng(args.seed)
     time_ms = timer(args.device)

@@ -19,6 +19,7 @@ Masks are not part of the bundle: they change by the minute and live only in the
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from collections.abc import Mapping, Sequence
@@ -232,9 +233,13 @@ class ItemSets:
         ends = np.append(starts[1:], sets.shape[0])
         return cls.from_mapping(source, {n: items[a:b] for n, a, b in zip(names, starts, ends, strict=True)})
 
+    @functools.cached_property
+    def _index(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
     def lookup(self, names: Sequence[str]) -> list[int]:
         """Indices of `names`; an unknown name raises InputError naming it."""
-        table = {n: i for i, n in enumerate(self.names)}
+        table = self._index
         missing = [n for n in names if n not in table]
         if missing:
             raise InputError(f"unknown item set {missing[0]!r} (have {len(self.names)} sets)")

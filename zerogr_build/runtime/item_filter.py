@@ -68,7 +68,7 @@ def include_slots(constraints: RequestConstraints, step: int, start: torch.Tenso
     bits = constraints.resident.row_bits[step - 1]
     if bits.ndim == 1:
         window = bits.unfold(0, width, 1).index_select(0, start)
-        return window.bitwise_and_(constraints.set_mask[request][:, None]) != 0
+        return window.bitwise_and_(constraints.set_mask[request][:, None]).bool()  # (faster than != 0)
     child = start[:, None] + torch.arange(width, device=start.device)
     return include_ok(constraints, step, child, request[:, None])
 
@@ -143,7 +143,14 @@ def mask_children(constraints: RequestConstraints | None, step: int, valid: torc
     if constraints is None:
         return valid
     if constraints.set_mask is not None:
-        valid = valid & include_ok(constraints, step + 1, child.clamp(min=0).long(), request[:, None])
+        dense = constraints.resident.dense_bits[step]
+        if dense is not None:  # the beams' rows of child words (padding: row 0, already invalid)
+            words = dense.index_select(0, rows.clamp(min=0)).bitwise_and_(
+                constraints.set_mask[request][:, None]
+            )
+            valid = valid & (words != 0)
+        else:
+            valid = valid & include_ok(constraints, step + 1, child.clamp(min=0).long(), request[:, None])
     kills = constraints.kills[step]
     if kills is None:
         return valid

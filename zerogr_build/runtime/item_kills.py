@@ -70,22 +70,29 @@ def _all_in_runs(ok: np.ndarray, sizes: np.ndarray) -> np.ndarray:
 def _set_kills(resident: Resident, step: int, req: np.ndarray, sid: np.ndarray, row: np.ndarray,
                set_flat: np.ndarray, set_off: np.ndarray) -> tuple[np.ndarray, ...]:  # fmt: skip
     """Requests with sets at step `step`: (killed pair keys b * rows + row, sorted; dead bool per distinct
-    pair; inverse: the pair of each entry) for entries (req, set sid, row) int64 [m] (module docstring)."""
+    pair; inverse: the pair of each entry) for entries (req, set sid, row) int64 [m] (module docstring).
+
+    A row holding a single item is killed outright: that item is the excluded available member e, so
+    cnt_i(R) = |{e} ∩ set_i| = |E_b ∩ avail ∩ set_i ∩ R| for every i (most leaves, and most rows just
+    above them, hold one item). Only rows with more items pay for the per-set binary searches."""
     space, nsets = resident.space, len(resident.set_bits.sets.names)
     bounds, rows = space.bounds[step - 1], space.rows[step - 1]
-    per_set, _, per_set_excluded = unique_counts((req * nsets + sid) * rows + row)
     pairs, inverse, _ = unique_counts(req * rows + row)
     b, r = pairs // rows, pairs % rows
-    pair, each = expand_sets(b, set_flat, set_off)  # one entry per (pair, set of its request)
-    stride = space.num_items + 1
-    keys = resident.set_keys
-    available = _search(keys, each * stride + bounds[r[pair] + 1]) - _search(
-        keys, each * stride + bounds[r[pair]]
-    )
-    q = (b[pair] * nsets + each) * rows + r[pair]
-    at = np.searchsorted(per_set, q).clip(max=per_set.shape[0] - 1)
-    excluded = np.where(per_set[at] == q, per_set_excluded[at], 0)
-    dead = _all_in_runs(available == excluded, set_off[b + 1] - set_off[b])
+    dead = np.ones(pairs.shape[0], dtype=bool)
+    wide = np.flatnonzero(bounds[r + 1] - bounds[r] > 1)
+    if wide.size:
+        per_set, _, per_set_excluded = unique_counts((req * nsets + sid) * rows + row)
+        wb, wr = b[wide], r[wide]
+        pair, each = expand_sets(wb, set_flat, set_off)  # one entry per (pair, set of its request)
+        stride = space.num_items + 1
+        keys = resident.set_keys
+        low, high = each * stride + bounds[wr[pair]], each * stride + bounds[wr[pair] + 1]
+        available = _search(keys, high) - _search(keys, low)  # cnt_i(R): set i's available items in R
+        q = (wb[pair] * nsets + each) * rows + wr[pair]
+        at = np.searchsorted(per_set, q).clip(max=per_set.shape[0] - 1)
+        excluded = np.where(per_set[at] == q, per_set_excluded[at], 0)
+        dead[wide] = _all_in_runs(available == excluded, set_off[wb + 1] - set_off[wb])
     return pairs[dead], dead, inverse
 
 

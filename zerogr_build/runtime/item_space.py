@@ -152,7 +152,9 @@ class Resident:
     (torch view of SetBits' word type, [rows_s + pad] or [rows_s + pad, words]; pad = max_slots of step
     table s-1, zero words, so every slot window start + width of that table lies inside); set_keys: int64
     host, ascending, i * (items + 1) + p for the available positions p of set i (per-set counts of
-    item_requests.py)."""
+    item_requests.py); dense_bits[t]: for a dense step table t (one-word sets), [rows_t, V] the row words of
+    its children laid out like next (0 where no child), so a dense step reads a beam's words in one
+    contiguous row (None for sparse tables or no sets)."""
 
     space: ItemSpace
     available: np.ndarray | None
@@ -161,6 +163,7 @@ class Resident:
     set_bits: SetBits | None
     row_bits: tuple[torch.Tensor, ...]
     set_keys: np.ndarray | None
+    dense_bits: tuple[torch.Tensor | None, ...] = ()
 
     def device_bytes(self) -> int:
         """Bytes this state holds on the device: the masked tables and the sets' row words (O(rows))."""
@@ -255,7 +258,15 @@ def make_resident(space: ItemSpace, mask: ItemMask | None, set_bits: SetBits | N
         stride = space.num_items + 1
         chosen = [p if available is None else p[available[p]] for p in set_bits.sets.positions]
         set_keys = np.concatenate([np.zeros(0, np.int64)] + [p + i * stride for i, p in enumerate(chosen)])
-    return Resident(space, available, cum, tables, set_bits, row_bits, set_keys)
+    dense_bits: list[torch.Tensor | None] = []
+    for t, table in enumerate(space.steps):
+        if table.next is None or set_bits is None or set_bits.words > 1:
+            dense_bits.append(None)
+            continue
+        child = table.next.long()
+        words = row_bits[t][child.clamp(min=0)]
+        dense_bits.append(torch.where(child >= 0, words, torch.zeros_like(words)))
+    return Resident(space, available, cum, tables, set_bits, row_bits, set_keys, tuple(dense_bits))
 
 
 __all__ = [
