@@ -99,6 +99,8 @@ class SetBits:
     item_bits: np.ndarray
     set_words: np.ndarray
     words: int
+    member_keys: np.ndarray  # int64 ascending: i * (items + 1) + p for every member p of set i
+    member_pos: np.ndarray  # int64: the p of each member_keys entry
 
     @property
     def any_bit(self) -> int:
@@ -118,7 +120,11 @@ class SetBits:
         bits[...] = set_words[n - 1]  # ANY
         for i, positions in enumerate(sets.positions):
             bits[positions] |= set_words[i]
-        return cls(sets, bits, set_words, words)
+        stride = sets.num_items + 1
+        keys = np.concatenate(
+            [np.zeros(0, np.int64)] + [p + i * stride for i, p in enumerate(sets.positions)]
+        )
+        return cls(sets, bits, set_words, words, keys, keys % stride)
 
     def contains(self, positions: np.ndarray, sets: np.ndarray) -> np.ndarray:
         """bool [k]: item position positions[i] is in set sets[i] (int64 [k] each)."""
@@ -255,9 +261,8 @@ def make_resident(space: ItemSpace, mask: ItemMask | None, set_bits: SetBits | N
     set_keys = None
     if set_bits is not None:
         row_bits = set_row_bits(space, set_bits, available)
-        stride = space.num_items + 1
-        chosen = [p if available is None else p[available[p]] for p in set_bits.sets.positions]
-        set_keys = np.concatenate([np.zeros(0, np.int64)] + [p + i * stride for i, p in enumerate(chosen)])
+        keys = set_bits.member_keys  # the available members: one gather and one compress, order kept
+        set_keys = keys if available is None else keys[available[set_bits.member_pos]]
     dense_bits: list[torch.Tensor | None] = []
     for t, table in enumerate(space.steps):
         if table.next is None or set_bits is None or set_bits.words > 1:
