@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -108,6 +109,29 @@ def test_kills_are_exactly_the_rows_exclusions_empty(seed, length, num_sets, for
             for q, beam_q, column in zip(kills.slot_query, kills.beam_query, kills.column, strict=True):
                 assert int(beam_q) // parents == int(q) // stride
                 assert nxt[int(beam_q) % parents, int(column)] == int(q) % stride
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("formats", ["sparse", "dense", "auto"])
+def test_device_path_of_the_kill_lookups_equals_the_numpy_one(monkeypatch, static, formats):
+    """On the CPU the kill lookups run in numpy; the torch path (what CUDA runs) must decode the same."""
+    from zerogr_build.runtime import item_filter
+
+    for seed in range(6):
+        sids, sizes, available, sets, include, exclude = random_case(seed, 3, 9)
+        model = SeededModel(sizes, seed, batch_size=BATCH, bias=True)
+        index = build_index(sids, sizes, step_formats=formats)
+        dec = Decoder(index, model.layers(), slot_caps=1, static_shapes=static)
+        dec.set_availability(ItemMask.from_bool(index, available))
+        dec.set_item_sets(ItemSets.from_mapping(index, sets))
+        results = []
+        for numpy_path in (True, False):
+            monkeypatch.setattr(item_filter, "NUMPY_ON_CPU", numpy_path)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                results.append(dec.search(model.step_fn, BATCH, 6, include=include, exclude=exclude))
+        assert torch.equal(results[0].sids, results[1].sids)
+        assert torch.equal(results[0].scores, results[1].scores)
 
 
 @pytest.mark.parametrize("kind", ["dense", "sparse", "strings"])

@@ -7,10 +7,11 @@ applied exactly by the Decoder without rebuilding the index (docs/constraints.md
     dec.search(step_fn, B, M, include=[["comedy"], None, ...], exclude=[[seen ids], [], ...])
 
 Why it is cheap: row r of step s is the r-th distinct length-s prefix in lexicographic order, so it covers a
-contiguous run of leaves, and so a contiguous run [lo, hi) of the leaf-ordered items table (item_filter.py).
-The allowed items of a row are then counted with prefix sums (availability: O(items) per mask, O(rows)
-memory on the device) and binary searches (per-request lists), and a candidate slot of step s-1 is valid iff
-its child row (a row of step s; a leaf at s = L) has an allowed item.
+contiguous run of leaves, and so a contiguous run [lo, hi) of the leaf-ordered items table. A mask swap
+writes the children without an available item as -1 into a copy of each step table (prefix sums, O(items +
+rows); free at search time), item sets become per-row words of set bits (one AND per slot), and a search's
+exclusions become the few rows they empty, found at start() (item_space.py, item_filter.py,
+item_requests.py, item_kills.py).
 
 Item positions: everything here is in *leaf order* - position p is row p of a bundle's items table
 (`bundle.items()`), or of an in-memory index's `item_order` (catalog row item_order[p]).

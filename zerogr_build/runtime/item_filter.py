@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..index import SidIndex
@@ -25,6 +26,7 @@ from .item_requests import Kills, RequestConstraints, request_constraints
 from .item_space import ItemSpace, Resident, SetBits, make_resident
 
 INT32_MAX = 2**31 - 1
+NUMPY_ON_CPU = True  # the kill lookups in numpy on the CPU (tests turn it off to run the device path there)
 
 
 class _MaskedChildren:
@@ -86,6 +88,19 @@ def _kill_slots(kills: Kills, tokens: torch.Tensor, start: torch.Tensor, used: t
     through scatter_reduce(amin) with -1 at hits and INT32_MAX elsewhere, so misses leave their (dummy)
     target unchanged whatever the order of duplicate writes."""
     width = tokens.shape[1]
+    if (
+        tokens.device.type == "cpu" and NUMPY_ON_CPU
+    ):  # the same in numpy, in place: a dozen tiny ops, ~5x less dispatch
+        used_np = used.numpy()
+        key = np.where(used_np > 0, request.numpy() * stride + start.numpy(), (batch_size + 1) * stride)
+        order = np.argsort(key, kind="stable")
+        query = kills.slot_query.numpy()
+        at = np.searchsorted(key[order], query, side="right") - 1
+        row = order[np.maximum(at, 0)]
+        rank = query - key[row]
+        hit = (at >= 0) & (rank < used_np[row])
+        tokens.numpy().reshape(-1)[row[hit] * width + rank[hit]] = -1  # hits are distinct slots
+        return
     key = torch.where(used > 0, request * stride + start, (batch_size + 1) * stride)
     sorted_key, order = torch.sort(key)
     query = kills.slot_query
@@ -148,7 +163,7 @@ def mask_children(constraints: RequestConstraints | None, step: int, valid: torc
             words = dense.index_select(0, rows.clamp(min=0)).bitwise_and_(
                 constraints.set_mask[request][:, None]
             )
-            valid = valid & (words != 0)
+            valid = valid & words.bool()
         else:
             valid = valid & include_ok(constraints, step + 1, child.clamp(min=0).long(), request[:, None])
     kills = constraints.kills[step]
@@ -158,12 +173,20 @@ def mask_children(constraints: RequestConstraints | None, step: int, valid: torc
     # one beam matches request * (rows_t + 1) + row; padding beams take row rows_t, which no kill names.
     num_beams, vocab = valid.shape
     parent_rows = constraints.resident.space.rows[step - 1] if step >= 1 else 1
+    valid = valid.contiguous()
+    if valid.device.type == "cpu" and NUMPY_ON_CPU:  # numpy, in place (see _kill_slots)
+        key = request.numpy() * (parent_rows + 1) + np.where(rows.numpy() >= 0, rows.numpy(), parent_rows)
+        order = np.argsort(key, kind="stable")
+        query = kills.beam_query.numpy()
+        at = np.searchsorted(key[order], query).clip(max=num_beams - 1)
+        hit = key[order[at]] == query
+        valid.numpy().reshape(-1)[order[at[hit]] * vocab + kills.column.numpy()[hit]] = False
+        return valid
     key = request * (parent_rows + 1) + torch.where(rows >= 0, rows, parent_rows)
     sorted_key, order = torch.sort(key)
     at = torch.searchsorted(sorted_key, kills.beam_query).clamp(max=num_beams - 1)
     hit = sorted_key[at] == kills.beam_query
     target = torch.where(hit, order[at] * vocab + kills.column, 0)
-    valid = valid.contiguous()
     flags = torch.where(hit, 0, 1).to(torch.uint8)  # amin: a hit clears, a miss leaves its target alone
     valid.view(torch.uint8).view(-1).scatter_reduce_(0, target, flags, "amin")
     return valid
