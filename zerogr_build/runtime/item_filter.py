@@ -173,8 +173,8 @@ def mask_children(constraints: RequestConstraints | None, step: int, valid: torc
     # one beam matches request * (rows_t + 1) + row; padding beams take row rows_t, which no kill names.
     num_beams, vocab = valid.shape
     parent_rows = constraints.resident.space.rows[step - 1] if step >= 1 else 1
-    valid = valid.contiguous()
-    if valid.device.type == "cpu" and NUMPY_ON_CPU:  # numpy, in place (see _kill_slots)
+    if valid.device.type == "cpu" and NUMPY_ON_CPU:
+        valid = valid.contiguous()  # numpy, in place (see _kill_slots)
         key = request.numpy() * (parent_rows + 1) + np.where(rows.numpy() >= 0, rows.numpy(), parent_rows)
         order = np.argsort(key, kind="stable")
         query = kills.beam_query.numpy()
@@ -187,9 +187,9 @@ def mask_children(constraints: RequestConstraints | None, step: int, valid: torc
     at = torch.searchsorted(sorted_key, kills.beam_query).clamp(max=num_beams - 1)
     hit = sorted_key[at] == kills.beam_query
     target = torch.where(hit, order[at] * vocab + kills.column, 0)
-    flags = torch.where(hit, 0, 1).to(torch.uint8)  # amin: a hit clears, a miss leaves its target alone
-    valid.view(torch.uint8).view(-1).scatter_reduce_(0, target, flags, "amin")
-    return valid
+    killed = torch.zeros(num_beams * vocab, dtype=torch.int32, device=valid.device)
+    killed.scatter_add_(0, target, hit.to(torch.int32))  # a miss adds 0 to its dummy target
+    return valid & (killed.view(num_beams, vocab) == 0)
 
 
 class ConstrainedDecoding:
