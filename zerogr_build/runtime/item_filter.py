@@ -26,7 +26,10 @@ from .item_requests import Kills, RequestConstraints, request_constraints
 from .item_space import ItemSpace, Resident, SetBits, make_resident
 
 INT32_MAX = 2**31 - 1
-NUMPY_ON_CPU = True  # the kill lookups in numpy on the CPU (tests turn it off to run the device path there)
+# The kill lookups in numpy on the CPU outside static shapes (a dozen tiny ops: numpy dispatches them ~5x
+# faster); static shapes keep every step op in torch, as CUDA-graph capture needs. Tests turn it off to run
+# the device path on the CPU.
+NUMPY_ON_CPU = True
 
 
 class _MaskedChildren:
@@ -76,7 +79,7 @@ def include_slots(constraints: RequestConstraints, step: int, start: torch.Tenso
 
 
 def _kill_slots(kills: Kills, tokens: torch.Tensor, start: torch.Tensor, used: torch.Tensor,
-                request: torch.Tensor, stride: int, batch_size: int) -> None:  # fmt: skip
+                request: torch.Tensor, stride: int, batch_size: int, static: bool) -> None:  # fmt: skip
     """Empty (in place) the slots of tokens int32 [n, w] that hold a killed row.
 
     Slot row i (request[i], first child start[i], used[i] slots) holds child rows start[i] ..
@@ -88,9 +91,7 @@ def _kill_slots(kills: Kills, tokens: torch.Tensor, start: torch.Tensor, used: t
     through scatter_reduce(amin) with -1 at hits and INT32_MAX elsewhere, so misses leave their (dummy)
     target unchanged whatever the order of duplicate writes."""
     width = tokens.shape[1]
-    if (
-        tokens.device.type == "cpu" and NUMPY_ON_CPU
-    ):  # the same in numpy, in place: a dozen tiny ops, ~5x less dispatch
+    if tokens.device.type == "cpu" and NUMPY_ON_CPU and not static:  # numpy, in place (see NUMPY_ON_CPU)
         used_np = used.numpy()
         key = np.where(used_np > 0, request.numpy() * stride + start.numpy(), (batch_size + 1) * stride)
         order = np.argsort(key, kind="stable")
@@ -138,7 +139,8 @@ def mask_slots(constraints: RequestConstraints | None, table: Any, tokens: torch
         tokens = torch.where(include_slots(constraints, step, start, width, request), tokens, -1)
     kills = constraints.kills[step - 1]
     if kills is not None:
-        _kill_slots(kills, tokens, start, used, request, table.nnz + 1, constraints.batch_size)
+        stride, batch = table.nnz + 1, constraints.batch_size
+        _kill_slots(kills, tokens, start, used, request, stride, batch, constraints.static)
     return tokens
 
 
@@ -173,7 +175,7 @@ def mask_children(constraints: RequestConstraints | None, step: int, valid: torc
     # one beam matches request * (rows_t + 1) + row; padding beams take row rows_t, which no kill names.
     num_beams, vocab = valid.shape
     parent_rows = constraints.resident.space.rows[step - 1] if step >= 1 else 1
-    if valid.device.type == "cpu" and NUMPY_ON_CPU:
+    if valid.device.type == "cpu" and NUMPY_ON_CPU and not constraints.static:
         valid = valid.contiguous()  # numpy, in place (see _kill_slots)
         key = request.numpy() * (parent_rows + 1) + np.where(rows.numpy() >= 0, rows.numpy(), parent_rows)
         order = np.argsort(key, kind="stable")
