@@ -2,11 +2,11 @@
 docs/constraints.md).
 
 A candidate slot of step table t is valid for request b iff its child row (a row of step t+1) holds an item
-b may return. Three parts, each exact (the proofs are in item_space.py and item_requests.py):
+b may return. Three parts, each exact (the proofs are in item_space.py and item_kills.py):
   1. availability: the step fills its slots from the resident copy of its table in which children without
      an available item are -1 (`slot_source` / `dense_next`) - free at search time;
-  2. include sets: (row_bits[child] & set_mask[b]) != 0 for requests that name sets - one gather and an AND
-     per slot (O(1));
+  2. include sets (when some request of the search names sets): (row_bits[child] & set_mask[b]) != 0, the
+     word of a request naming none being ANY - one gather (a window copy) and an AND per slot, O(1);
   3. exclusions: the search's few killed (request, row) pairs of step t+1 are located among the step's
      slot rows (sparse) or beams (dense) by one sort of those and one binary search per kill, and set to -1
      - O(kills + n log n), independent of the number of slots.
