@@ -26,6 +26,7 @@ item_kills.py, where counts are needed.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,18 @@ class ItemSpace:
             last[nxt[parent, token]] = token  # next[p, k] is the child row: its last token is k
             tokens.append(last)
         self.child_token = tuple(tokens)
+        # Scratch for a swap's row edges (int32, the largest step's rows + 1), reused so a swap does not
+        # fault in fresh pages for its temporaries; the lock serialises concurrent swaps.
+        self.swap_lock = threading.Lock()
+        self._edges: np.ndarray | None = None
+
+    def edges(self, cum: np.ndarray, step: int) -> np.ndarray:
+        """int32 [rows_s + 1]: cum at the bounds of step `step`, in the reused scratch (hold swap_lock)."""
+        bounds = self.bounds[step - 1]
+        if self._edges is None:
+            self._edges = np.empty(max(b.shape[0] for b in self.bounds), dtype=np.int32)
+        # mode="clip": the bounds are in range anyway, and take's default mode buffers an out= result
+        return np.take(cum, bounds, out=self._edges[: bounds.shape[0]], mode="clip")
 
     def leaf_of(self, positions: np.ndarray) -> np.ndarray:
         """int64 [k]: the leaf holding each item position int64 [k]."""
@@ -198,17 +211,24 @@ def row_validity(space: ItemSpace, cum: np.ndarray, step: int) -> np.ndarray:
 def masked_tables(space: ItemSpace, cum: np.ndarray) -> tuple[torch.Tensor, ...]:
     """Per step table t: its children (rows of step t+1) that have no available item set to -1.
 
-    Sparse: int32 [nnz], child f is row f of step t+1 (on the CPU in numpy, about 5x faster than
-    np.where; elsewhere the validity goes to the device and torch.where keeps the tokens). Dense: int32
-    [rows, V], next[p, k] where next[p, k] >= 0 and its row is valid, else -1. O(rows) per table."""
+    Sparse: int32 [nnz], child f is row f of step t+1 (on the CPU in numpy with integer arithmetic, about
+    5x faster than np.where; elsewhere the validity goes to the device and torch.where keeps the tokens).
+    Dense: int32 [rows, V], next[p, k] where next[p, k] >= 0 and its row is valid, else -1. O(rows) per
+    table."""
     out = []
     for t, table in enumerate(space.steps):
         if table.next is not None:
             nxt = table.next
             valid = torch.as_tensor(row_validity(space, cum, t + 1)).to(nxt.device)
             out.append(torch.where(valid[nxt.clamp(min=0).long()] & (nxt >= 0), nxt, -1))
-        elif table.tokens.device.type == "cpu":  # tokens | (valid - 1): x | 0 = x, x | -1 = -1, no branch
-            masked = np.subtract(row_validity(space, cum, t + 1), 1, dtype=np.int32, casting="unsafe")
+        elif table.tokens.device.type == "cpu":
+            # count - 1 >> 31 is -1 where a child has no available item (count 0) and 0 where it has some
+            # (count >= 1), and token | 0 = token, token | -1 = -1: no branch, no bool temporary.
+            with space.swap_lock:
+                edges = space.edges(cum, t + 1)
+                masked = np.subtract(edges[1:], edges[:-1])
+            masked -= 1
+            masked >>= 31
             out.append(torch.from_numpy(np.bitwise_or(masked, table.tokens.numpy(), out=masked)))
         else:
             valid = torch.as_tensor(row_validity(space, cum, t + 1)).to(table.tokens.device)
