@@ -185,8 +185,8 @@ class Resident:
     dense_bits: tuple[torch.Tensor | None, ...] = ()
 
     def device_bytes(self) -> int:
-        """Bytes this state holds on the device: the masked tables and the sets' row words (O(rows))."""
-        held = [t for t in self.tables if t is not None] + list(self.row_bits)
+        """Bytes this state holds on the device: the masked tables and the sets' words (O(rows))."""
+        held = [t for t in self.tables + self.dense_bits if t is not None] + list(self.row_bits)
         return sum(int(t.numel() * t.element_size()) for t in held)
 
     @property
