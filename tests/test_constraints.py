@@ -28,9 +28,9 @@ from zerogr_build.testing import SeededModel, replay_without_host_reads
 BATCH = 3
 
 
-def random_case(seed: int, length: int):
-    """A catalog with shared SIDs (duplicate rows) and one heavy prefix, a mask, overlapping sets and
-    per-request include/exclude arguments (catalog rows are the item ids of an in-memory index)."""
+def random_case(seed: int, length: int, num_sets: int = 3):
+    """A catalog with shared SIDs (duplicate rows) and one heavy prefix, a mask, `num_sets` overlapping sets
+    and per-request include/exclude arguments (catalog rows are the item ids of an in-memory index)."""
     rng = np.random.default_rng(seed)
     sizes = tuple(int(v) for v in rng.integers(2, 7, size=length))
     n = int(rng.integers(1, 40))
@@ -40,10 +40,12 @@ def random_case(seed: int, length: int):
     sids = np.concatenate([sids, heavy, sids[rng.integers(0, n, size=int(rng.integers(0, 6)))]])
     n = sids.shape[0]
     available = rng.random(n) < rng.choice([0.2, 0.6, 1.0])
-    sets = {f"s{i}": np.flatnonzero(rng.random(n) < 0.4) for i in range(3)}
+    share = 0.4 if num_sets <= 3 else 3.0 / num_sets  # many sets: smaller ones, so a union can be small
+    sets = {f"s{i}": np.flatnonzero(rng.random(n) < share) for i in range(num_sets)}
     include, exclude = [], []
     for _ in range(BATCH):
-        include.append(None if rng.random() < 0.4 else list(rng.choice(list(sets), rng.integers(1, 3))))
+        named = rng.choice(list(sets), int(rng.integers(1, min(num_sets, 4) + 1)), replace=False)
+        include.append(None if rng.random() < 0.4 else [str(x) for x in named])
         exclude.append(rng.choice(n, int(rng.integers(0, n // 2 + 1))).tolist() if rng.random() < 0.7 else [])
     return sids, sizes, available, sets, include, exclude
 
@@ -80,7 +82,7 @@ def check_against_rebuild(res, items, sids, sizes, model, layers, order, mode, w
         ]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 2**31 - 1),
     length=st.integers(1, 3),
@@ -89,18 +91,25 @@ def check_against_rebuild(res, items, sids, sizes, model, layers, order, mode, w
     formats=st.sampled_from(["sparse", "dense", "auto", "0=dense"]),
     width=st.integers(1, 12),
     static=st.booleans(),
+    num_sets=st.sampled_from([1, 3, 9, 21, 70]),  # set words of uint8, 16, 32, 64 bits and two uint64s
+    sets_first=st.booleans(),  # set_item_sets then set_availability: the set words follow the new mask
 )
 def test_constrained_search_equals_search_on_a_rebuilt_index(
-    seed, length, order, mode, formats, width, static
+    seed, length, order, mode, formats, width, static, num_sets, sets_first
 ):
-    sids, sizes, available, sets, include, exclude = random_case(seed, length)
+    sids, sizes, available, sets, include, exclude = random_case(seed, length, num_sets)
     formats = "dense" if formats == "0=dense" and length == 1 else formats
     model = SeededModel(sizes, seed % 1000, batch_size=BATCH, bias=True)
     layers = model.layers()
     index = build_index(sids, sizes, step_formats=formats)
     dec = Decoder(index, layers, order=order, slot_caps=1, static_shapes=static)  # cap 1: lanes everywhere
-    dec.set_availability(ItemMask.from_bool(index, available))
-    dec.set_item_sets(ItemSets.from_mapping(index, sets))
+    if sets_first:
+        dec.set_item_sets(ItemSets.from_mapping(index, sets))
+        dec.set_availability(ItemMask.from_bool(index, ~available))  # replaced below: a stale mask
+        dec.set_availability(ItemMask.from_bool(index, available))
+    else:
+        dec.set_availability(ItemMask.from_bool(index, available))
+        dec.set_item_sets(ItemSets.from_mapping(index, sets))
     res = dec.search(model.step_fn, BATCH, width, mode=mode, include=include, exclude=exclude)
     allowed = [allowed_rows(len(sids), available, sets, include[b], exclude[b]) for b in range(BATCH)]
     check_against_rebuild(res, dec.items(res), sids, sizes, model, layers, order, mode, width, allowed)

@@ -7,10 +7,11 @@ applied exactly by the Decoder without rebuilding the index (docs/constraints.md
     dec.search(step_fn, B, M, include=[["comedy"], None, ...], exclude=[[seen ids], [], ...])
 
 Why it is cheap: row r of step s is the r-th distinct length-s prefix in lexicographic order, so it covers a
-contiguous run of leaves, and so a contiguous run [lo, hi) of the leaf-ordered items table (item_filter.py).
-The allowed items of a row are then counted with prefix sums (availability: O(items) per mask, O(rows)
-memory on the device) and binary searches (per-request lists), and a candidate slot of step s-1 is valid iff
-its child row (a row of step s; a leaf at s = L) has an allowed item.
+contiguous run of leaves, and so a contiguous run [lo, hi) of the leaf-ordered items table. A mask swap
+writes the children without an available item as -1 into a copy of each step table (prefix sums, O(items +
+rows); free at search time), item sets become per-row words of set bits (one AND per slot), and a search's
+exclusions become the few rows they empty, found at start() (item_space.py, item_filter.py,
+item_requests.py, item_kills.py).
 
 Item positions: everything here is in *leaf order* - position p is row p of a bundle's items table
 (`bundle.items()`), or of an in-memory index's `item_order` (catalog row item_order[p]).
@@ -19,6 +20,7 @@ Masks are not part of the bundle: they change by the minute and live only in the
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from collections.abc import Mapping, Sequence
@@ -68,42 +70,51 @@ class ItemIds:
         else:
             ids = np.arange(self.num_items, dtype=np.int64)
         self._numeric = ids.dtype.kind in "iu"
+        self._direct: np.ndarray | None = None
         if self._numeric:
             ids = ids.astype(np.int64, copy=False)
             self._order = np.argsort(ids, kind="stable")
             self._sorted = ids[self._order]
+            low = int(self._sorted[0]) if ids.size else 0
+            span = int(self._sorted[-1]) - low + 1 if ids.size else 0
+            if span <= 4 * ids.size + 1024:  # dense ids (catalog rows, 0..n-1): one gather per lookup
+                self._low = low
+                self._direct = np.full(span, -1, dtype=np.int64)
+                self._direct[self._sorted[::-1] - low] = self._order[::-1]  # a duplicate id: its first row
         else:
             self._lookup = {v: i for i, v in enumerate(ids.tolist())}
 
-    def positions(self, ids: Any, what: str = "item ids") -> np.ndarray:
-        """int64 [k]: leaf-order positions of the known ids among `ids` (any order, duplicates kept).
-        Unknown ids are dropped and reported in one warning per call."""
+    def lookup(self, ids: Any) -> np.ndarray:
+        """int64 [k]: the leaf-order position of each of `ids` (any order), -1 where not in the catalog."""
         if hasattr(ids, "to_numpy"):
             ids = ids.to_numpy(zero_copy_only=False)
         ids = np.asarray(ids).reshape(-1)
         if ids.size == 0:
             return np.zeros(0, dtype=np.int64)
-        if self._numeric:
-            if ids.dtype.kind not in "iu":
-                unknown_mask = np.ones(ids.shape[0], dtype=bool)
-                pos = np.zeros(0, dtype=np.int64)
-            else:
-                ids = ids.astype(np.int64)
-                at = np.searchsorted(self._sorted, ids).clip(max=max(self._sorted.shape[0] - 1, 0))
-                found = self._sorted[at] == ids if self._sorted.size else np.zeros(ids.shape, bool)
-                unknown_mask = ~found
-                pos = self._order[at[found]]
-        else:
-            got = [self._lookup.get(v, -1) for v in ids.tolist()]
-            pos = np.asarray(got, dtype=np.int64)
-            unknown_mask = pos < 0
-            pos = pos[~unknown_mask]
-        unknown = int(unknown_mask.sum())
+        if not self._numeric:
+            return np.asarray([self._lookup.get(v, -1) for v in ids.tolist()], dtype=np.int64)
+        if ids.dtype.kind not in "iu":
+            return np.full(ids.shape[0], -1, dtype=np.int64)
+        ids = ids.astype(np.int64)
+        if self._direct is not None:
+            at = ids - self._low
+            inside = (at >= 0) & (at < self._direct.shape[0])
+            return np.where(inside, self._direct[np.where(inside, at, 0)], -1)
+        if self._sorted.size == 0:
+            return np.full(ids.shape[0], -1, dtype=np.int64)
+        at = np.searchsorted(self._sorted, ids).clip(max=self._sorted.shape[0] - 1)
+        return np.where(self._sorted[at] == ids, self._order[at], -1)
+
+    def positions(self, ids: Any, what: str = "item ids") -> np.ndarray:
+        """int64 [k]: leaf-order positions of the known ids among `ids` (any order, duplicates kept).
+        Unknown ids are dropped and reported in one warning per call."""
+        found = self.lookup(ids)
+        unknown = int((found < 0).sum())
         if unknown:
             warnings.warn(
-                f"{unknown} of {ids.shape[0]} {what} are not in the catalog (ignored)", stacklevel=3
+                f"{unknown} of {found.shape[0]} {what} are not in the catalog (ignored)", stacklevel=3
             )
-        return pos.astype(np.int64, copy=False)
+        return found[found >= 0]
 
 
 _ID_LOOKUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -223,9 +234,13 @@ class ItemSets:
         ends = np.append(starts[1:], sets.shape[0])
         return cls.from_mapping(source, {n: items[a:b] for n, a, b in zip(names, starts, ends, strict=True)})
 
+    @functools.cached_property
+    def _index(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
     def lookup(self, names: Sequence[str]) -> list[int]:
         """Indices of `names`; an unknown name raises InputError naming it."""
-        table = {n: i for i, n in enumerate(self.names)}
+        table = self._index
         missing = [n for n in names if n not in table]
         if missing:
             raise InputError(f"unknown item set {missing[0]!r} (have {len(self.names)} sets)")

@@ -38,7 +38,7 @@ from ..errors import InputError
 from ..index import SidIndex
 from .beams import BeamState, SearchResult
 from .device_tables import DeviceStep, index_to_device
-from .item_filter import ConstrainedDecoding, mask_children, mask_slots
+from .item_filter import ConstrainedDecoding, dense_next, mask_children, mask_slots, slot_source
 from .lanes import plan_lanes
 from .plan import ModeChooser, auto_plan, load_plan
 from .scoring import available_modes, get_mode
@@ -332,10 +332,9 @@ class Decoder(ConstrainedDecoding):
             logp = log_softmax(logits).masked_fill_(~alive[:, None], NEG_INF)
         else:
             assert table.next is not None
-            child = table.next[state.rows.clamp(min=0)]
-            valid = mask_children(
-                state.constraints, table.step, (child >= 0) & alive[:, None], child, state.batch
-            )
+            child = dense_next(state.constraints, table)[state.rows.clamp(min=0)]  # availability applied
+            valid = (child >= 0) & alive[:, None]
+            valid = mask_children(state.constraints, table.step, valid, child, state.rows, state.batch)
             if state.order == "filter_first":
                 logp = masked_log_softmax(logits.masked_fill_(~valid, NEG_INF))
             else:
@@ -364,7 +363,8 @@ class Decoder(ConstrainedDecoding):
         start, count = row_extent(table, state.rows)
         heavy = count > k
         main_count = torch.where(heavy, torch.zeros_like(count), count)
-        main_tokens = fill_slots(table, start, main_count, k)
+        source = slot_source(state.constraints, table)  # the table, or its available children only
+        main_tokens = fill_slots(source, start, main_count, k)
         main_tokens = mask_slots(state.constraints, table, main_tokens, start, main_count, state.batch)
 
         logits = lse = None
@@ -397,7 +397,7 @@ class Decoder(ConstrainedDecoding):
             assert lanes.beam is not None
             lane_beam = lanes.beam.clamp(min=0)
             lane_count = torch.where(lanes.beam >= 0, count[lane_beam], 0)
-            lane_tokens = fill_slots(table, start[lane_beam], lane_count, lanes.width)
+            lane_tokens = fill_slots(source, start[lane_beam], lane_count, lanes.width)
             lane_tokens = mask_slots(
                 state.constraints, table, lane_tokens, start[lane_beam], lane_count, state.batch[lane_beam]
             )

@@ -1,0 +1,164 @@
+"""The item-constraint index math against brute force, part by part (the end-to-end oracle is
+test_constraints.py): the masked step tables and per-row set words of a Resident, the rows a search's
+exclusions empty (kills), and the id -> position lookup."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.test_constraints import BATCH, allowed_rows, random_case
+from zerogr_build.index import build_index
+from zerogr_build.runtime.constraints import ItemIds, ItemMask, ItemSets, row_item_bounds
+from zerogr_build.runtime.decoder import Decoder
+from zerogr_build.testing import SeededModel
+
+
+def decoder_for(seed: int, length: int, num_sets: int, formats: str):
+    sids, sizes, available, sets, include, exclude = random_case(seed, length, num_sets)
+    index = build_index(sids, sizes, step_formats=formats)
+    dec = Decoder(index, SeededModel(sizes, 1, batch_size=BATCH).layers(), slot_caps=1)
+    dec.set_item_sets(ItemSets.from_mapping(index, sets))
+    dec.set_availability(ItemMask.from_bool(index, available))
+    position = np.empty(len(sids), dtype=np.int64)  # catalog row -> leaf-order position
+    position[np.asarray(index.item_order)] = np.arange(len(sids))
+    return dec, index, sids, available, sets, include, exclude, position
+
+
+def rows_meeting(index, positions: np.ndarray) -> list[set[int]]:
+    """Per step s = 1..L: the rows of step s holding at least one of the leaf-order positions."""
+    return [
+        {int(r) for r in np.searchsorted(bounds, positions, side="right") - 1}
+        for bounds in row_item_bounds(index)
+    ]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    length=st.integers(1, 3),
+    num_sets=st.sampled_from([1, 3, 9, 21, 70]),
+    formats=st.sampled_from(["sparse", "dense", "auto"]),
+)
+def test_resident_tables_and_set_words_match_brute_force(seed, length, num_sets, formats):
+    """Masked tables: a child is -1 iff it is not in the catalog or its row has no available item. Set words:
+    bit i of a row's word iff the row has an available item of set i; the ANY bit iff any available item."""
+    dec, index, sids, available, sets, _, _, position = decoder_for(seed, length, num_sets, formats)
+    resident = dec._resident
+    valid = rows_meeting(index, position[np.flatnonzero(available)])
+    for t, table in enumerate(dec.steps):
+        masked = resident.tables[t]
+        if table.next is not None:
+            nxt = table.next.numpy()
+            expect = np.where((nxt >= 0) & np.isin(nxt, sorted(valid[t])), nxt, -1)
+        else:
+            tokens = table.tokens.numpy()
+            expect = np.where(np.isin(np.arange(table.nnz), sorted(valid[t])), tokens, -1)
+        np.testing.assert_array_equal(masked.numpy(), expect)
+    set_bits = resident.set_bits
+    for s, words in enumerate(resident.row_bits, start=1):
+        rows = resident.space.rows[s - 1]
+        words = words.numpy()
+        assert (words[rows:] == 0).all()  # the zero padding past the last row
+        for i in range(num_sets + 1):  # i == num_sets: ANY
+            members = available if i == num_sets else available & np.isin(np.arange(len(sids)), sets[f"s{i}"])
+            has = rows_meeting(index, position[np.flatnonzero(members)])[s - 1]
+            bit = (words[:rows] & set_bits.set_words[i].view(words.dtype)) != 0
+            bit = bit.any(axis=1) if bit.ndim == 2 else bit
+            assert set(np.flatnonzero(bit).tolist()) == has, (s, i)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    length=st.integers(1, 3),
+    num_sets=st.sampled_from([1, 3, 21, 70]),
+    formats=st.sampled_from(["sparse", "dense", "auto"]),
+)
+def test_kills_are_exactly_the_rows_exclusions_empty(seed, length, num_sets, formats):
+    """Per step, the (request, row) kills of a search are the rows holding an item the request may return
+    without its exclude list, and none with it - computed by brute force from each request's allowed
+    items; for dense step tables the kill's parent row and token are the row's."""
+    dec, index, sids, available, sets, include, exclude, position = decoder_for(
+        seed, length, num_sets, formats
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        constraints = dec._request_constraints(BATCH, "filter_first", include, exclude)
+    for s in range(1, length + 1):
+        stride = dec._resident.space.rows[s - 1] + 1
+        kills = constraints.kills[s - 1]
+        got = set() if kills is None else {(int(q) // stride, int(q) % stride) for q in kills.slot_query}
+        expect = set()
+        for b in range(BATCH):
+            before = rows_meeting(index, position[allowed_rows(len(sids), available, sets, include[b], [])])
+            after = rows_meeting(
+                index, position[allowed_rows(len(sids), available, sets, include[b], exclude[b])]
+            )
+            expect |= {(b, r) for r in before[s - 1] - after[s - 1]}
+        assert got == expect, s
+        table = index.steps[s - 1]
+        if kills is not None and table.next is not None:  # (parent row, token) name the killed child
+            parents = dec._resident.space.rows[s - 2] + 1 if s >= 2 else 2
+            nxt = np.asarray(table.next)
+            for q, beam_q, column in zip(kills.slot_query, kills.beam_query, kills.column, strict=True):
+                assert int(beam_q) // parents == int(q) // stride
+                assert nxt[int(beam_q) % parents, int(column)] == int(q) % stride
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("formats", ["sparse", "dense", "auto"])
+def test_device_path_of_the_kill_lookups_equals_the_numpy_one(monkeypatch, static, formats):
+    """On the CPU the kill lookups run in numpy; the torch path (what CUDA runs) must decode the same."""
+    from zerogr_build.runtime import item_filter
+
+    for seed in range(6):
+        sids, sizes, available, sets, include, exclude = random_case(seed, 3, 9)
+        model = SeededModel(sizes, seed, batch_size=BATCH, bias=True)
+        index = build_index(sids, sizes, step_formats=formats)
+        dec = Decoder(index, model.layers(), slot_caps=1, static_shapes=static)
+        dec.set_availability(ItemMask.from_bool(index, available))
+        dec.set_item_sets(ItemSets.from_mapping(index, sets))
+        results = []
+        for numpy_path in (True, False):
+            monkeypatch.setattr(item_filter, "NUMPY_ON_CPU", numpy_path)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                results.append(dec.search(model.step_fn, BATCH, 6, include=include, exclude=exclude))
+        assert torch.equal(results[0].sids, results[1].sids)
+        assert torch.equal(results[0].scores, results[1].scores)
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse", "strings"])
+def test_item_ids_lookup_matches_a_dict(kind):
+    """Dense numeric ids take the direct table, sparse ones the sorted search, strings the dict: all give
+    the position of each known id and -1 for unknown ones (and positions() drops them with one warning)."""
+    rng = np.random.default_rng(4)
+    ids = {
+        "dense": rng.permutation(500) + 7,
+        "sparse": rng.choice(10**12, 500, replace=False),
+        "strings": np.array([f"item{i}" for i in rng.permutation(500)], dtype=object),
+    }[kind]
+
+    class Source:
+        index = build_index(rng.integers(0, 4, size=(500, 2)), (4, 4))
+
+        def items(self):
+            return ids
+
+    lookup = ItemIds(Source())
+    assert (lookup._direct is not None) == (kind == "dense")
+    table = {v: p for p, v in enumerate(ids.tolist())}
+    unknown = [-1, 10**13, 3] if kind != "strings" else ["nope", "item-1"]
+    queries = list(rng.choice(ids, 50)) + unknown
+    expect = [table.get(v, -1) for v in queries]
+    assert lookup.lookup(np.asarray(queries, dtype=ids.dtype)).tolist() == expect
+    with pytest.warns(UserWarning, match=f"{sum(e < 0 for e in expect)} of {len(queries)}"):
+        assert lookup.positions(np.asarray(queries, dtype=ids.dtype)).tolist() == [
+            e for e in expect if e >= 0
+        ]

@@ -1,0 +1,306 @@
+"""The Decoder's resident item-constraint state: what set_availability and set_item_sets compute once, so a
+search pays nothing for the availability mask and O(1) per candidate slot for include sets
+(docs/constraints.md). Pure functions of the index geometry and the mask / sets; item_requests.py and
+item_kills.py compile one search's lists against this, item_filter.py applies both in the steps.
+
+Geometry (ItemSpace, once per decoder). Row j of step s (1..L; the rows of step L are the leaves) is the j-th
+distinct length-s prefix in lexicographic order, so it covers the contiguous run [bounds[s-1][j],
+bounds[s-1][j+1]) of the leaf-ordered items (row_item_bounds). A child row of step s is a flat child
+position of step table s-1 (sparse: tokens[f] is its last token; dense: next[p, k] = its row).
+
+Availability (per mask). cum = the mask's prefix sum, so row j of step s has cum[hi] - cum[lo] available
+items; it is valid iff that is > 0. For every step table t the children of *unavailable* rows of step t+1 are
+written as -1 into a copy of its tokens (sparse) / next (dense): `masked_tables`. A search then fills its
+slots from that copy and a slot is in the catalog *and* has an available item in one read - no step-time
+cost at all. cum stays on the host for the per-request exclusion counts (item_kills.py).
+
+Item sets (per sets, then per mask). Set i is bit i of a word (uint8/16/32/64, or W uint64 words past 63
+sets), plus one bit ANY that every item has. item_bits[p] = ANY and the sets item p belongs to (once per
+ItemSets); row_bits[s-1][j] = OR of item_bits over the *available* items of row j (per mask). Bit i of
+row_bits[j] is set iff row j has an available item of set i, so for a request naming sets S, "row j has an
+available item in the union of S" is exactly (row_bits[j] & word(S)) != 0 - an OR of per-set existence bits
+is the existence of the union (an item in two sets is one item either way; no counts are added up). A
+request naming no set has word(ANY): "row j has an available item". Exclusions are handled per set in
+item_kills.py, where counts are needed.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from .constraints import ItemMask, ItemSets, index_of, row_item_bounds
+
+
+class ItemSpace:
+    """The leaf-order item geometry of one index, for one decoder's step tables on its device (host
+    memory O(rows + items)).
+
+    bounds[s-1]: int64 [rows_s + 1] host (row_item_bounds); child_start[s-1]: int64 [rows_s + 1], the
+    first row of step s+1 under each row of step s (s < L); child_token[t]: int64 [rows_{t+1}], the last
+    token of each child row of a *dense* step table t (None for sparse tables: tokens[f] is it)."""
+
+    def __init__(self, source: Any, steps: Any, device: torch.device) -> None:
+        index = index_of(source)
+        self.num_items = index.num_items
+        self.device = device
+        self.steps = tuple(steps)  # the decoder's DeviceStep tables
+        # int64 (numpy's index type): an int32 index array would be converted on every gather of a swap
+        self.bounds = tuple(np.asarray(b, dtype=np.int64) for b in row_item_bounds(index))
+        self.rows = tuple(int(b.shape[0]) - 1 for b in self.bounds)
+        # The bounds of step s are a subset of those of step s+1 (a row is a union of whole child rows),
+        # so a binary search finds each row's first child.
+        self.child_start = tuple(
+            np.searchsorted(self.bounds[s + 1], self.bounds[s]) for s in range(len(self.bounds) - 1)
+        )
+        self.one_item_per_leaf = index.num_leaves == index.num_items
+        # parent[s-1][j]: the row of step s-1 above row j of step s (s >= 2; None at s = 1, whose parent
+        # is the root); item_leaf[p]: the leaf of item position p (None when leaf p holds item p).
+        small = np.int32 if max(self.rows) < 2**31 - 1 else np.int64
+        self.parent: tuple[np.ndarray | None, ...] = (None,) + tuple(
+            np.repeat(np.arange(self.rows[s], dtype=small), np.diff(self.child_start[s]))
+            for s in range(len(self.bounds) - 1)
+        )
+        self.item_leaf = None
+        if not self.one_item_per_leaf:
+            leaves = self.bounds[-1]
+            self.item_leaf = np.repeat(np.arange(self.rows[-1], dtype=small), np.diff(leaves))
+        tokens: list[np.ndarray | None] = []
+        for t, table in enumerate(index.steps):
+            if table.next is None:
+                tokens.append(None)
+                continue
+            nxt = np.asarray(table.next)
+            parent, token = np.nonzero(nxt >= 0)
+            last = np.empty(self.rows[t], dtype=np.int64)
+            last[nxt[parent, token]] = token  # next[p, k] is the child row: its last token is k
+            tokens.append(last)
+        self.child_token = tuple(tokens)
+        # Scratch for a swap's row edges (int32, the largest step's rows + 1), reused so a swap does not
+        # fault in fresh pages for its temporaries; the lock serialises concurrent swaps.
+        self.swap_lock = threading.Lock()
+        self._edges: np.ndarray | None = None
+
+    def edges(self, cum: np.ndarray, step: int) -> np.ndarray:
+        """int32 [rows_s + 1]: cum at the bounds of step `step`, in the reused scratch (hold swap_lock)."""
+        bounds = self.bounds[step - 1]
+        if self._edges is None:
+            self._edges = np.empty(max(b.shape[0] for b in self.bounds), dtype=np.int32)
+        # mode="clip": the bounds are in range anyway, and take's default mode buffers an out= result
+        return np.take(cum, bounds, out=self._edges[: bounds.shape[0]], mode="clip")
+
+    def leaf_of(self, positions: np.ndarray) -> np.ndarray:
+        """int64 [k]: the leaf holding each item position int64 [k]."""
+        return positions if self.item_leaf is None else self.item_leaf[positions].astype(np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class SetBits:
+    """One ItemSets compiled against the item order, independent of availability.
+
+    Bit i (< number of sets) = in set i; bit ANY = len(sets) is set for every item, so a row word carries
+    "has an available item" too and a request without include sets has the word of ANY alone (one test,
+    (row & word) != 0, for every request). item_bits: uint8/16/32/64 [items] (uint64 [items, words] past
+    63 sets); set_words: the same dtype, [sets + 1] (or [sets + 1, words]), the word of each bit alone."""
+
+    sets: ItemSets
+    item_bits: np.ndarray
+    set_words: np.ndarray
+    words: int
+    member_keys: np.ndarray  # int64 ascending: i * (items + 1) + p for every member p of set i
+    member_pos: np.ndarray  # int64: the p of each member_keys entry
+
+    @property
+    def any_bit(self) -> int:
+        return len(self.sets.names)
+
+    @classmethod
+    def build(cls, sets: ItemSets) -> SetBits:
+        n = len(sets.names) + 1
+        fits = [d for d in (np.uint8, np.uint16, np.uint32) if n <= 8 * np.dtype(d).itemsize]
+        dtype = fits[0] if fits else np.uint64
+        words = max(1, -(-n // 64)) if dtype == np.uint64 else 1
+        width = 8 * np.dtype(dtype).itemsize
+        set_words = np.zeros((n, words), dtype=dtype)
+        set_words[np.arange(n), np.arange(n) // width] = dtype(1) << (np.arange(n) % width).astype(dtype)
+        set_words = set_words if words > 1 else set_words[:, 0]
+        bits = np.empty((sets.num_items, words) if words > 1 else sets.num_items, dtype=dtype)
+        bits[...] = set_words[n - 1]  # ANY
+        for i, positions in enumerate(sets.positions):
+            bits[positions] |= set_words[i]
+        stride = sets.num_items + 1
+        keys = np.concatenate(
+            [np.zeros(0, np.int64)] + [p + i * stride for i, p in enumerate(sets.positions)]
+        )
+        return cls(sets, bits, set_words, words, keys, keys % stride)
+
+    def contains(self, positions: np.ndarray, sets: np.ndarray) -> np.ndarray:
+        """bool [k]: item position positions[i] is in set sets[i] (int64 [k] each)."""
+        hit = (self.item_bits[positions] & self.set_words[sets]) != 0
+        return hit.any(axis=1) if hit.ndim == 2 else hit
+
+    def request_words(self, set_flat: np.ndarray, set_off: np.ndarray) -> np.ndarray:
+        """[B] (or [B, words]): OR of the words of the sets of request b, set_flat[set_off[b] :
+        set_off[b + 1]] (int64); ANY alone for a request naming none."""
+        batch = set_off.shape[0] - 1
+        out = np.zeros((batch,) + self.set_words.shape[1:], dtype=self.set_words.dtype)
+        owner = np.repeat(np.arange(batch), np.diff(set_off))
+        np.bitwise_or.at(out, owner, self.set_words[set_flat])
+        out[set_off[1:] == set_off[:-1]] = self.set_words[self.any_bit]
+        return out
+
+
+def signed_words(array: np.ndarray) -> np.ndarray:
+    """The same bits under a dtype torch does bitwise ops on (uint8 stays; uint16/32/64 -> int16/32/64)."""
+    return array if array.dtype == np.uint8 else array.view(f"int{8 * array.dtype.itemsize}")
+
+
+@dataclass(frozen=True, eq=False)
+class Resident:
+    """The Decoder's current availability and item sets (replaced as a whole, never mutated).
+
+    available: bool [items] host or None (all available); cum: int32 [items + 1] host, its prefix sum (None
+    when all are available); tables[t]: step table t's tokens (int32 [nnz]) or next (int32 [rows, V]) with
+    the children of unavailable rows set to -1, on the device (None: the table itself); set_bits: the sets
+    (None: none); row_bits[s-1]: per row of step s the sets with an available item there, on the device
+    (torch view of SetBits' word type, [rows_s + pad] or [rows_s + pad, words]; pad = max_slots of step
+    table s-1, zero words, so every slot window start + width of that table lies inside); set_keys: int64
+    host, ascending, i * (items + 1) + p for the available positions p of set i (per-set counts of
+    item_requests.py); dense_bits[t]: for a dense step table t (one-word sets), [rows_t, V] the row words of
+    its children laid out like next (0 where no child), so a dense step reads a beam's words in one
+    contiguous row (None for sparse tables or no sets)."""
+
+    space: ItemSpace
+    available: np.ndarray | None
+    cum: np.ndarray | None
+    tables: tuple[torch.Tensor | None, ...]
+    set_bits: SetBits | None
+    row_bits: tuple[torch.Tensor, ...]
+    set_keys: np.ndarray | None
+    dense_bits: tuple[torch.Tensor | None, ...] = ()
+
+    def device_bytes(self) -> int:
+        """Bytes this state holds on the device: the masked tables and the sets' words (O(rows))."""
+        held = [t for t in self.tables + self.dense_bits if t is not None] + list(self.row_bits)
+        return sum(int(t.numel() * t.element_size()) for t in held)
+
+    @property
+    def sets(self) -> ItemSets | None:
+        return None if self.set_bits is None else self.set_bits.sets
+
+    def available_in(self, step: int, rows: np.ndarray) -> np.ndarray:
+        """int64 like rows: available items of rows `rows` of step `step` (1..L)."""
+        b = self.space.bounds[step - 1]
+        if self.cum is None:
+            return b[rows + 1] - b[rows]
+        return self.cum[b[rows + 1]].astype(np.int64) - self.cum[b[rows]]
+
+
+def row_validity(space: ItemSpace, cum: np.ndarray, step: int) -> np.ndarray:
+    """bool [rows_s]: row j of step `step` (1..L) has an available item (cum[hi] > cum[lo], cum the int32
+    [items + 1] prefix sum of the mask). O(rows_s)."""
+    edges = cum[space.bounds[step - 1]]
+    return edges[1:] > edges[:-1]
+
+
+def masked_tables(space: ItemSpace, cum: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """Per step table t: its children (rows of step t+1) that have no available item set to -1.
+
+    Sparse: int32 [nnz], child f is row f of step t+1 (on the CPU in numpy with integer arithmetic, about
+    5x faster than np.where; elsewhere the validity goes to the device and torch.where keeps the tokens).
+    Dense: int32 [rows, V], next[p, k] where next[p, k] >= 0 and its row is valid, else -1. O(rows) per
+    table."""
+    out = []
+    for t, table in enumerate(space.steps):
+        if table.next is not None:
+            nxt = table.next
+            valid = torch.as_tensor(row_validity(space, cum, t + 1)).to(nxt.device)
+            out.append(torch.where(valid[nxt.clamp(min=0).long()] & (nxt >= 0), nxt, -1))
+        elif table.tokens.device.type == "cpu":
+            # count - 1 >> 31 is -1 where a child has no available item (count 0) and 0 where it has some
+            # (count >= 1), and token | 0 = token, token | -1 = -1: no branch, no bool temporary.
+            with space.swap_lock:
+                edges = space.edges(cum, t + 1)
+                masked = np.subtract(edges[1:], edges[:-1])
+            masked -= 1
+            masked >>= 31
+            out.append(torch.from_numpy(np.bitwise_or(masked, table.tokens.numpy(), out=masked)))
+        else:
+            valid = torch.as_tensor(row_validity(space, cum, t + 1)).to(table.tokens.device)
+            out.append(torch.where(valid, table.tokens, -1))
+    return tuple(out)
+
+
+def set_row_bits(
+    space: ItemSpace, set_bits: SetBits, available: np.ndarray | None
+) -> tuple[torch.Tensor, ...]:
+    """Per step s: the sets with an available item in each row (SetBits' word type, [rows_s](, words)) on
+    the device, zero-padded (see Resident). Leaves first (item bits of available items OR-ed over each
+    leaf's run), then each step from the next one: a row's items are exactly its child rows' items, so
+    OR-ing the child rows' words (one contiguous run each, child_start) gives the same word as OR-ing its
+    items'. O(items + rows)."""
+    bits = set_bits.item_bits
+    if available is not None:
+        zero = np.zeros((), dtype=bits.dtype)
+        bits = np.where(available[:, None] if bits.ndim == 2 else available, bits, zero)
+    leaves = bits if space.one_item_per_leaf else np.bitwise_or.reduceat(bits, space.bounds[-1][:-1], axis=0)
+    per_step = [leaves]
+    for s in range(len(space.bounds) - 2, -1, -1):
+        per_step.append(np.bitwise_or.reduceat(per_step[-1], space.child_start[s][:-1], axis=0))
+    out = []
+    for s, b in enumerate(reversed(per_step)):  # zero padding: any slot window start + width fits
+        pad = np.zeros((space.steps[s].max_slots,) + b.shape[1:], dtype=b.dtype)
+        out.append(torch.from_numpy(signed_words(np.concatenate([b, pad]))).to(space.device))
+    return tuple(out)
+
+
+def make_resident(space: ItemSpace, mask: ItemMask | None, set_bits: SetBits | None, *,
+                  reuse: Resident | None = None) -> Resident:  # fmt: skip
+    """The Resident of availability `mask` (None: all) and compiled sets `set_bits` (None: no sets).
+    O(items + rows + sum of set sizes); builds everything before the caller swaps one reference. reuse: a
+    Resident whose availability part is taken as is when it has the same mask array (new sets only)."""
+    for what, n in (("availability mask", None if mask is None else mask.num_items),
+                    ("item sets", None if set_bits is None else set_bits.sets.num_items)):  # fmt: skip
+        if n is not None and n != space.num_items:
+            raise InputError(f"{what} is for {n} items, the decoder's index has {space.num_items}")
+    available = cum = None
+    tables: tuple[torch.Tensor | None, ...] = (None,) * len(space.steps)
+    if reuse is not None and mask is not None and reuse.available is mask.available:
+        available, cum, tables = reuse.available, reuse.cum, reuse.tables
+    elif mask is not None:
+        available = mask.available
+        cum = np.zeros(available.shape[0] + 1, dtype=np.int32)
+        np.cumsum(available, dtype=np.int32, out=cum[1:])
+        tables = masked_tables(space, cum)
+    row_bits: tuple[torch.Tensor, ...] = ()
+    set_keys = None
+    if set_bits is not None:
+        row_bits = set_row_bits(space, set_bits, available)
+        keys = set_bits.member_keys  # the available members: one gather and one compress, order kept
+        set_keys = keys if available is None else keys[available[set_bits.member_pos]]
+    dense_bits: list[torch.Tensor | None] = []
+    for t, table in enumerate(space.steps):
+        if table.next is None or set_bits is None or set_bits.words > 1:
+            dense_bits.append(None)
+            continue
+        child = table.next.long()
+        words = row_bits[t][child.clamp(min=0)]
+        dense_bits.append(torch.where(child >= 0, words, torch.zeros_like(words)))
+    return Resident(space, available, cum, tables, set_bits, row_bits, set_keys, tuple(dense_bits))
+
+
+__all__ = [
+    "ItemSpace",
+    "Resident",
+    "SetBits",
+    "make_resident",
+    "masked_tables",
+    "row_validity",
+    "set_row_bits",
+    "signed_words",
+]
