@@ -101,13 +101,15 @@ def read_catalog(
     stop_hashing = threading.Event()  # set on any error, so a refusal does not wait for the hashes
     try:
         fingerprint_future = hasher.submit(fingerprint_files, files, stop_hashing)
-        # Pass 1, footers only: every file's schema and row count, so a bad file fails before any data is
-        # read and N is known. Files are closed again (a directory may hold thousands of parts).
-        item_types, file_rows = [], []
+        # Pass 1, footers only: every file's schema, row count and row-group row counts, so a bad file fails
+        # before any data is read and N is known. Files are closed again (a directory may hold thousands of
+        # parts); a pooled read plans its row groups from these counts without opening the footers again.
+        item_types, file_rows, group_rows = [], [], []
         for name in files:
             with open_parquet(name) as pf:
-                schema, rows = pf.schema_arrow, pf.metadata.num_rows
-            file_rows.append(rows)
+                schema, meta = pf.schema_arrow, pf.metadata
+                file_rows.append(meta.num_rows)
+                group_rows.append([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
             check_sid_schema(name, schema, layout)
             item_types.append((name, item_id_type(name, schema, item_column)))
             if layout.list_column is not None and pa.types.is_fixed_size_list(schema.field(sid_column).type):
@@ -132,7 +134,7 @@ def read_catalog(
         progress.stage("read", total=total_rows)
         threads = read_workers(workers)
         if reader.pack and threads > 1:
-            read_on_pool(reader, files, file_rows, columns, progress, threads)
+            read_on_pool(reader, files, file_rows, group_rows, columns, progress, threads)
         else:
             read_in_order(reader, files, file_rows, columns, progress)
         # Batches are gone; hand the Arrow pool's cached pages back so the build that follows can use them.

@@ -39,15 +39,16 @@ class RowGroup:
     rows: int
 
 
-def plan_row_groups(files: list[str], file_rows: list[int]) -> tuple[list[RowGroup], InputError | None]:
-    """Every row group of `files` (file_rows: each file's footer row count), in catalog order, up to the
-    first file whose row groups hold more or fewer rows than its footer says; that file's InputError is
-    returned beside the groups before it (None when every footer agrees)."""
+def plan_row_groups(
+    files: list[str], file_rows: list[int], group_rows: list[list[int]]
+) -> tuple[list[RowGroup], InputError | None]:
+    """Every row group of `files`, in catalog order, from their footers (file_rows: each file's row count;
+    group_rows: each file's row count per row group), up to the first file whose row groups hold more or
+    fewer rows than its footer says; that file's InputError is returned beside the groups before it (None
+    when every footer agrees)."""
     groups: list[RowGroup] = []
     row = 0
-    for name, rows in zip(files, file_rows, strict=True):
-        with open_parquet(name) as pf:
-            counts = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+    for name, rows, counts in zip(files, file_rows, group_rows, strict=True):
         if sum(counts) > rows:
             return groups, InputError(f"{name}: footer says {rows} rows but its row groups hold more")
         if sum(counts) < rows:
@@ -91,11 +92,13 @@ def read_on_pool(
     reader: BatchReader,
     files: list[str],
     file_rows: list[int],
+    group_rows: list[list[int]],
     columns: list[str],
     progress: Progress,
     workers: int,
 ) -> None:
-    """Every row group into `reader` (a packed BatchReader), `workers` row groups at a time.
+    """Every row group into `reader` (a packed BatchReader), `workers` row groups at a time (file_rows and
+    group_rows: the footers' row counts per file and per row group, as plan_row_groups takes them).
 
     Leading row groups are read on the calling thread until one holds rows: that fixes the SID length the
     others are checked against, with the in-order reader's messages. Each task opens its file itself and
@@ -104,7 +107,7 @@ def read_on_pool(
     for rows in file_rows:
         reader.file_starts.append(row)
         row += rows
-    groups, footer_error = plan_row_groups(files, file_rows)
+    groups, footer_error = plan_row_groups(files, file_rows, group_rows)
 
     def read_group(g: RowGroup) -> int:
         read = 0
