@@ -84,3 +84,55 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+# --- object storage ---
+# A real S3 API server (moto's server mode) on 127.0.0.1, started once per session. It enforces
+# conditional writes (If-None-Match / If-Match); pyarrow and boto3 reach it through AWS_ENDPOINT_URL.
+# `s3_env` points the standard AWS_* variables at it for one test; `s3_bucket` also makes a fresh bucket.
+@pytest.fixture(scope="session")
+def s3_server() -> str:
+    """The endpoint URL of a moto S3 server on 127.0.0.1 (one per test session)."""
+    pytest.importorskip("moto.server")
+    import socket
+
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+S3_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "zerogr-test-key-id",
+    "AWS_SECRET_ACCESS_KEY": "zerogr-test-secret-do-not-log",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+}
+
+
+@pytest.fixture()
+def s3_env(s3_server, monkeypatch) -> dict[str, str]:
+    """AWS_* environment (endpoint + dummy credentials) for the moto server; CLI subprocesses inherit it."""
+    env = {"AWS_ENDPOINT_URL": s3_server, **S3_CREDENTIALS}
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+@pytest.fixture()
+def s3_bucket(s3_env) -> str:
+    """A new, empty bucket on the moto server; returns its name."""
+    import uuid
+
+    import boto3
+
+    name = f"zg-{uuid.uuid4().hex[:16]}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    return name

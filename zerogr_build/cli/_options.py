@@ -83,3 +83,14 @@ def bundle_path(bundle: str | None, config: Path | None) -> str:
     if bundle is not None:
         return bundle
     return load_settings(config).out
+
+
+MetricsFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--metrics-file",
+        help="Write Prometheus text-format metrics here when the command ends (node_exporter textfile "
+        "collector; written atomically, on failure too): last success, exit status, durations, bundle facts.",
+        show_default=False,
+    ),
+]

@@ -1,0 +1,149 @@
+"""`--metrics-file PATH`: Prometheus text format for batch jobs (node_exporter's textfile-collector
+convention), written atomically through prometheus-client when the command ends, successful or not.
+
+Every command that takes `--metrics-file` writes one file per run with these series (label `job` = the
+command, e.g. `build`):
+
+    zerogr_job_last_run_timestamp_seconds       when this run ended (unix seconds)
+    zerogr_job_last_success_timestamp_seconds   when the last successful run ended; a failed run carries
+                                                over the value already in the file (absent: never)
+    zerogr_job_exit_status                      this run's exit code (0 ok, 2 bad input, ...)
+    zerogr_job_duration_seconds                 this run's wall time
+    zerogr_job_stage_duration_seconds{stage}    wall time per stage (read, build, publish, upload, ...)
+    zerogr_bundle_items / _distinct_sids / _index_bytes / _version
+                                                what the run produced or handled, where it knows them
+
+Usage in a command (outside `cli_errors()`, so it sees the exit code that block chose):
+
+    with job_metrics("build", metrics_file) as metrics, cli_errors():
+        with metrics.stage("read"):
+            ...
+        metrics.bundle(items=..., distinct_sids=..., index_bytes=..., version=...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import typer
+
+PREFIX = "zerogr"
+BUNDLE_GAUGES = {
+    "items": "Items in the bundle's catalog.",
+    "distinct_sids": "Distinct SIDs (leaves) in the bundle.",
+    "index_bytes": "Bytes of the bundle's step tables.",
+    "version": "The bundle version number the run produced or handled.",
+}
+LAST_SUCCESS = f"{PREFIX}_job_last_success_timestamp_seconds"
+
+
+class JobMetrics:
+    """What one run of one command measured; `write(exit_status)` puts it in the metrics file."""
+
+    def __init__(self, job: str, path: str | os.PathLike | None) -> None:
+        self.job = job
+        self.path = None if path is None else Path(path)
+        self.started = time.time()
+        self.stages: dict[str, float] = {}
+        self.values: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time a stage; a stage entered twice adds up."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - t0
+
+    def add_stage(self, name: str, seconds: float) -> None:
+        """Record a stage timed elsewhere (e.g. the library's own per-stage timings)."""
+        self.stages[name] = self.stages.get(name, 0.0) + float(seconds)
+
+    def bundle(self, **values: float | int | None) -> None:
+        """Record bundle facts: any of items, distinct_sids, index_bytes, version (None = unknown)."""
+        for name, value in values.items():
+            if name not in BUNDLE_GAUGES:
+                raise ValueError(f"unknown bundle metric {name!r}; known: {', '.join(BUNDLE_GAUGES)}")
+            if value is not None:
+                self.values[name] = float(value)
+
+    def write(self, exit_status: int) -> None:
+        """Write the file atomically (a temp file in the same dir, then a rename). No-op without a path."""
+        if self.path is None:
+            return
+        from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+        now = time.time()
+        registry = CollectorRegistry()
+        labels = ["job"]
+
+        def gauge(name: str, doc: str, value: float, extra: dict[str, str] | None = None) -> None:
+            g = Gauge(name, doc, labels + sorted(extra or {}), registry=registry)
+            g.labels(job=self.job, **(extra or {})).set(value)
+
+        gauge(f"{PREFIX}_job_last_run_timestamp_seconds", "When the last run ended (unix seconds).", now)
+        last_success = now if exit_status == 0 else previous_success(self.path, self.job)
+        if last_success is not None:
+            gauge(LAST_SUCCESS, "When the last successful run ended (unix seconds).", last_success)
+        gauge(f"{PREFIX}_job_exit_status", "Exit code of the last run (0 = ok).", exit_status)
+        gauge(f"{PREFIX}_job_duration_seconds", "Wall time of the last run.", now - self.started)
+        if self.stages:
+            g = Gauge(
+                f"{PREFIX}_job_stage_duration_seconds", "Wall time per stage of the last run.",
+                ["job", "stage"], registry=registry,
+            )  # fmt: skip
+            for stage, seconds in self.stages.items():
+                g.labels(job=self.job, stage=stage).set(seconds)
+        for name, value in self.values.items():
+            gauge(f"{PREFIX}_bundle_{name}", BUNDLE_GAUGES[name], value)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_to_textfile(str(self.path), registry)
+
+
+def previous_success(path: Path, job: str) -> float | None:
+    """The last-success timestamp already in the file for this job, if the file parses; else None."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        if not path.is_file() or path.stat().st_size > 1 << 20:
+            return None
+        text = path.read_text(encoding="utf-8")
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == LAST_SUCCESS and sample.labels.get("job") == job:
+                    return sample.value if math.isfinite(sample.value) else None
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return None
+
+
+@contextlib.contextmanager
+def job_metrics(job: str, path: str | os.PathLike | None) -> Iterator[JobMetrics]:
+    """Yield a JobMetrics and write it when the block ends: exit status 0, the typer/click Exit code, 130
+    on Ctrl-C, 1 on any other exception. A metrics file that cannot be written is one warning line on
+    stderr; it never changes the command's own exit code."""
+    metrics = JobMetrics(job, path)
+    status = 1
+    try:
+        yield metrics
+        status = 0
+    except (typer.Exit, click.exceptions.Exit) as exc:
+        status = int(getattr(exc, "exit_code", 1) or 0)
+        raise
+    except KeyboardInterrupt:
+        status = 130
+        raise
+    finally:
+        try:
+            metrics.write(status)
+        except OSError as exc:
+            import sys
+
+            sys.stderr.write(f"WARNING: could not write the metrics file {metrics.path}: {exc}\n")
