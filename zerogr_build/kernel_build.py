@@ -405,7 +405,7 @@ class KernelCache:
                 why = f"{info.st_size} bytes, more than a kernel file may have"
             else:
                 with os.fdopen(os.dup(fd), "rb") as f:
-                    raw = f.read(MAX_ENTRY_HEADER + MAX_KERNEL_BYTES + 1)
+                    raw = f.read(info.st_size + 1)  # bounded: st_size was checked above
                 data, why = parse_cache_entry(raw, arch, name, kind)
         except OSError as exc:
             data, why = None, f"cannot read ({exc.strerror or exc})"
