@@ -262,6 +262,22 @@ def test_g10_an_unusable_cache_dir_compiles_into_a_temporary_dir(warm, tmp_path,
 
 
 @needs_nvcc
+def test_g10_a_read_only_home_compiles_into_a_temporary_dir(warm, tmp_path):
+    """An immutable dir (chattr +i: what a read-only HOME in a container looks like; root ignores mode
+    bits) cannot take the cache."""
+    home = tmp_path / "home"
+    home.mkdir()
+    if subprocess.run(["chattr", "+i", str(home)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i not available here")
+    try:
+        files, said = _cached(home / ".cache" / "zerogr" / "kernels")
+    finally:
+        subprocess.run(["chattr", "-i", str(home)], check=True)
+    assert files == warm[1]
+    assert len(said) == 1 and "unusable" in said[0], said
+
+
+@needs_nvcc
 def test_g10_build_with_cache_dir_dev_null_publishes_with_kernels_exit_0(tmp_path):
     cat = _catalog(tmp_path / "cat.parquet")
     args = ["build", str(cat), "--out", str(tmp_path / "o"), "--codebook-sizes", "8,8,8", "--kernel-archs",
