@@ -221,6 +221,18 @@ def test_g1_a_symlinked_cache_key_dir_is_not_followed(warm, tmp_path):
 
 
 @needs_nvcc
+def test_g1_an_arch_dir_others_can_write_is_not_trusted(warm, tmp_path):
+    cache = _copy(warm, tmp_path / "cache")
+    entry = _entry(cache, "selective.cubin")
+    _replace_with_garbage_cubin(entry, tmp_path)
+    entry.parent.chmod(0o777)  # anyone could have put that there
+    files, said = _cached(cache)
+    assert files == warm[1]
+    assert len(said) == 1 and "writable by group or others" in said[0] and "not used" in said[0], said
+    assert entry.read_bytes().startswith(b"\x7fELFattacker")  # another's dir: left alone, not used
+
+
+@needs_nvcc
 def test_g1_a_poisoned_cache_never_reaches_a_published_bundle(warm, tmp_path, monkeypatch):
     cache = _copy(warm, tmp_path / "zc" / "kernels")  # $ZEROGR_CACHE_DIR/kernels is the cache
     _replace_with_garbage_cubin(_entry(cache, "selective.cubin"), tmp_path)

@@ -187,7 +187,12 @@ def run_nvcc(cmd: list[str], timeout_s: float) -> str:
         raise KernelCompileError(f"{_FAILED_TOOLKITS[nvcc]} (earlier in this run; not run again)")
     try:
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            encoding="utf-8",
+            errors="replace",
+            start_new_session=True,
         )
     except OSError as exc:
         raise KernelCompileError(f"cannot run nvcc at {nvcc}: {exc}") from exc
@@ -306,7 +311,7 @@ class KernelCache:
         self.key = key
         self.problems: list[str] = []
         self._uid = os.geteuid()
-        self._arch_fds: dict[str, int] = {}
+        self._arch_fds: dict[str, int | None] = {}
         self._fds: list[int] = []
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -314,7 +319,11 @@ class KernelCache:
         except OSError as exc:
             raise _CacheUnusable(f"{root}: {exc.strerror or exc}") from None
         self._fds.append(root_fd)
-        self._key_fd = self._private_dir(root_fd, key, root / key)
+        try:
+            self._key_fd = self._private_dir(root_fd, key, root / key)
+        except _CacheUnusable:
+            self.close()
+            raise
 
     def close(self) -> None:
         for fd in self._fds:
@@ -357,11 +366,18 @@ class KernelCache:
             return fd
         raise AssertionError("unreachable")
 
-    def _arch_fd(self, arch: str) -> int:
+    def _arch_fd(self, arch: str) -> int | None:
+        """fd of the arch's dir, or None when it cannot be trusted (then nothing of it is read or written:
+        that arch is compiled afresh, and the reason is one of `problems`)."""
         if arch not in self._arch_fds:
-            fd = self._private_dir(self._key_fd, arch, self.root / self.key / arch)
+            try:
+                fd: int | None = self._private_dir(self._key_fd, arch, self.root / self.key / arch)
+            except _CacheUnusable as exc:
+                self.problems.append(f"{exc}; not used")
+                fd = None
+            if fd is not None:
+                self._sweep(fd)
             self._arch_fds[arch] = fd
-            self._sweep(fd)
         return self._arch_fds[arch]
 
     def _sweep(self, dir_fd: int) -> None:
@@ -382,6 +398,8 @@ class KernelCache:
     def load(self, arch: str, name: str, kind: str) -> bytes | None:
         """The checked bytes of `name` for `arch`, or None: no entry, or a bad one (then discarded)."""
         dir_fd = self._arch_fd(arch)
+        if dir_fd is None:
+            return None
         entry = name + ENTRY_SUFFIX
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
         try:
@@ -429,8 +447,10 @@ class KernelCache:
     def store(self, arch: str, name: str, data: bytes) -> None:
         """Write the entry for `name` (temp file, then rename over any old one). Failures are only noted:
         the cache is an optimisation."""
+        dir_fd = self._arch_fd(arch)
+        if dir_fd is None:
+            return
         try:
-            dir_fd = self._arch_fd(arch)
             entry = name + ENTRY_SUFFIX
             tmp = f".{entry}.{temp_tag()}.tmp"
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -444,9 +464,8 @@ class KernelCache:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=dir_fd)
                 raise
-        except (OSError, _CacheUnusable) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            self.problems.append(f"{self.path(arch, name)}: could not write ({why})")
+        except OSError as exc:
+            self.problems.append(f"{self.path(arch, name)}: could not write ({exc.strerror or exc})")
 
 
 def _lstat_mode(name: str, dir_fd: int) -> int:
