@@ -24,7 +24,7 @@ from zerogr_build.bundle import (
     verify_bundle,
 )
 from zerogr_build.errors import BundleError, InputError
-from zerogr_build.testing import publish_catalog, random_catalog
+from zerogr_build.testing import fake_kernel_file, publish_catalog, random_catalog
 
 
 def rehash(version_dir: Path, name: str) -> None:
@@ -382,14 +382,13 @@ def test_verify_against_catalog(tmp_path):
 
 def test_add_bundle_files_keeps_verify_passing(bundle_dir):
     plan = json.dumps({"device": "cpu", "entries": []}).encode()
-    add_bundle_files(
-        bundle_dir.parent, {"plans/cpu.json": plan, "kernels/sm_90/selective.cubin": b"\x7fELF..."}
-    )
+    cubin = fake_kernel_file("cubin", "sm_90")
+    add_bundle_files(bundle_dir.parent, {"plans/cpu.json": plan, "kernels/sm_90/selective.cubin": cubin})
     bundle = open_bundle(bundle_dir)
     assert bundle.plans() == {"cpu": "plans/cpu.json"}
     assert bundle.plan("cpu") == {"device": "cpu", "entries": []}
     assert bundle.files("kernels/") == ["kernels/sm_90/selective.cubin"]
-    assert bundle.file("kernels/sm_90/selective.cubin").read_bytes() == b"\x7fELF..."
+    assert bundle.file("kernels/sm_90/selective.cubin").read_bytes() == cubin
     report = verify_bundle(bundle_dir)
     assert report["unlisted_files"] == [] and report["files"] == 9
 

@@ -46,7 +46,9 @@ for _ in range(int(sys.argv[3])):
 ADD_SCRIPT = """
 import sys
 from zerogr_build.bundle import add_bundle_files
-add_bundle_files(sys.argv[1], {"plans/cpu.json": b'{"new": true}', "kernels/sm_90/k.cubin": b"\\x7fELFabc"})
+from zerogr_build.testing import fake_kernel_file
+cubin = fake_kernel_file("cubin", "sm_90", b"abc")
+add_bundle_files(sys.argv[1], {"plans/cpu.json": b'{"new": true}', "kernels/sm_90/k.cubin": cubin})
 """
 
 

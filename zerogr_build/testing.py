@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import struct
 import threading
 import zipfile
 from collections.abc import Sequence
@@ -340,6 +341,19 @@ class FakeKernels:
     origin: str
     device_index: int
     probed: bool = False
+
+
+def fake_kernel_file(kind: str, arch: str = "sm_90", body: bytes = b"") -> bytes:
+    """Bytes that pass verify's kind check for a kernel file (bundle/kernel_files.py) without being one
+    that runs: a cubin is a CUDA ELF header for `arch` and one null section header, then `body`; a PTX file a
+    ``.version`` and ``.target <arch>`` preamble plus `body`."""
+    if kind == "ptx":
+        return f".version 9.0\n.target {arch}\n".encode() + body
+    sm = int("".join(ch for ch in arch[3:] if ch.isdigit()))
+    ident = b"\x7fELF\x02\x01\x01\x41\x08" + bytes(7)
+    flags = 0x6000004 | (sm << 8)  # CUDA ELF ABI 8: the SM number in bits 8-15
+    header = struct.pack("<16sHHIQQQIHHHHHH", ident, 2, 190, 1, 0, 0, 64, flags, 64, 56, 0, 64, 1, 0)
+    return header + bytes(64) + body  # one (null) section header right after the ELF header
 
 
 class FakeKernelLoader:

@@ -22,6 +22,7 @@ from ..index import SidIndex, StepTable
 from ..index.tables import identity_leaf_offsets
 from .files import read_npy_header, read_small_file, sha256_file
 from .format import (
+    DEFAULT_OUT,
     ITEM_COLUMN,
     JOURNAL_NAME,
     MANIFEST_NAME,
@@ -29,7 +30,7 @@ from .format import (
     parse_version_dir,
     validate_manifest,
 )
-from .versions import resolve_bundle
+from .versions import VersionGoneError, read_latest, resolve_bundle
 
 HASH_THREADS = 4
 # open_bundle re-reads the manifest this many times when add_bundle_files is replacing files under it.
@@ -205,6 +206,8 @@ class Bundle:
             rows = parquet.metadata.num_rows
             if rows != leaves["items"]:
                 raise BundleError(f"{path}: {rows} items, manifest says {leaves['items']}")
+            if ITEM_COLUMN not in parquet.schema_arrow.names:
+                raise BundleError(f"{path}: no {ITEM_COLUMN!r} column (has {parquet.schema_arrow.names[:8]})")
             table = parquet.read(columns=[ITEM_COLUMN])
         except BundleError:
             raise
@@ -258,13 +261,27 @@ def open_bundle(path: str | Path | None = None, *, verify_checksums: bool = True
     resolving LATEST and mapping its files is retried with the new LATEST.
     """
     for attempt in range(PRUNED_RETRIES + 1):
-        version_dir = resolve_bundle(path)
+        try:
+            version_dir = resolve_bundle(path)
+        except VersionGoneError as exc:
+            # LATEST was read, then a publish replaced it and pruned the version it named: read it again.
+            if attempt == PRUNED_RETRIES or not _latest_moved_from(path, exc.name):
+                raise
+            continue
         try:
             return _open_version(version_dir, verify_checksums)
         except BundleError:
             if attempt == PRUNED_RETRIES or not _moved_on(path, version_dir):
                 raise
     raise AssertionError("unreachable")
+
+
+def _latest_moved_from(path: str | Path | None, name: str) -> bool:
+    """True when the LATEST of OUT dir `path` now names a version other than `name`."""
+    try:
+        return read_latest(Path(DEFAULT_OUT if path is None else path)) != name
+    except (BundleError, OSError):
+        return False
 
 
 def _moved_on(path: str | Path | None, version_dir: Path) -> bool:

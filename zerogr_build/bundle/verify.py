@@ -4,6 +4,7 @@ file; success returns a report dict."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,10 @@ import numpy as np
 from ..errors import BundleError
 from ..index.formats import bits_for
 from .format import JOURNAL_NAME, MANIFEST_NAME
+from .kernel_files import KERNEL_HEAD_BYTES, kernel_problem
 from .reader import Bundle, open_bundle
-from .versions import resolve_bundle
 
-_KERNEL_NAME = re.compile(r"^kernels/sm_\d{2,3}[af]?/[A-Za-z0-9_]+\.(cubin|ptx)$")
+_KERNEL_NAME = re.compile(r"^kernels/(sm_\d{2,3}[af]?)/[A-Za-z0-9_]+\.(cubin|ptx)$")
 
 
 def verify_bundle(path: str | Path | None = None, catalog: Any = None) -> dict:
@@ -27,8 +28,9 @@ def verify_bundle(path: str | Path | None = None, catalog: Any = None) -> dict:
     Returns {"bundle", "version", "ok": True, "files", "bytes", "steps": [...], "leaves", "items",
     "catalog": None | {...}, "unlisted_files": [...]}.
     """
-    version_dir = resolve_bundle(path)
-    bundle = open_bundle(version_dir, verify_checksums=True)
+    # Through open_bundle, so an OUT dir whose LATEST moves on (and prunes) meanwhile is resolved again.
+    bundle = open_bundle(path, verify_checksums=True)
+    version_dir = bundle.path
     manifest = bundle.manifest
     steps_report = []
     for table, entry in zip(bundle.index.steps, manifest["steps"], strict=True):
@@ -83,19 +85,24 @@ def verify_bundle(path: str | Path | None = None, catalog: Any = None) -> dict:
 
 def check_kernel_files(version_dir: Path, manifest: dict) -> list[str]:
     """The compiled kernels a version lists (their sha256 is checked with every file by open_bundle): each
-    named ``kernels/sm_NN/<stem>.cubin|.ptx``, a cubin an ELF image and a PTX file a PTX module. Returns
-    their names; the first bad one raises BundleError naming the file."""
+    named ``kernels/sm_NN/<stem>.cubin|.ptx``, a cubin a whole CUDA ELF image for that arch and a PTX file
+    a PTX module targeting it (bundle/kernel_files.py). Only each file's first KERNEL_HEAD_BYTES and its
+    size are read. Returns their names; the first bad one raises BundleError naming the file."""
     names = sorted(n for n in manifest["files"] if n.startswith("kernels/"))
     for name in names:
         path = version_dir / name
         match = _KERNEL_NAME.match(name)
         if match is None:
             raise BundleError(f"{path}: a kernel file must be named kernels/sm_NN/<name>.cubin or .ptx")
-        head = path.read_bytes()[:4096]
-        if match.group(1) == "cubin" and not head.startswith(b"\x7fELF"):
-            raise BundleError(f"{path}: not a cubin (no ELF header)")
-        if match.group(1) == "ptx" and b".target" not in head:
-            raise BundleError(f"{path}: not a PTX module (no .target directive)")
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                head = f.read(KERNEL_HEAD_BYTES)
+        except OSError as exc:
+            raise BundleError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        problem = kernel_problem(head, size, match.group(2), match.group(1))
+        if problem is not None:
+            raise BundleError(f"{path}: {problem}")
     return names
 
 

@@ -28,6 +28,15 @@ from .lock import DELETE_PREFIX
 SMALL_FILE_LIMIT = 4096
 
 
+class VersionGoneError(BundleError):
+    """LATEST names a version dir that is missing or has no manifest (typically pruned under a reader that
+    had just read LATEST). `name` is the version dir name LATEST held."""
+
+    def __init__(self, message: str, name: str):
+        super().__init__(message)
+        self.name = name
+
+
 def version_dirs(out: Path) -> list[tuple[int, Path]]:
     """(number, path) of every dir in OUT named like a version (vNNNNNN), ascending: the one scan of OUT.
     A dir without a manifest counts (its number is used); readers filter on the manifest themselves."""
@@ -157,7 +166,9 @@ def resolve_bundle(path: str | Path | None = None) -> Path:
             raise BundleError(f"{latest_file}: does not name a version dir (got {name[:80]!r})")
         target = root / name
         if not (target / MANIFEST_NAME).is_file():
-            raise BundleError(f"{latest_file}: names {name}, which is missing or has no {MANIFEST_NAME}")
+            raise VersionGoneError(
+                f"{latest_file}: names {name}, which is missing or has no {MANIFEST_NAME}", name
+            )
         return target
     complete = [path for _, path in version_dirs(root) if (path / MANIFEST_NAME).is_file()]
     if not complete:

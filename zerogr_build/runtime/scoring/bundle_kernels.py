@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from ...bundle.kernel_files import MAX_KERNEL_BYTES
+from ...errors import BundleError
 from .selective_cuda import (
     KernelChecksumError,
     KernelFallbackWarning,
@@ -32,9 +33,14 @@ from .selective_cuda import (
 
 def read_checked_kernel_file(bundle: Any, name: str) -> bytes:
     """The bytes of a bundle's kernel file, read once and hashed against the manifest's sha256: these exact
-    bytes are what may reach the driver. KernelChecksumError naming the file on a mismatch."""
+    bytes are what may reach the driver. KernelChecksumError naming the file on a mismatch; BundleError
+    (before reading anything) when the manifest lists more than MAX_KERNEL_BYTES for it."""
     path = bundle.file(name)
-    data = Path(path).read_bytes()
+    listed = bundle.manifest["files"][name]["bytes"]
+    if listed > MAX_KERNEL_BYTES:  # never read a huge listed file whole (open_bundle checked the size)
+        raise BundleError(f"{path}: {listed} bytes, more than the {MAX_KERNEL_BYTES} a kernel file may have")
+    with open(path, "rb") as f:
+        data = f.read(listed + 1)  # a file grown since open_bundle fails the sha256 below
     want = bundle.manifest["files"][name]["sha256"]
     if hashlib.sha256(data).hexdigest() != want:
         raise KernelChecksumError(f"{path}: sha256 differs from the manifest's (file changed or corrupt)")
