@@ -79,19 +79,24 @@ class HotSwap:
         self.current: LiveVersion | None = None
 
     @classmethod
-    def for_decoder(cls, weights: Any, device: str = "cpu", **decoder_kwargs: Any) -> HotSwap:
-        """A handle whose versions are (bundle, Decoder) pairs: the bundle is opened and a Decoder built over
-        it (plan="auto" unless given), its tables streamed to `device` (on low-priority copy streams for
-        background loads). `load_next(path, weights=...)` replaces the weights for that version (a new
-        model goes with a new bundle)."""
+    def for_decoder(
+        cls, weights: Any, device: str = "cpu", *, verify: bool = False, **decoder_kwargs: Any
+    ) -> HotSwap:
+        """A handle whose versions are (bundle, Decoder) pairs: the bundle is opened (checksums checked) and
+        a Decoder built over it (plan="auto" unless given), its tables streamed to `device` (on low-priority
+        copy streams for background loads). verify=True also checks every structural invariant of the
+        version (`verify_bundle`) before loading it. `load_next(path, weights=...)` replaces the weights
+        for that version (a new model goes with a new bundle)."""
         default_weights = weights
         decoder_kwargs.setdefault("plan", "auto")
 
         def load(path: Path, *, low_priority: bool, weights: Any = None) -> tuple[Any, Any]:
-            from ..bundle import open_bundle
+            from ..bundle import open_bundle, verify_bundle
             from .decoder import Decoder
 
-            bundle = open_bundle(path)
+            if verify:
+                verify_bundle(path)  # checksums and invariants; the open below need not hash again
+            bundle = open_bundle(path, verify_checksums=not verify)
             decoder = Decoder(
                 bundle,
                 default_weights if weights is None else weights,
