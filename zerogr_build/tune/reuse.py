@@ -151,18 +151,16 @@ def reuse_plan(
         name = prev.plans().get(key)
         if name is None:
             return ReuseOutcome(refusal=f"{prev_dir.name} has no plan for {key}", source=prev_dir)
+        raw = _checked_bytes(prev, name)  # what is copied: the checksummed bytes
         load_plan(prev.file(name), expect_key=key)  # every rule of the plan format, naming the file
-        try:
-            plan = json.loads(_checked_bytes(prev, name))  # what is copied: the checksummed bytes
-        except ValueError as exc:
-            raise BundleError(f"{prev.file(name)}: not JSON ({exc})") from None
+        plan = json.loads(raw)
         refusal = reuse_refusal(plan, prev.manifest, new_manifest, info, wanted, tolerance)
         if refusal is not None:
             return ReuseOutcome(refusal=refusal, source=prev_dir)
         kernels = plan.get("kernels")
         kernel_names = list(kernels.get("files") or []) if isinstance(kernels, Mapping) else []
         files = {n: _checked_bytes(prev, n) for n in _kernel_names(kernel_names, prev.manifest["files"])}
-    except ZerogrError as exc:  # InputError (no such PREV) and BundleError (a broken one) alike
+    except (ZerogrError, ValueError, OSError) as exc:  # no such PREV, a broken one, a failed read
         return ReuseOutcome(refusal=one_line(exc))
     measured_in = (plan.get("reused_from") or {}).get("measured_in", plan.get("bundle_version"))
     plan.update(
