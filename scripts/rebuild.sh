@@ -67,7 +67,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-HERE=$(cd "$(dirname "$0")/.." && pwd)
+HERE=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)  # this checkout, even through symlinks
 PY=${PYTHON:-python}
 STARTED=$(now)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/zerogr-rebuild.XXXXXX") || { log "cannot create a temp dir"; exit 3; }
