@@ -46,7 +46,7 @@ log() { printf 'rebuild: %s\n' "$*" >&2; }
 now() { printf '%s' "${EPOCHREALTIME:-$(date +%s.%N)}"; }
 
 [[ $# -ge 1 ]] || usage
-case $1 in -h | --help) sed -n '2,42p' "$0"; exit 0 ;; esac
+case $1 in -h | --help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 
 CATALOG=$1
 shift
