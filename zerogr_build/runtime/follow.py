@@ -64,7 +64,8 @@ class Follower:
     poll_seconds: how often LATEST is read.
     verify: check every structural invariant of a new version (`verify_bundle`) before loading it, not only
         the checksums `open_bundle` checks anyway. On by default: a serving host should never load a
-        version whose tables break the format, whatever wrote it.
+        version whose tables break the format, whatever wrote it. (With your own `hotswap`, its loader
+        decides what is checked.)
     registry: a prometheus_client CollectorRegistry to export the follower's gauges on (None: no gauges).
     hotswap: a HotSwap of your own (its loader decides what a version is); default HotSwap.for_decoder.
 

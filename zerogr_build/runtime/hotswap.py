@@ -10,6 +10,9 @@
                                                                # thread on a low-priority copy stream
     live.swap()                                                # waits for the load, then switches
 
+To follow an OUT dir's LATEST from a serving process (poll, load, swap, keep the old version when the new
+one is bad), use `follow()` in follow.py, which drives a HotSwap.
+
 Readers take `live.current` once per request and use that object to the end of the request, so a request
 never mixes two versions. After `swap()` the handle drops its reference to the old version; its device
 memory is freed when the last request holding it finishes (CPython frees on the last reference), and
