@@ -2,6 +2,7 @@
 # After each model update: build -> verify -> tune -> promote -> print the new version. For cron / CI.
 #
 #   scripts/rebuild.sh CATALOG [--gpu N | --device cpu|cuda:N] [--tune-args "--batch-sizes 1,32 ..."]
+#                      [--retune] [--metrics-file PATH]
 #                      [any `zerogr build` option: --out DIR --config FILE --codebook-sizes ... --model-version
 #                       TAG --keep N ...]
 #
@@ -13,8 +14,15 @@
 # into it and `zerogr verify` checks it again; `zerogr promote VERSION` then points LATEST at it. Without
 # --gpu/--device, tune uses GPU 0 when torch sees CUDA, else the CPU. --keep never prunes the version LATEST
 # names nor the one just built.
+# Plan reuse: tune gets `--reuse-from` the version LATEST named before this run, so it copies that
+# version's plan instead of measuring for a minute when the device, zerogr, tune settings, codebook sizes
+# and step formats are the same and every step's rows, nnz and max_slots are within 10%
+# (docs/operations.md). --retune always measures. Tune's progress and decision go to stderr.
+# --metrics-file PATH: Prometheus text format for node_exporter's textfile collector, written atomically
+# when the script ends, whatever the exit code: job "rebuild", exit status, last success, duration per
+# stage (build, verify, tune, promote) and the bundle's items, distinct SIDs, index bytes and version.
 #
-# stdout: exactly one line on success: the new version dir (absolute path). Progress and logs: stderr.
+# stdout: exactly one line on exit 0 and 5: the new version dir (absolute path). Progress, logs: stderr.
 # Exit codes (what a scheduler should do):
 #   0  built, verified, tuned and promoted: LATEST names the printed version.
 #   2  bad input or usage (catalog, option, config): nothing was published. Fix the input; do not retry.
@@ -24,38 +32,88 @@
 #      still names the version it named before); the bad version stays in OUT for inspection. (An OUT
 #      with no LATEST yet has readers fall back to its newest version dir: point servers at it only
 #      after a first run exits 0.)
-#   5  tune failed: the version is valid, verified and promoted (LATEST names it), but it has no plan for
-#      this device; decoders fall back to the heuristic mode choice (correct, maybe slower). Rerun
-#      `zerogr tune VERSION --gpu N`.
+#   5  tune failed: the version is valid, verified and promoted (LATEST names it, and it is printed), but
+#      it has no plan for this device; decoders fall back to the heuristic mode choice (correct, maybe
+#      slower). Rerun `zerogr tune VERSION --gpu N`.
 #   6  the zerogr command could not be found or started.
 # Environment: ZEROGR = the command that runs zerogr (default: `zerogr` on PATH, else this checkout's cli.py
-# with $PYTHON, default python).
+# with $PYTHON, default python). $PYTHON also writes --metrics-file (it needs zerogr's dependencies).
 
 set -u -o pipefail
 
-usage() { sed -n '2,7p' "$0" >&2; exit 2; }
+usage() { sed -n '2,8p' "$0" >&2; exit 2; }
 log() { printf 'rebuild: %s\n' "$*" >&2; }
+now() { printf '%s' "${EPOCHREALTIME:-$(date +%s.%N)}"; }
 
 [[ $# -ge 1 ]] || usage
-case $1 in -h | --help) sed -n '2,32p' "$0"; exit 0 ;; esac
+case $1 in -h | --help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 
 CATALOG=$1
 shift
 BUILD_ARGS=()
 TUNE_DEVICE=()
 TUNE_EXTRA=""
+RETUNE=0
+METRICS_FILE=""
 while [[ $# -gt 0 ]]; do
     case $1 in
         --gpu) [[ $# -ge 2 ]] || usage; TUNE_DEVICE=(--gpu "$2"); shift 2 ;;
         --device) [[ $# -ge 2 ]] || usage; TUNE_DEVICE=(--device "$2"); shift 2 ;;
         --tune-args) [[ $# -ge 2 ]] || usage; TUNE_EXTRA=$2; shift 2 ;;
+        --retune) RETUNE=1; shift ;;
+        --metrics-file) [[ $# -ge 2 && -n $2 ]] || usage; METRICS_FILE=$2; shift 2 ;;
         --json | --quiet | -q | --promote | --no-promote) shift ;;  # this script decides these
         *) BUILD_ARGS+=("$1"); shift ;;
     esac
 done
 
-HERE=$(cd "$(dirname "$0")/.." && pwd)
+HERE=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)  # this checkout, even through symlinks
 PY=${PYTHON:-python}
+STARTED=$(now)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/zerogr-rebuild.XXXXXX") || { log "cannot create a temp dir"; exit 3; }
+STAGES=()        # "name=start,end" (unix seconds) of every stage that ran
+VERSION_DIR=""   # set once build has published
+
+# ---- metrics, written on every exit ------------------------------------------------------------------
+write_metrics() {
+    local status=$1
+    [[ -n $METRICS_FILE ]] || return 0
+    PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" "$PY" - "$METRICS_FILE" "$status" "$STARTED" \
+        "$WORK/build.prom" "${STAGES[@]}" <<'PY' || log "WARNING: could not write the metrics file $METRICS_FILE"
+import sys
+
+from zerogr_build.cli._metrics import write_script_metrics
+
+path, status, started, build_metrics, *stages = sys.argv[1:]
+spans = {}
+for stage in stages:
+    name, times = stage.split("=", 1)
+    begin, end = times.split(",")
+    spans[name] = (float(begin), float(end))
+write_script_metrics(path, "rebuild", int(status), float(started), spans, facts_from=[build_metrics])
+PY
+}
+on_exit() {
+    local status=$?
+    trap - EXIT
+    write_metrics "$status"
+    rm -rf "$WORK"
+    exit "$status"
+}
+trap on_exit EXIT
+
+# run_stage NAME COMMAND...: run COMMAND, recording NAME's start and end time; returns its exit status.
+run_stage() {
+    local name=$1 begin rc
+    shift
+    begin=$(now)
+    "$@"
+    rc=$?
+    STAGES+=("$name=$begin,$(now)")
+    return $rc
+}
+
+# ---- zerogr ------------------------------------------------------------------------------------------
 if [[ -n ${ZEROGR:-} ]]; then
     read -r -a ZG <<<"$ZEROGR"
 elif command -v zerogr >/dev/null 2>&1; then
@@ -73,51 +131,80 @@ if [[ ${#TUNE_DEVICE[@]} -eq 0 ]]; then
     fi
 fi
 
-# ---- build -------------------------------------------------------------------------------------------
-log "build ${CATALOG} ${BUILD_ARGS[*]}"
-BUILD_JSON=$("${ZG[@]}" build "$CATALOG" "${BUILD_ARGS[@]}" --no-promote --json)
-rc=$?
-if [[ $rc -ne 0 ]]; then
-    log "build failed (exit $rc); nothing published"
-    [[ $rc -eq 2 ]] && exit 2
-    exit 3
-fi
-VERSION_DIR=$(printf '%s' "$BUILD_JSON" | "$PY" -c \
-    'import json, pathlib, sys; print(pathlib.Path(json.loads(sys.stdin.read())["bundle"]).resolve())') || {
-    log "build succeeded but its --json output could not be read: $BUILD_JSON"
-    exit 3
+# ---- the stages: each returns 0 or the script's exit code for its failure --------------------------------
+build_stage() {
+    log "build ${CATALOG} ${BUILD_ARGS[*]}"
+    local json rc
+    json=$("${ZG[@]}" build "$CATALOG" "${BUILD_ARGS[@]}" --no-promote --json --metrics-file "$WORK/build.prom")
+    rc=$?
+    if [[ $rc -ne 0 ]]; then
+        log "build failed (exit $rc); nothing published"
+        [[ $rc -eq 2 ]] && return 2
+        return 3
+    fi
+    VERSION_DIR=$(printf '%s' "$json" | "$PY" -c \
+        'import json, pathlib, sys; print(pathlib.Path(json.loads(sys.stdin.read())["bundle"]).resolve())') || {
+        log "build succeeded but its --json output could not be read: $json"
+        return 3
+    }
+    log "built $VERSION_DIR (not promoted: LATEST unchanged)"
 }
-VERSION=$(basename "$VERSION_DIR")
-log "built $VERSION_DIR (not promoted: LATEST unchanged)"
 
-# ---- verify ------------------------------------------------------------------------------------------
-log "verify $VERSION"
-# verify reads CATALOG with the columns the manifest records, i.e. the way build read it.
-if ! "${ZG[@]}" verify "$VERSION_DIR" --catalog "$CATALOG" --quiet; then
-    log "VERIFY FAILED for $VERSION_DIR: do not serve it; LATEST was not moved"
-    exit 4
-fi
+verify_stage() {
+    log "verify $(basename "$VERSION_DIR")"
+    # verify reads CATALOG with the columns the manifest records, i.e. the way build read it.
+    if ! "${ZG[@]}" verify "$VERSION_DIR" --catalog "$CATALOG" --quiet; then
+        log "VERIFY FAILED for $VERSION_DIR: do not serve it; LATEST was not moved"
+        return 4
+    fi
+}
 
-# ---- tune --------------------------------------------------------------------------------------------
-read -r -a TUNE_ARGS <<<"$TUNE_EXTRA"
-log "tune $VERSION ${TUNE_DEVICE[*]} ${TUNE_ARGS[*]}"
-TUNED=1
-if ! "${ZG[@]}" tune "$VERSION_DIR" "${TUNE_DEVICE[@]}" "${TUNE_ARGS[@]}" --quiet >&2; then
-    TUNED=0
-    log "tune failed for $VERSION_DIR: valid but untuned (heuristic modes); rerun: zerogr tune $VERSION_DIR ${TUNE_DEVICE[*]}"
-fi
-if ! "${ZG[@]}" verify "$VERSION_DIR" --quiet; then  # tune's plan files were added to the manifest
-    log "VERIFY FAILED after tune for $VERSION_DIR: do not serve it; LATEST was not moved"
-    exit 4
-fi
+# The version LATEST names before this run is promoted: the plan tune may reuse.
+previous_version() {
+    local out latest
+    out=$(dirname "$VERSION_DIR")
+    [[ -f $out/LATEST ]] || return 0
+    latest=$(head -c 64 "$out/LATEST" | tr -d '\n')
+    [[ $latest =~ ^v[0-9]+$ && -d $out/$latest && $out/$latest != "$VERSION_DIR" ]] && printf '%s' "$out/$latest"
+}
 
-# ---- promote -----------------------------------------------------------------------------------------
-log "promote $VERSION"
-if ! "${ZG[@]}" promote "$VERSION_DIR" >&2; then
-    log "promote failed for $VERSION_DIR (pruned by another build, or I/O): LATEST was not moved; retry later"
-    exit 3
-fi
-[[ $TUNED -eq 1 ]] || exit 5
+# Returns 0 when tuned (measured or reused), 5 when tune failed, 4 when the tuned version fails verify.
+tune_stage() {
+    local tune_args reuse=() prev tuned=0
+    read -r -a tune_args <<<"$TUNE_EXTRA"
+    prev=$(previous_version)
+    if [[ $RETUNE -eq 0 && -n $prev ]]; then
+        reuse=(--reuse-from "$prev")
+    fi
+    log "tune $(basename "$VERSION_DIR") ${TUNE_DEVICE[*]} ${tune_args[*]} ${reuse[*]}"
+    # Progress lines (bars on a terminal) and the plan table go to stderr; stdout stays the version path.
+    if "${ZG[@]}" tune "$VERSION_DIR" "${TUNE_DEVICE[@]}" "${tune_args[@]}" "${reuse[@]}" >&2; then
+        tuned=1
+    else
+        log "tune failed for $VERSION_DIR: valid but untuned (heuristic modes); rerun: zerogr tune $VERSION_DIR ${TUNE_DEVICE[*]}"
+    fi
+    if ! "${ZG[@]}" verify "$VERSION_DIR" --quiet; then  # tune's plan files were added to the manifest
+        log "VERIFY FAILED after tune for $VERSION_DIR: do not serve it; LATEST was not moved"
+        return 4
+    fi
+    [[ $tuned -eq 1 ]] || return 5
+}
 
-log "ready: $VERSION"
+promote_stage() {
+    log "promote $(basename "$VERSION_DIR")"
+    if ! "${ZG[@]}" promote "$VERSION_DIR" >&2; then
+        log "promote failed for $VERSION_DIR (pruned by another build, or I/O): LATEST was not moved; retry later"
+        return 3
+    fi
+}
+
+# ---- the run -----------------------------------------------------------------------------------------
+run_stage build build_stage || exit $?
+run_stage verify verify_stage || exit $?
+run_stage tune tune_stage
+TUNE_RC=$?
+[[ $TUNE_RC -eq 0 || $TUNE_RC -eq 5 ]] || exit $TUNE_RC
+run_stage promote promote_stage || exit $?
 printf '%s\n' "$VERSION_DIR"
+[[ $TUNE_RC -eq 0 ]] || exit 5
+log "ready: $(basename "$VERSION_DIR")"

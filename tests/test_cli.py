@@ -384,13 +384,14 @@ def test_missing_bundle_is_an_error_not_a_traceback(tmp_path):
 COMMANDS = {
     "build": ("CATALOG", "--out", "-o", "--config", "-c", "--codebook-sizes", "--sid-column", "--sid-columns",
               "--item-column", "--workers", "-j", "--step-formats", "--device", "--model-version", "--keep",
-              "--promote", "--no-promote", "--kernel-archs", "--json", "--quiet", "-q"),
+              "--promote", "--no-promote", "--kernel-archs", "--json", "--quiet", "-q", "--metrics-file"),
     "inspect": ("BUNDLE", "--config", "-c", "--json", "--available"),
     "verify": ("BUNDLE", "--catalog", "--config", "-c", "--sid-column", "--sid-columns", "--item-column",
-               "--json", "--quiet", "-q"),
-    "promote": ("VERSION_DIR",),
+               "--json", "--quiet", "-q", "--metrics-file"),
+    "promote": ("VERSION_DIR", "--metrics-file"),
     "tune": ("BUNDLE", "--gpu", "--device", "--batch-sizes", "--beam-width", "--dtypes", "--hidden-dim",
-             "--weights", "--warmup", "--iters", "--config", "-c", "--json", "--quiet", "-q"),
+             "--weights", "--warmup", "--iters", "--config", "-c", "--json", "--quiet", "-q", "--reuse-from",
+             "--retune", "--metrics-file"),
     "compare": ("BUNDLE", "--model", "--requests", "--beam-width", "--k", "--batch-size", "--device",
                 "--request-column", "--target-column", "--config", "-c", "--json", "--available"),
 }  # fmt: skip

@@ -28,8 +28,12 @@ def catalog(tmp_path):
     return path
 
 
+CLI = Path(__file__).resolve().parent.parent / "cli.py"
+
+
 def _run(*args, cwd, env=None):
-    full_env = {**os.environ, "PYTHON": sys.executable, **(env or {})}
+    """rebuild.sh with this checkout's zerogr (not whatever `zerogr` is on PATH)."""
+    full_env = {**os.environ, "PYTHON": sys.executable, "ZEROGR": f"{sys.executable} {CLI}", **(env or {})}
     return subprocess.run(
         ["bash", str(SCRIPT), *map(str, args)],
         cwd=cwd,
@@ -67,7 +71,8 @@ def test_rebuild_exit_codes(catalog, tmp_path):
     assert _run(tmp_path / "missing.parquet", "--out", out, cwd=tmp_path).returncode == 2
     assert not out.exists() or not any(out.glob("v*"))
     bad_tune = _run(catalog, "--out", out, "--device", "cpu", "--tune-args", "--iters 0", cwd=tmp_path)
-    assert bad_tune.returncode == 5 and bad_tune.stdout == ""
+    assert bad_tune.returncode == 5  # exit 5 prints the (valid, promoted) version too
+    assert bad_tune.stdout == f"{(out / 'v000001').resolve()}\n"
     assert (out / "v000001" / "manifest.json").is_file()  # published and verified, just not tuned
     assert (out / "LATEST").read_text() == "v000001\n"  # ... and promoted: it is valid
     assert _run(catalog, cwd=tmp_path, env={"ZEROGR": "/nonexistent/zerogr"}).returncode == 6

@@ -10,6 +10,7 @@ This is the public API of zerogr; everything else is reached through its submodu
     BeamState / SearchResult                                 the Decoder's step state and result
     ItemMask / ItemSets                                      serve-time item constraints (docs/constraints.md)
     HotSwap                                                  load the next version beside the live one, swap
+    follow(out, weights, ...) -> Follower                    serve OUT/LATEST, swap as it moves (serving.md)
     tune_bundle(bundle, ...)                                 per-step scoring plans measured on a device
     ZerogrError / InputError / BundleError                   what zerogr raises
 
@@ -21,6 +22,7 @@ from .catalog import Catalog, read_catalog
 from .errors import BundleError, InputError, ZerogrError
 from .index import SidIndex, build_index
 from .runtime.constraints import ItemMask, ItemSets
+from .runtime.follow import Follower, follow
 from .runtime.hotswap import HotSwap
 
 __version__ = "0.1.0"
@@ -48,6 +50,7 @@ __all__ = [
     "BundleError",
     "Catalog",
     "Decoder",
+    "Follower",
     "HotSwap",
     "InputError",
     "ItemMask",
@@ -56,6 +59,7 @@ __all__ = [
     "SidIndex",
     "ZerogrError",
     "build_index",
+    "follow",
     "open_bundle",
     "promote_bundle",
     "publish_bundle",

@@ -27,7 +27,7 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import click
@@ -122,6 +122,44 @@ def previous_success(path: Path, job: str) -> float | None:
     except (OSError, ValueError, UnicodeDecodeError):
         return None
     return None
+
+
+def bundle_facts(path: str | os.PathLike) -> dict[str, float]:
+    """The zerogr_bundle_* values of a metrics file another command wrote ({} when it is missing or does
+    not parse), e.g. {"items": 20000.0, "version": 7.0}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    facts: dict[str, float] = {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                name = sample.name.removeprefix(f"{PREFIX}_bundle_")
+                if name in BUNDLE_GAUGES and math.isfinite(sample.value):
+                    facts[name] = sample.value
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return facts
+
+
+def write_script_metrics(
+    path: str | os.PathLike,
+    job: str,
+    exit_status: int,
+    started: float,
+    stages: Mapping[str, tuple[float, float]],
+    facts_from: Sequence[str | os.PathLike] = (),
+) -> None:
+    """Write a shell script's job metrics (scripts/rebuild.sh): its exit status, its wall time since
+    `started` (unix seconds), each stage's duration from its (start, end) unix times, and the bundle facts
+    found in the metrics files of the commands it ran (`facts_from`, later files win)."""
+    metrics = JobMetrics(job, path)
+    metrics.started = float(started)
+    for stage, (begin, end) in stages.items():
+        metrics.add_stage(stage, max(0.0, float(end) - float(begin)))
+    for source in facts_from:
+        metrics.bundle(**bundle_facts(source))
+    metrics.write(int(exit_status))
 
 
 @contextlib.contextmanager

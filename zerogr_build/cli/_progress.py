@@ -63,13 +63,21 @@ class RichProgress:
             self._bars.advance(self._task, n)
 
 
-class LineProgress:
-    """Progress for a non-terminal stderr (cron logs, CI): one plain line per finished stage."""
+HEARTBEAT_SECONDS = 10.0
+"""A stage that runs longer than this gets a plain progress line at most this often (long tunes in cron)."""
 
-    def __init__(self) -> None:
+
+class LineProgress:
+    """Progress for a non-terminal stderr (cron logs, CI): one plain line per finished stage, and in a
+    long stage a line with its progress at most every `heartbeat` seconds, so a log never goes silent."""
+
+    def __init__(self, heartbeat: float = HEARTBEAT_SECONDS) -> None:
         self._stage: str | None = None
         self._started = 0.0
         self._done = 0.0
+        self._total: float | None = None
+        self._heartbeat = heartbeat
+        self._last_line = 0.0
 
     def __enter__(self) -> LineProgress:
         return self
@@ -88,10 +96,18 @@ class LineProgress:
 
     def stage(self, name: str, total: float | None = None) -> None:
         self._finish()
-        self._stage, self._started, self._done = name, time.perf_counter(), 0.0
+        self._stage, self._started, self._done, self._total = name, time.perf_counter(), 0.0, total
+        self._last_line = self._started
 
     def advance(self, n: float = 1) -> None:
         self._done += n
+        now = time.perf_counter()
+        if self._stage is not None and now - self._last_line >= self._heartbeat:
+            self._last_line = now
+            of = f" of {self._total:,.0f}" if self._total else ""
+            sys.stderr.write(
+                f"zerogr: {self._stage}: {self._done:,.0f}{of} after {now - self._started:.0f} s\n"
+            )
 
 
 class QuietProgress(NullProgress):

@@ -9,14 +9,17 @@ from typing import Annotated, Any
 import typer
 
 from ..bundle import promote_bundle
+from ..bundle.format import parse_version_dir
 from ..bundle.versions import check_out_dir
 from ..config import load_settings, parse_int_list
 from ..pipeline import build_bundle
 from ._errors import cli_errors, warnings_on_stderr
+from ._metrics import job_metrics
 from ._options import (
     ConfigOpt,
     ItemColumnOpt,
     JsonOpt,
+    MetricsFileOpt,
     SidColumnOpt,
     SidColumnsOpt,
     catalog_column_overrides,
@@ -98,6 +101,7 @@ def build(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No progress or table; print only the bundle path.")
     ] = False,
+    metrics_file: MetricsFileOpt = None,
 ) -> None:
     """Build the per-step index of a Parquet SID catalog and publish it as the next bundle version.
 
@@ -105,7 +109,7 @@ def build(
     publishes OUT/vNNNNNN atomically, then points OUT/LATEST at it (not with --no-promote). Bad input exits
     with code 2 and one line naming file, column, row and item id; nothing is published then.
     """
-    with cli_errors():
+    with job_metrics("build", metrics_file) as metrics, cli_errors():
         overrides: dict[str, Any] = {
             **catalog_column_overrides(sid_column, sid_columns, item_column),
             "out": out,
@@ -123,6 +127,12 @@ def build(
         check_out_dir(settings.out)  # an OUT that cannot hold versions is a usage error, before the read
         with progress_for(quiet) as progress, warnings_on_stderr():
             summary = build_bundle(catalog, settings, progress=progress)
+        for stage, seconds in summary["timings"].items():  # the library's own per-stage timings
+            metrics.add_stage(stage, seconds)
+        metrics.bundle(
+            items=summary["items"], distinct_sids=summary["distinct_sids"],
+            index_bytes=summary["index_bytes"], version=summary["version"],
+        )  # fmt: skip
         _print_build_summary(summary, json_out=json_out, quiet=quiet)
 
 
@@ -159,6 +169,7 @@ def promote(
             show_default=False,
         ),
     ],
+    metrics_file: MetricsFileOpt = None,
 ) -> None:
     """Point OUT/LATEST at VERSION_DIR, atomically under the OUT lock.
 
@@ -167,6 +178,8 @@ def promote(
     The version's manifest and files (sizes, array headers) are checked first; `zerogr verify` hashes
     them. Prints the LATEST it set. Exit 2 when VERSION_DIR is not a version dir of an OUT.
     """
-    with cli_errors():
-        promoted = promote_bundle(version_dir)
+    with job_metrics("promote", metrics_file) as metrics, cli_errors():
+        with metrics.stage("promote"):
+            promoted = promote_bundle(version_dir)
+        metrics.bundle(version=parse_version_dir(promoted.name))
         sys.stdout.write(f"{promoted.parent / 'LATEST'} -> {promoted.name}\n")

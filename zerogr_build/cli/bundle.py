@@ -12,12 +12,14 @@ import typer
 from ..config import load_settings
 from ..pipeline import inspect_bundle, verify_with_catalog
 from ._errors import cli_errors
+from ._metrics import job_metrics
 from ._options import (
     AvailableOpt,
     BundleArg,
     ConfigOpt,
     ItemColumnOpt,
     JsonOpt,
+    MetricsFileOpt,
     SidColumnOpt,
     SidColumnsOpt,
     bundle_path,
@@ -95,13 +97,15 @@ def verify(
     item_column: CatalogItemColumnOpt = None,
     json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")] = False,
+    metrics_file: MetricsFileOpt = None,
 ) -> None:
     """Check a bundle: every file's sha256, the structural invariants of every step table and the leaf map,
     and with --catalog exact equality with the catalog. Exits non-zero naming the first bad file."""
-    with cli_errors():
+    with job_metrics("verify", metrics_file) as metrics, cli_errors():
         overrides = catalog_column_overrides(sid_column, sid_columns, item_column)
         settings = load_settings(config, overrides)
-        with progress_for(quiet or json_out or catalog is None) as progress:  # only reading has stages
+        quiet_progress = quiet or json_out or catalog is None  # only reading has stages
+        with progress_for(quiet_progress) as progress, metrics.stage("verify"):
             report = verify_with_catalog(
                 bundle if bundle is not None else settings.out,
                 catalog,
@@ -109,6 +113,10 @@ def verify(
                 overrides=overrides,
                 progress=progress,
             )
+        metrics.bundle(
+            items=report["items"], distinct_sids=report["leaves"],
+            index_bytes=sum(step["bytes"] for step in report["steps"]), version=report["version"],
+        )  # fmt: skip
         if json_out:
             sys.stdout.write(json.dumps(report, default=str) + "\n")
         elif not quiet:

@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 
 from ._errors import cli_errors
-from ._options import BundleArg, ConfigOpt, JsonOpt, bundle_path
+from ._metrics import job_metrics
+from ._options import BundleArg, ConfigOpt, JsonOpt, MetricsFileOpt, bundle_path
 from ._progress import progress_for
 from ._render import plan_table, stderr_console, stdout_console
 
@@ -46,13 +47,32 @@ def tune(
     iters: Annotated[
         int | None, typer.Option("--iters", help="Timed calls per mode, median kept [config: 10]")
     ] = None,
+    reuse_from: Annotated[
+        str | None,
+        typer.Option(
+            "--reuse-from",
+            help="A previous version (or an OUT dir: the version its LATEST names) whose plan for this "
+            "device is copied instead of measuring, when the same device, zerogr, settings, codebook sizes "
+            "and step formats were used and every step's rows, nnz and max_slots are within 10% "
+            "(docs/operations.md). Otherwise prints why and measures.",
+            show_default=False,
+        ),
+    ] = None,
+    retune: Annotated[
+        bool, typer.Option("--retune", help="Measure even when --reuse-from's plan could be reused.")
+    ] = False,
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the plan path")] = False,
+    metrics_file: MetricsFileOpt = None,
 ) -> None:
     """Time every scoring mode per step x batch size x dtype on this device and write the fastest into the
-    bundle as plans/<device-key>.json (plus compiled kernels under kernels/<arch>/ on a GPU)."""
-    with cli_errors():
+    bundle as plans/<device-key>.json (plus compiled kernels under kernels/<arch>/ on a GPU).
+
+    With --reuse-from PREV the plan PREV measured is copied instead when nothing that decides the
+    measurement changed (--retune measures anyway). Progress goes to stderr: bars on a terminal, one
+    line per stage otherwise."""
+    with job_metrics("tune", metrics_file) as metrics, cli_errors():
         # Imported when the command runs: tune needs torch, and `zerogr --help` should not pay for it.
         from ..config import load_tune_settings
         from ..runtime.device import check_device, device_for
@@ -70,13 +90,36 @@ def tune(
         settings, config_device = load_tune_settings(config, overrides)
         dev = device_for(gpu, device if device is not None or gpu is not None else config_device)
         check_device(dev)
-        with progress_for(quiet) as progress, warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            result = tune_bundle(bundle_path(bundle, config), dev, settings, progress=progress)
-        for w in caught:
-            stderr_console().print(f"WARNING: {w.message}", style="bold red", markup=False)
+        target = bundle_path(bundle, config)
+        reused = None
+        if reuse_from is not None and not retune:
+            from ..tune.reuse import reuse_plan
+
+            with metrics.stage("reuse"):
+                reused = reuse_plan(target, reuse_from, dev, settings)
+            if not reused.reused:
+                stderr_console().print(
+                    f"tune: not reusing the plan of {reuse_from}: {reused.refusal}; measuring", markup=False
+                )
+        if reused is not None and reused.reused:
+            stderr_console().print(
+                f"tune: reused the plan of {reused.source} (same device, settings and step shapes)",
+                markup=False,
+            )
+            result = reused
+        else:
+            with (
+                progress_for(quiet) as progress,
+                warnings.catch_warnings(record=True) as caught,
+                metrics.stage("tune"),
+            ):
+                warnings.simplefilter("always")
+                result = tune_bundle(target, dev, settings, progress=progress)
+            for w in caught:
+                stderr_console().print(f"WARNING: {w.message}", style="bold red", markup=False)
         plan = result.plan
         plan_path = result.plan_path.resolve()
+        metrics.bundle(version=plan["bundle_version"])
         if json_out:
             summary = {
                 "plan": str(plan_path),
@@ -85,7 +128,9 @@ def tune(
                 "device": plan["device"],
                 "modes": plan["modes"],
                 "refused": plan["refused"],
-                "kernels": result.kernel_files,
+                "kernels": list(result.kernel_files),
+                "reused_from": plan["reused_from"]["bundle_version"] if reused and reused.reused else None,
+                "reuse_refused": reused.refusal if reused else None,
                 "entries": plan["entries"],
             }
             sys.stdout.write(json.dumps(summary, default=str) + "\n")

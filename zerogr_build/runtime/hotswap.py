@@ -10,6 +10,9 @@
                                                                # thread on a low-priority copy stream
     live.swap()                                                # waits for the load, then switches
 
+To follow an OUT dir's LATEST from a serving process (poll, load, swap, keep the old version when the new
+one is bad), use `follow()` in follow.py, which drives a HotSwap.
+
 Readers take `live.current` once per request and use that object to the end of the request, so a request
 never mixes two versions. After `swap()` the handle drops its reference to the old version; its device
 memory is freed when the last request holding it finishes (CPython frees on the last reference), and
@@ -79,19 +82,24 @@ class HotSwap:
         self.current: LiveVersion | None = None
 
     @classmethod
-    def for_decoder(cls, weights: Any, device: str = "cpu", **decoder_kwargs: Any) -> HotSwap:
-        """A handle whose versions are (bundle, Decoder) pairs: the bundle is opened and a Decoder built over
-        it (plan="auto" unless given), its tables streamed to `device` (on low-priority copy streams for
-        background loads). `load_next(path, weights=...)` replaces the weights for that version (a new
-        model goes with a new bundle)."""
+    def for_decoder(
+        cls, weights: Any, device: str = "cpu", *, verify: bool = False, **decoder_kwargs: Any
+    ) -> HotSwap:
+        """A handle whose versions are (bundle, Decoder) pairs: the bundle is opened (checksums checked) and
+        a Decoder built over it (plan="auto" unless given), its tables streamed to `device` (on low-priority
+        copy streams for background loads). verify=True also checks every structural invariant of the
+        version (`verify_bundle`) before loading it. `load_next(path, weights=...)` replaces the weights
+        for that version (a new model goes with a new bundle)."""
         default_weights = weights
         decoder_kwargs.setdefault("plan", "auto")
 
         def load(path: Path, *, low_priority: bool, weights: Any = None) -> tuple[Any, Any]:
-            from ..bundle import open_bundle
+            from ..bundle import open_bundle, verify_bundle
             from .decoder import Decoder
 
-            bundle = open_bundle(path)
+            if verify:
+                verify_bundle(path)  # checksums and invariants; the open below need not hash again
+            bundle = open_bundle(path, verify_checksums=not verify)
             decoder = Decoder(
                 bundle,
                 default_weights if weights is None else weights,

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from .. import __version__
 from ..bundle import add_bundle_files, open_bundle
 from ..config import TuneSettings
 from ..errors import InputError
@@ -43,6 +44,7 @@ from ..runtime.scoring.compile import KernelCompileError, compile_kernels
 from ..runtime.scoring.selective_cuda import SelectiveKernels
 from ..runtime.weights import load_weights_file, random_weights
 from .check import check_mode_against_reference
+from .reuse import tune_dtypes
 from .timing import fastest, time_modes, timer
 
 REFERENCE_MODE = "selective"
@@ -108,7 +110,7 @@ def tune_bundle(
     index = bundle.index
     info = device_info(device)
     key = device_key(info)
-    dtypes = settings.dtypes or (("fp32", "bf16") if info["type"] == "cuda" else ("fp32",))
+    dtypes = tune_dtypes(settings, info["type"])
     for dt in dtypes:
         if dt not in DTYPE_NAMES:
             raise InputError(f"unknown dtype {dt!r} (use {', '.join(DTYPE_NAMES)})")
@@ -202,6 +204,7 @@ def tune_bundle(
         "format": PLAN_FORMAT,
         "format_version": PLAN_FORMAT_VERSION,
         "device_key": key,
+        "zerogr_version": __version__,
         "device": info,
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "bundle_version": bundle.version,

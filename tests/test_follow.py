@@ -1,0 +1,293 @@
+"""follow(): a serving process follows OUT/LATEST, swaps in good versions, keeps serving through bad ones."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import zerogr_build as zg
+from zerogr_build.bundle import open_bundle, promote_bundle, publish_bundle
+from zerogr_build.index import build_index
+from zerogr_build.runtime.decoder import Decoder
+from zerogr_build.runtime.follow import Follower, follow
+from zerogr_build.runtime.hotswap import HotSwap
+from zerogr_build.testing import SeededModel
+
+SIZES = (16, 16, 16)
+BATCH, BEAM = 2, 4
+WAIT_S = 60.0
+
+
+def publish_version(out: Path, seed: int, *, promote: bool = True) -> Path:
+    """Publish a version whose SIDs and item ids are a pure function of `seed`; returns its dir."""
+    rng = np.random.default_rng(seed)
+    sids = rng.integers(0, 16, size=(300, 3))
+    items = pa.array(seed * 10_000 + np.arange(300), type=pa.int64())
+    return publish_bundle(build_index(sids, SIZES), items, out, promote=promote).path
+
+
+def corrupt_a_table(vdir: Path) -> str:
+    """Flip one data byte of a step table (size and header intact: only the checksum can tell)."""
+    manifest = json.loads((vdir / "manifest.json").read_text())
+    name = max(manifest["steps"][-1]["files"].values(), key=lambda n: manifest["files"][n]["bytes"])
+    path = vdir / name
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return name
+
+
+def outcome(decoder, model) -> tuple:
+    """A search's full outcome: SIDs, leaves, items (exact) and scores (rounded)."""
+    res = decoder.search(model.step_fn, BATCH, BEAM)
+    return (
+        tuple(res.sids.flatten().tolist()),
+        tuple(res.leaves.flatten().tolist()),
+        json.dumps(decoder.items(res)),
+        tuple(np.round(res.scores.flatten().numpy().astype(np.float64), 4).tolist()),
+    )
+
+
+def reference(vdir: Path, model) -> tuple:
+    return outcome(Decoder(open_bundle(vdir), model.layers()), model)
+
+
+def wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_searches_from_4_threads_through_3_good_swaps_and_1_bad_version(tmp_path, caplog):
+    """Every search succeeds and equals the reference search of exactly one complete version - the one it
+    read - while the follower swaps v1 -> v2, refuses v3 (a flipped byte), then swaps v4 and v5."""
+    caplog.set_level(logging.INFO, logger="zerogr_build.follow")
+    out = tmp_path / "bundles"
+    model = SeededModel(SIZES, seed=7, batch_size=BATCH)
+    versions = {"v000001": publish_version(out, 1)}
+    follower = Follower(out, model.layers(), poll_seconds=0.02, plan=None).start()
+    follower.wait_ready(WAIT_S)
+    assert follower.version == 1 and follower.swaps == 1 and follower.last_error is None
+
+    stop = threading.Event()
+    logs: list[list[tuple]] = [[] for _ in range(4)]
+
+    def serve(log: list) -> None:
+        while not stop.is_set():
+            live = follower.current  # one read per request
+            try:
+                log.append((live.path.name, outcome(live.decoder, model)))
+            except Exception as exc:  # noqa: BLE001 - recorded; the test asserts there are none
+                log.append((live.path.name, exc))
+
+    threads = [threading.Thread(target=serve, args=(log,)) for log in logs]
+    for t in threads:
+        t.start()
+
+    def served_after(count: list[int], name: str) -> bool:
+        return all(sum(r[0] == name for r in log[n:]) >= 3 for log, n in zip(logs, count, strict=True))
+
+    try:
+        for seed in (2, 3, 4, 5):
+            marks = [len(log) for log in logs]
+            if seed == 3:
+                bad = publish_version(out, seed, promote=False)
+                corrupted = corrupt_a_table(bad)
+                promote_bundle(bad)  # promote checks sizes and headers, not hashes: it moves LATEST
+                wait_for(lambda: follower.failures == 1, "the bad version to be refused")
+                assert follower.version == 2 and follower.current.path.name == "v000002"
+                assert "v000003" in follower.last_error and corrupted in follower.last_error
+                assert "sha256" in follower.last_error
+                wait_for(lambda m=marks: served_after(m, "v000002"), "searches after the refusal")
+                versions["v000003"] = bad
+            else:
+                vdir = publish_version(out, seed)
+                versions[vdir.name] = vdir
+                wait_for(lambda v=vdir: follower.current.path == v, f"the swap to {vdir.name}")
+                wait_for(lambda m=marks, v=vdir: served_after(m, v.name), f"searches on {vdir.name}")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(WAIT_S)
+    follower.stop()
+    assert not follower.status()["running"] and follower.current is None
+
+    assert follower.swaps == 4 and follower.failures == 1 and follower.version is None
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "v000003" in errors[0].getMessage()  # one error for the bad version
+
+    # The bad version's reference: the same catalog, published cleanly elsewhere.
+    refs = {name: reference(vdir, model) for name, vdir in versions.items() if name != "v000003"}
+    refs["v000003"] = reference(publish_version(tmp_path / "clean", 3), model)
+    assert len(set(refs.values())) == len(refs)  # the versions are told apart by their results
+    results = [r for log in logs for r in log]
+    assert not [r for r in results if isinstance(r[1], Exception)]
+    for name, got in results:
+        matching = [v for v, ref in refs.items() if ref == got]
+        assert matching == [name], (name, matching)
+    assert {name for name, _ in results} == {"v000001", "v000002", "v000004", "v000005"}
+
+
+def test_a_search_started_before_a_swap_finishes_on_its_version(tmp_path):
+    out = tmp_path / "bundles"
+    model = SeededModel(SIZES, seed=3, batch_size=BATCH)
+    v1 = publish_version(out, 1)
+    follower = Follower(out, model.layers(), plan=None)  # no thread: polled by hand
+    assert follower.poll() is True
+    dec = follower.decoder  # the request's one read
+    state = dec.start(BATCH, BEAM)
+    state = dec.step(state, model.step_fn(0, state.prefixes, state.batch))
+    v2 = publish_version(out, 2)
+    assert follower.poll() is True and follower.current.path == v2
+    for t in range(1, len(SIZES)):
+        state = dec.step(state, model.step_fn(t, state.prefixes, state.batch))
+    res = dec.finish(state)
+    ref = Decoder(open_bundle(v1), model.layers()).search(model.step_fn, BATCH, BEAM)
+    assert torch.equal(res.sids, ref.sids) and torch.equal(res.leaves, ref.leaves)
+    assert dec.items(res) == Decoder(open_bundle(v1), model.layers()).items(ref)
+    follower.stop()
+
+
+def test_a_bad_version_is_logged_once_and_retried_only_when_latest_changes(tmp_path, caplog):
+    caplog.set_level(logging.ERROR, logger="zerogr_build.follow")
+    out = tmp_path / "bundles"
+    model = SeededModel(SIZES, seed=3, batch_size=BATCH)
+    v1 = publish_version(out, 1)
+    follower = Follower(out, model.layers(), plan=None)
+    assert follower.poll() is True
+    bad = publish_version(out, 2, promote=False)
+    corrupt_a_table(bad)
+    promote_bundle(bad)
+    assert follower.poll() is False and follower.poll() is False  # LATEST unchanged: not retried
+    assert follower.failures == 1 and len(caplog.records) == 1 and follower.current.path == v1
+    promote_bundle(v1)  # rollback to the live version: nothing to load
+    assert follower.poll() is False and follower.failures == 1
+    promote_bundle(bad)  # LATEST changed again: tried again, refused again
+    assert follower.poll() is False and follower.failures == 2 and len(caplog.records) == 2
+    v3 = publish_version(out, 3)
+    assert follower.poll() is True and follower.current.path == v3 and follower.swaps == 2
+    assert "v000002" in follower.last_error  # the last error stays readable after a good swap
+    follower.stop()
+
+
+@pytest.mark.parametrize("latest", ["../x", "v000001/../v000001", "not-a-version", "v000009"])
+def test_a_latest_naming_no_version_dir_is_refused_and_the_live_version_kept(tmp_path, latest):
+    out = tmp_path / "bundles"
+    model = SeededModel(SIZES, seed=3, batch_size=BATCH)
+    v1 = publish_version(out, 1)
+    (tmp_path / "x").mkdir()
+    follower = Follower(out, model.layers(), plan=None)
+    assert follower.poll() is True
+    (out / "LATEST").write_text(latest + "\n")
+    assert follower.poll() is False
+    assert follower.failures == 1 and follower.current.path == v1
+    assert str(out / "LATEST") in follower.last_error or "v000009" in follower.last_error
+    follower.stop()
+
+
+def test_structural_damage_with_matching_checksums_is_refused_by_the_default_verify(tmp_path):
+    """A version whose manifest was rewritten to match a damaged table passes the checksums; verify=True
+    (the default) still refuses it, verify=False would load it."""
+    import hashlib
+
+    out = tmp_path / "bundles"
+    model = SeededModel(SIZES, seed=3, batch_size=BATCH)
+    v1 = publish_version(out, 1)
+    follower = Follower(out, model.layers(), plan=None)
+    assert follower.poll() is True
+    bad = publish_version(out, 2, promote=False)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    step = manifest["steps"][1]
+    assert step["format"] == "sparse"
+    name = step["files"]["tokens"]
+    data = bytearray((bad / name).read_bytes())
+    width = np.dtype(step["dtypes"]["tokens"]).itemsize
+    data[-width:] = (16).to_bytes(width, "little")  # a token = V_t: out of range
+    (bad / name).write_bytes(bytes(data))
+    manifest["files"][name]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    promote_bundle(bad)
+    assert follower.poll() is False and follower.current.path == v1
+    assert name in follower.last_error
+    follower.stop()
+
+
+def test_follow_waits_for_a_first_version_and_times_out_saying_why(tmp_path):
+    model = SeededModel(SIZES, seed=3, batch_size=BATCH)
+    with pytest.raises(TimeoutError, match="LATEST names no version yet"):
+        follow(tmp_path / "nothing-here", model.layers(), poll_seconds=0.01, timeout=0.2, plan=None)
+    out = tmp_path / "bundles"
+    bad = publish_version(out, 1, promote=False)
+    corrupt_a_table(bad)
+    promote_bundle(bad)
+    with pytest.raises(TimeoutError, match="sha256"):
+        follow(out, model.layers(), poll_seconds=0.01, timeout=0.5, plan=None)
+    good = publish_version(out, 2)
+    with zg.follow(out, model.layers(), poll_seconds=0.01, timeout=WAIT_S, plan=None) as follower:
+        assert follower.current.path == good and follower.status()["running"]
+    assert not follower.status()["running"] and follower.current is None
+
+
+def test_stop_joins_while_a_load_is_running(tmp_path):
+    out = tmp_path / "bundles"
+    publish_version(out, 1)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_loader(path, *, low_priority):
+        entered.set()
+        release.wait(WAIT_S)
+        return path.name
+
+    follower = Follower(out, hotswap=HotSwap(slow_loader), poll_seconds=0.01).start()
+    assert entered.wait(WAIT_S) and follower.loading
+    stopper = threading.Thread(target=follower.stop)
+    stopper.start()
+    time.sleep(0.1)
+    assert stopper.is_alive()  # waits for the load: loads cannot be interrupted
+    release.set()
+    stopper.join(WAIT_S)
+    assert not stopper.is_alive() and not follower.status()["running"]
+    assert follower.swaps == 0 and follower.current is None  # stopped before the swap
+
+
+def test_gauges_on_a_registry(tmp_path):
+    out = tmp_path / "bundles"
+    model = SeededModel(SIZES, seed=3, batch_size=BATCH)
+    publish_version(out, 1)
+    registry = CollectorRegistry()
+    follower = Follower(out, model.layers(), plan=None, registry=registry)
+
+    def scrape() -> dict:
+        text = generate_latest(registry).decode()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+    assert scrape() == {"zerogr_follower_swaps_total": 0, "zerogr_follower_failures_total": 0,
+                        "zerogr_follower_loading": 0}  # fmt: skip
+    follower.poll()
+    bad = publish_version(out, 2, promote=False)
+    corrupt_a_table(bad)
+    promote_bundle(bad)
+    follower.poll()
+    publish_version(out, 3)
+    follower.poll()
+    got = scrape()
+    assert got["zerogr_follower_live_version"] == 3
+    assert got["zerogr_follower_swaps_total"] == 2 and got["zerogr_follower_failures_total"] == 1
+    assert got["zerogr_follower_last_swap_timestamp_seconds"] == pytest.approx(follower.last_swap_at)
+    assert got["zerogr_follower_last_failure_timestamp_seconds"] == pytest.approx(follower.last_error_at)
+    with pytest.raises(ValueError):  # one follower per registry
+        Follower(out, model.layers(), plan=None, registry=registry)
+    follower.stop()
+    assert generate_latest(registry) == b""  # stop() unregistered it
