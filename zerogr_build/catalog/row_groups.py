@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -87,7 +88,7 @@ def read_in_order(reader: BatchReader, facts: FileFacts, columns: list[str], pro
         reader.file_starts.append(row)
         file_row = 0
         # closing(): on an error the prefetch thread is stopped before the file is closed under it
-        with _open_checked(facts, k) as opened:
+        with _open_checked(facts, k) as opened, _changed_first(opened):
             pf = parquet_file(opened, facts.footers[k])
             with contextlib.closing(
                 prefetched(iter_batches(name, pf, columns), name="zerogr-parquet-prefetch")
@@ -102,6 +103,20 @@ def read_in_order(reader: BatchReader, facts: FileFacts, columns: list[str], pro
             opened.check()  # rewritten in place while it was read: refused
         if file_row != rows:
             raise InputError(f"{name}: footer says {rows} rows but {file_row} were read")
+
+
+@contextlib.contextmanager
+def _changed_first(opened: OpenFile) -> Iterator[None]:
+    """An InputError raised while `opened` is read becomes storage.changed_error when the file no longer
+    shows its opening stamp: bytes rewritten under the reader explain a "corrupt" page or a bad row."""
+    try:
+        yield
+    except InputError:
+        try:
+            opened.check()
+        except InputError as changed:
+            raise changed from None
+        raise
 
 
 def _open_checked(facts: FileFacts, k: int) -> OpenFile:
@@ -183,14 +198,16 @@ def read_on_pool(
         g, k = groups[i], shared.file_of[i]
         read = 0
         where = f"{g.name}: footer says {g.rows} rows in row group {g.group}"
-        pf = parquet_file(shared.acquire(k), facts.footers[k])
-        for batch in iter_batches(g.name, pf, columns, groups=[g.group], use_threads=False):
-            if read + batch.num_rows > g.rows:
-                raise InputError(f"{where}, it holds more")
-            reader.add_batch(g.name, batch, g.file_row + read, g.row + read)
-            read += batch.num_rows
-        if read != g.rows:
-            raise InputError(f"{where}, {read} were read")
+        opened = shared.acquire(k)
+        with _changed_first(opened):
+            pf = parquet_file(opened, facts.footers[k])
+            for batch in iter_batches(g.name, pf, columns, groups=[g.group], use_threads=False):
+                if read + batch.num_rows > g.rows:
+                    raise InputError(f"{where}, it holds more")
+                reader.add_batch(g.name, batch, g.file_row + read, g.row + read)
+                read += batch.num_rows
+            if read != g.rows:
+                raise InputError(f"{where}, {read} were read")
         shared.release(k)
         return read
 
