@@ -37,10 +37,12 @@ def one_error_line(result) -> str:
 def part(rows: int, first_id: int, seed: int) -> pa.Table:
     rng = np.random.default_rng(seed)
     sids = rng.integers(0, 6, size=(rows, 3)).astype(np.uint16)
-    return pa.table({
-        "item_id": pa.array(np.arange(rows) + first_id, pa.int64()),
-        "sid": pa.FixedSizeListArray.from_arrays(pa.array(sids.reshape(-1)), 3),
-    })
+    return pa.table(
+        {
+            "item_id": pa.array(np.arange(rows) + first_id, pa.int64()),
+            "sid": pa.FixedSizeListArray.from_arrays(pa.array(sids.reshape(-1)), 3),
+        }
+    )
 
 
 @pytest.fixture()
@@ -62,8 +64,9 @@ def upload(tree: Path, bucket: str, prefix: str) -> str:
     client = boto3.client("s3")
     for path in sorted(tree.rglob("*")):
         if path.is_file():
-            client.put_object(Bucket=bucket, Key=f"{prefix}/{path.relative_to(tree).as_posix()}",
-                              Body=path.read_bytes())
+            client.put_object(
+                Bucket=bucket, Key=f"{prefix}/{path.relative_to(tree).as_posix()}", Body=path.read_bytes()
+            )
     return f"s3://{bucket}/{prefix}"
 
 
@@ -140,14 +143,18 @@ def test_build_from_s3_publishes_the_bundle_a_local_build_publishes_and_verify_r
     ("key", "body", "message"),
     [
         ("exports/missing.parquet", None, r"s3://{b}/exports/missing\.parquet: no such file or directory$"),
-        ("exports/notes.parquet", b"these are not parquet bytes",
-         r"s3://{b}/exports/notes\.parquet: not a readable Parquet file \("),
+        (
+            "exports/notes.parquet",
+            b"these are not parquet bytes",
+            r"s3://{b}/exports/notes\.parquet: not a readable Parquet file \(",
+        ),
         ("exports/empty/", None, r"s3://{b}/exports/empty/: no such file or directory$"),
         ("exports/none-*.parquet", None, r"s3://{b}/exports/none-\*\.parquet: no files match this pattern$"),
     ],
 )
-def test_bad_remote_input_is_exit_2_with_one_line_naming_the_uri(s3_bucket, s3_env, tmp_path, key, body,
-                                                                 message):
+def test_bad_remote_input_is_exit_2_with_one_line_naming_the_uri(
+    s3_bucket, s3_env, tmp_path, key, body, message
+):
     import boto3
 
     if body is not None:
@@ -174,8 +181,10 @@ def test_credentials_in_the_uri_are_refused_and_never_shown(s3_bucket, s3_env, c
     """s3://KEY:SECRET@bucket/... would land in the manifest and in every message: refused, redacted."""
     upload(catalog_tree, s3_bucket, "exports/catalog")
     key, secret = s3_env["AWS_ACCESS_KEY_ID"], s3_env["AWS_SECRET_ACCESS_KEY"]
-    for uri in (f"s3://{key}:{secret}@{s3_bucket}/exports/catalog/",
-                f"s3://{s3_bucket}/exports/catalog/?secret_key={secret}&access_key={key}"):
+    for uri in (
+        f"s3://{key}:{secret}@{s3_bucket}/exports/catalog/",
+        f"s3://{s3_bucket}/exports/catalog/?secret_key={secret}&access_key={key}",
+    ):
         res = invoke("build", uri, "-o", tmp_path / "OUT", "--codebook-sizes", "6,6,6")
         line = one_error_line(res)
         assert "credentials in a catalog URI are refused" in line
@@ -208,8 +217,9 @@ def test_an_object_overwritten_after_its_footer_was_read_is_refused(s3_bucket, s
     class Overwrite:
         def stage(self, name, total=None):
             if name == "read":
-                client.put_object(Bucket=s3_bucket, Key="c/cat.parquet",
-                                  Body=(tmp_path / "new.parquet").read_bytes())
+                client.put_object(
+                    Bucket=s3_bucket, Key="c/cat.parquet", Body=(tmp_path / "new.parquet").read_bytes()
+                )
 
         def advance(self, n=1):
             pass
@@ -224,14 +234,33 @@ def test_glob_rule_matches_pythons_glob(tmp_path):
 
     from zerogr_build.catalog.storage import glob_match
 
-    names = ["a/x.parquet", "a/b/x.parquet", "a/.h/x.parquet", "a/.x.parquet", "a/b/c/y.parquet",
-             "a/x1.parquet", "a/[x].parquet", "b/x.parquet"]
+    names = [
+        "a/x.parquet",
+        "a/b/x.parquet",
+        "a/.h/x.parquet",
+        "a/.x.parquet",
+        "a/b/c/y.parquet",
+        "a/x1.parquet",
+        "a/[x].parquet",
+        "b/x.parquet",
+    ]
     for name in names:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"")
-    patterns = ["a/*.parquet", "a/**/*.parquet", "a/**", "*/x?.parquet", "a/[xy]*.parquet", "**/x.parquet",
-                "a/.*.parquet", "a/**/.h/*"]
+    patterns = [
+        "a/*.parquet",
+        "a/**/*.parquet",
+        "a/**",
+        "*/x?.parquet",
+        "a/[xy]*.parquet",
+        "**/x.parquet",
+        "a/.*.parquet",
+        "a/**/.h/*",
+    ]
     for pattern in patterns:
-        expected = {Path(p).relative_to(tmp_path).as_posix()
-                    for p in glob.glob(str(tmp_path / pattern), recursive=True) if Path(p).is_file()}
+        expected = {
+            Path(p).relative_to(tmp_path).as_posix()
+            for p in glob.glob(str(tmp_path / pattern), recursive=True)
+            if Path(p).is_file()
+        }
         assert {n for n in names if glob_match(n, pattern)} == expected, pattern

@@ -76,8 +76,12 @@ def redact(text: str) -> str:
     """`text` with URI credentials (user:password@, secret-looking query values) and the values of the
     standard credential variables replaced by ***."""
     text = re.sub(r"(?<=://)[^/@\s]*@", "***@", text)
-    text = re.sub(r"([?&][^=&\s]*(?:key|secret|token|passw|credential|signature|auth)[^=&\s]*=)[^&\s]*",
-                  r"\1***", text, flags=re.IGNORECASE)
+    text = re.sub(
+        r"([?&][^=&\s]*(?:key|secret|token|passw|credential|signature|auth)[^=&\s]*=)[^&\s]*",
+        r"\1***",
+        text,
+        flags=re.IGNORECASE,
+    )
     for name in _SECRET_ENV:
         value = os.environ.get(name, "")
         if len(value) >= 4:
