@@ -133,11 +133,12 @@ def _build_bundle(
     CodebookInferredWarning.
     """
     from .bundle import publish_bundle
-    from .index import FormatPolicy, build_index, parse_step_formats
+    from .index import FormatPolicy, build_index, check_step_formats, parse_step_formats
     from .index.build import build_index_packed
 
     check_device(settings.device)
-    if settings.codebook_sizes:  # fail fast on a bad --step-formats when L is already known
+    check_step_formats(settings.step_formats)  # a bad --step-formats fails before the read
+    if settings.codebook_sizes:  # its steps' range too when L is already known
         parse_step_formats(settings.step_formats, len(settings.codebook_sizes))
     started = time.perf_counter()
     timings: dict[str, float] = {}

@@ -64,18 +64,17 @@ def choose_format(rows: int, nnz: int, codebook_size: int, forced: str, policy: 
     return "sparse"
 
 
-def parse_step_formats(spec: str | Mapping[int, str] | None, num_steps: int) -> dict[int, str]:
-    """Parse "auto", "sparse", "dense" (every step) or "0=dense,2=sparse" (or a mapping) into {step: format}.
-
-    Steps not named stay "auto". Raises InputError for a step out of range or an unknown format.
-    """
-    formats = {t: "auto" for t in range(num_steps)}
+def check_step_formats(spec: str | Mapping[int, str] | None) -> dict[int, str] | str:
+    """The syntax of a --step-formats spec, checked without knowing the SID length: "auto", "sparse" or
+    "dense" (returned as that string), or "STEP=FORMAT,..." (returned as {step: format}) where every STEP
+    is an ASCII number named once and every FORMAT is auto|sparse|dense. InputError otherwise. Whether
+    each step exists is parse_step_formats's check, once the length is known."""
     if spec is None:
-        return formats
+        return "auto"
     if isinstance(spec, str):
         spec = spec.strip()
         if spec in ("", *FORMAT_CHOICES):
-            return {t: spec or "auto" for t in range(num_steps)}
+            return spec or "auto"
         items: dict[int, str] = {}
         for part in spec.split(","):
             step_text, sep, fmt = part.partition("=")
@@ -86,10 +85,26 @@ def parse_step_formats(spec: str | Mapping[int, str] | None, num_steps: int) -> 
                 raise InputError(f"--step-formats: step {int(step_text)} named twice")
             items[int(step_text)] = fmt.strip()
         spec = items
+    checked: dict[int, str] = {}
     for step, fmt in spec.items():
-        if not 0 <= int(step) < num_steps:
-            raise InputError(f"--step-formats: step {step} out of range 0..{num_steps - 1}")
         if fmt not in FORMAT_CHOICES:
             raise InputError(f"--step-formats: unknown format {fmt!r} for step {step} (auto|sparse|dense)")
-        formats[int(step)] = fmt
+        checked[int(step)] = fmt
+    return checked
+
+
+def parse_step_formats(spec: str | Mapping[int, str] | None, num_steps: int) -> dict[int, str]:
+    """Parse "auto", "sparse", "dense" (every step) or "0=dense,2=sparse" (or a mapping) into {step: format}.
+
+    Steps not named stay "auto". Raises InputError for bad syntax (check_step_formats), a step out of range
+    or an unknown format.
+    """
+    checked = check_step_formats(spec)
+    if isinstance(checked, str):
+        return {t: checked for t in range(num_steps)}
+    formats = {t: "auto" for t in range(num_steps)}
+    for step, fmt in checked.items():
+        if not 0 <= step < num_steps:
+            raise InputError(f"--step-formats: step {step} out of range 0..{num_steps - 1}")
+        formats[step] = fmt
     return formats
