@@ -29,6 +29,7 @@ class FormatPolicy:
     dense_min_share: float = 0.9
     dense_max_bytes: int = 256 * 1024 * 1024
     forced_dense_limit: int | None = None  # bytes a *forced* dense table may take (None: no limit)
+    forced_dense_limit_what: str = "this machine's memory"  # what sets that limit (for the message)
 
 
 def bits_for(count: int) -> int:
@@ -46,15 +47,16 @@ def indptr_dtype(nnz: int) -> np.dtype:
     return np.dtype(np.int32) if nnz < 2**31 else np.dtype(np.int64)
 
 
-def choose_format(rows: int, nnz: int, codebook_size: int, forced: str, policy: FormatPolicy) -> StepFormat:
+def choose_format(
+    rows: int, nnz: int, codebook_size: int, forced: str, policy: FormatPolicy, step: int | None = None
+) -> StepFormat:
     """Resolve one step's format: `forced` is "auto", "sparse" or "dense". A forced dense table larger
-    than policy.forced_dense_limit is refused (InputError) before anything is allocated."""
+    than policy.forced_dense_limit is refused (InputError naming `step`) before anything is allocated."""
     dense_bytes = rows * codebook_size * 4
     limit = policy.forced_dense_limit
     if forced == "dense" and limit is not None and dense_bytes > limit:
-        raise InputError(
-            f"--step-formats forces a dense table of {rows} rows x {codebook_size} tokens x 4 bytes = "
-            f"{dense_bytes} bytes, more than this machine's {limit} bytes of memory: store that step sparse"
+        raise forced_dense_error(
+            step, rows, codebook_size, f"more than {policy.forced_dense_limit_what} ({limit} bytes)"
         )
     if forced in ("sparse", "dense"):
         return forced  # type: ignore[return-value]
@@ -91,6 +93,15 @@ def check_step_formats(spec: str | Mapping[int, str] | None) -> dict[int, str] |
             raise InputError(f"--step-formats: unknown format {fmt!r} for step {step} (auto|sparse|dense)")
         checked[int(step)] = fmt
     return checked
+
+
+def forced_dense_error(step: int | None, rows: int, codebook_size: int, why: str) -> InputError:
+    """The refusal of a forced dense table that cannot be allocated (`why`: what it exceeds)."""
+    which = "a dense table" if step is None else f"a dense table for step {step}"
+    return InputError(
+        f"--step-formats forces {which}: {rows} rows x {codebook_size} tokens x 4 bytes = "
+        f"{rows * codebook_size * 4} bytes, {why}: store that step sparse"
+    )
 
 
 def parse_step_formats(spec: str | Mapping[int, str] | None, num_steps: int) -> dict[int, str]:
