@@ -287,3 +287,16 @@ def test_g9_each_footer_is_parsed_once_and_each_file_opened_once_for_its_data(tm
     assert catalog.rows == 4000
     assert len(footers) == 2  # one per file: the footer pass
     assert len(opens) <= 4  # footer pass + data pass, one open each per file
+
+
+def test_bench_catalog_read_smoke():
+    """scripts/bench_catalog_read.py --smoke prints its table (in order beside pooled) in a few seconds."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    res = subprocess.run([sys.executable, str(repo / "scripts" / "bench_catalog_read.py"), "--smoke"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "| 200 row groups of 10 rows" in res.stdout and "pooled / in order" in res.stdout
