@@ -16,13 +16,14 @@ refused (storage.Stamp).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..index.pack import PackedSids, packable
@@ -32,7 +33,7 @@ from .ids import NUMBA_MIN_ROWS, first_duplicate_row, first_row_with_id
 from .reader import BATCH_ROWS, MAX_CODEBOOK_SIZE, BatchReader, describe_row, unsigned_dtype_for
 from .row_groups import FileFacts, read_in_order, read_on_pool, read_workers
 from .schema import SidLayout, check_sid_schema, common_item_type, item_id_type, parquet_file
-from .storage import Stamp, changed_error
+from .storage import Stamp, Store, changed_error
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,11 +115,8 @@ def read_catalog(
         # parts); the data pass reads each file through the footer parsed here, after checking (its Stamp)
         # that the file it opens is the one this pass read.
         item_types, file_rows, group_rows, stamps, footers = [], [], [], [], []
-        for name in files:
-            with store.open(name) as opened:
-                pf = parquet_file(opened)
-                schema, meta = pf.schema_arrow, pf.metadata
-            stamps.append(opened.stamp)
+        for name, (stamp, schema, meta) in zip(files, _footers(store, files, workers), strict=True):
+            stamps.append(stamp)
             footers.append(meta)
             file_rows.append(meta.num_rows)
             group_rows.append([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
@@ -189,6 +187,34 @@ def read_catalog(
         path=str(path),
         packed=reader.packed,
     )
+
+
+def _footer(store: Store, name: str) -> tuple[Stamp, pa.Schema, pq.FileMetaData]:
+    """One file's stamp, Arrow schema and parsed footer (the file is closed again)."""
+    with store.open(name) as opened:
+        pf = parquet_file(opened)
+        return opened.stamp, pf.schema_arrow, pf.metadata
+
+
+def _footers(
+    store: Store, files: list[str], workers: int | None
+) -> Iterator[tuple[Stamp, pa.Schema, pq.FileMetaData]]:
+    """_footer of every file, in catalog order. On object storage each footer costs round trips, so up to
+    MAX_READ_THREADS are fetched at once (still yielded in order: the first bad file in catalog order is
+    the one reported); a local footer is a few reads, fetched in order on this thread."""
+    if not store.remote or len(files) == 1:
+        for name in files:
+            yield _footer(store, name)
+        return
+    threads = min(len(files), read_workers(workers))
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zerogr-footers") as pool:
+        futures = [pool.submit(_footer, store, name) for name in files]
+        try:
+            for future in futures:
+                yield future.result()
+        finally:
+            for future in futures:
+                future.cancel()
 
 
 __all__ = [
