@@ -3,6 +3,7 @@ read holds, and refuses bad input with exactly the in-order read's error (the lo
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -171,3 +172,131 @@ def test_pool_reads_row_groups_large_enough_for_the_numba_range_check(tmp_path):
     pooled, in_order = _read(tmp_path / "c.parquet", 3)[0], _read(tmp_path / "c.parquet", 1)[0]
     np.testing.assert_array_equal(pooled.packed.words, in_order.packed.words)
     np.testing.assert_array_equal(pooled.packed.first, in_order.packed.first)
+
+
+# ------------------------------------------------------------------------------------------------- G3 / G9
+
+
+def _catalog_table(rows, seed):
+    rng = np.random.default_rng(seed)
+    sids = np.stack([rng.integers(0, v, rows) for v in SIZES], axis=1).astype(np.int16)
+    return pa.table({"item_id": pa.array(np.arange(rows) + 100_000 * seed, pa.int64()),
+                     "sid": pa.FixedSizeListArray.from_arrays(pa.array(sids.reshape(-1)), 3)})
+
+
+class _OnStage:
+    """A Progress that runs `action` when the read stage starts (after the footers, before any data)."""
+
+    def __init__(self, action):
+        self.action = action
+
+    def stage(self, name, total=None):
+        if name == "read":
+            self.action()
+
+    def advance(self, n=1):
+        pass
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_g3_a_catalog_replaced_after_its_footer_was_read_is_refused(tmp_path, workers):
+    """The exporter renames a new catalog over the old one between the footer pass and the data: the
+    read refuses it naming the file (before: the new rows were read under the old footer, exit 0)."""
+    path, new = tmp_path / "c.parquet", tmp_path / "next.parquet"
+    pq.write_table(_catalog_table(300, 1), path, row_group_size=10)
+    pq.write_table(_catalog_table(300, 2), new, row_group_size=10)
+    replace = _OnStage(lambda: os.replace(new, path))
+    with pytest.raises(InputError, match=r"c\.parquet: the file changed while it was being read"):
+        read_catalog(path, codebook_sizes=SIZES, pack=True, workers=workers, progress=replace)
+
+
+def test_g3_a_catalog_replaced_during_the_pooled_read_is_never_mixed(tmp_path, monkeypatch):
+    """The review's reproducer: the new file is renamed over the catalog at the third ParquetFile made for
+    it. The read is the old file whole (with the old file's fingerprint) or a refusal naming the file;
+    never rows of both (before: 10 old rows and 290 new ones, exit 0)."""
+    path, new = tmp_path / "c.parquet", tmp_path / "next.parquet"
+    pq.write_table(_catalog_table(300, 1), path, row_group_size=10)
+    old = read_catalog(path, codebook_sizes=SIZES, pack=True, workers=1)
+    pq.write_table(_catalog_table(300, 2), new, row_group_size=10)
+    made = []
+    plain_init = pq.ParquetFile.__init__
+
+    def init(self, source, *args, **kwargs):
+        made.append(source)
+        if len(made) == 3:
+            os.replace(new, path)
+        plain_init(self, source, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "__init__", init)
+    try:
+        pooled = read_catalog(path, codebook_sizes=SIZES, pack=True, workers=3)
+    except InputError as exc:
+        assert "c.parquet: the file changed while it was being read" in str(exc)
+        return
+    assert pooled.item_ids.equals(old.item_ids)
+    np.testing.assert_array_equal(pooled.packed.words, old.packed.words)
+    assert pooled.fingerprint == old.fingerprint
+
+
+def test_g3_a_catalog_rewritten_in_place_while_read_is_refused(tmp_path):
+    """Rewritten in place (same inode) after its first rows were read: refused at the end of the file."""
+    path = tmp_path / "c.parquet"
+    pq.write_table(_catalog_table(300, 1), path, row_group_size=10)
+    os.utime(path, (1_000_000_000, 1_000_000_000))  # an mtime the rewrite cannot share
+    other = tmp_path / "other.parquet"
+    pq.write_table(_catalog_table(300, 2), other, row_group_size=10)
+
+    class Rewrite:
+        done = False
+
+        def stage(self, name, total=None):
+            pass
+
+        def advance(self, n=1):
+            if not self.done:
+                self.done = True
+                path.write_bytes(other.read_bytes())
+
+    with pytest.raises(InputError, match=r"c\.parquet: the file changed while it was being read"):
+        read_catalog(path, codebook_sizes=SIZES, pack=True, workers=1, progress=Rewrite())
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_g9_each_footer_is_parsed_once_and_each_file_opened_once_for_its_data(tmp_path, monkeypatch,
+                                                                               workers):
+    """A file of 400 row groups: the footer (which lists all 400) is parsed once, in the footer pass, and
+    the data pass opens the file once. Before, every pooled task reopened the file and parsed the whole
+    footer again: quadratic in the row groups (20,000 groups did not finish in 300 s)."""
+    pq.write_table(_catalog_table(2000, 1), tmp_path / "a.parquet", row_group_size=5)
+    pq.write_table(_catalog_table(2000, 2), tmp_path / "b.parquet", row_group_size=5)
+    footers, opens = [], []
+    plain_init, plain_open = pq.ParquetFile.__init__, pa.OSFile
+
+    def init(self, source, *args, metadata=None, **kwargs):
+        if metadata is None:
+            footers.append(source)
+        plain_init(self, source, *args, metadata=metadata, **kwargs)
+
+    def os_file(name, *args, **kwargs):
+        opens.append(name)
+        return plain_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "__init__", init)
+    monkeypatch.setattr(pa, "OSFile", os_file)
+    catalog = read_catalog(tmp_path, codebook_sizes=SIZES, pack=True, workers=workers)
+    assert catalog.rows == 4000
+    assert len(footers) == 2  # one per file: the footer pass
+    assert len(opens) <= 4  # footer pass + data pass, one open each per file
+
+
+def test_bench_catalog_read_smoke():
+    """scripts/bench_catalog_read.py --smoke prints its table (in order beside pooled) in a few seconds."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    res = subprocess.run([sys.executable, str(repo / "scripts" / "bench_catalog_read.py"), "--smoke"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "| 200 row groups of 10 rows" in res.stdout and "pooled / in order" in res.stdout

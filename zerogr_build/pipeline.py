@@ -8,7 +8,6 @@ stderr as soon as the catalog is read); long work reports through `progress`.
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._compile_notice import on_first_compile
+from ._memlimit import memory_limit, physical_memory_bytes  # noqa: F401 - physical_memory_bytes: public here
 from .config import BuildSettings, load_settings
 from .kernel_build import bundle_kernel_files
 from .progress import NULL_PROGRESS, Progress
@@ -43,14 +43,6 @@ def _warn_compiling(kernel: str) -> None:
         KernelCompileWarning,
         stacklevel=4,
     )
-
-
-def physical_memory_bytes() -> int | None:
-    """This machine's physical memory in bytes (None where the OS does not say)."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 class CodebookInferredWarning(UserWarning):
@@ -133,11 +125,12 @@ def _build_bundle(
     CodebookInferredWarning.
     """
     from .bundle import publish_bundle
-    from .index import FormatPolicy, build_index, parse_step_formats
+    from .index import FormatPolicy, build_index, check_step_formats, parse_step_formats
     from .index.build import build_index_packed
 
     check_device(settings.device)
-    if settings.codebook_sizes:  # fail fast on a bad --step-formats when L is already known
+    check_step_formats(settings.step_formats)  # a bad --step-formats fails before the read
+    if settings.codebook_sizes:  # its steps' range too when L is already known
         parse_step_formats(settings.step_formats, len(settings.codebook_sizes))
     started = time.perf_counter()
     timings: dict[str, float] = {}
@@ -156,7 +149,13 @@ def _build_bundle(
     parse_step_formats(settings.step_formats, catalog.num_steps)  # bad spec: InputError before the build
     t = time.perf_counter()
     progress.stage("sort/tables")
-    policy = FormatPolicy(settings.dense_min_share, settings.dense_max_bytes, physical_memory_bytes())
+    limit = memory_limit()  # physical memory, ulimit -v and the cgroup's limit: a forced dense table must fit
+    policy = FormatPolicy(
+        settings.dense_min_share,
+        settings.dense_max_bytes,
+        limit.bytes if limit else None,
+        limit.what if limit else "this machine's memory",
+    )
     workers = settings.workers or None
     if catalog.packed is not None:
         index = build_index_packed(

@@ -8,28 +8,32 @@ goes one step further: each batch is packed into the sort's keys as it arrives (
 first token + one 64-bit word per item), so not even the [N, L] array exists.
 
 Every rule a catalog can break raises `InputError` with one line naming the file, the column, the row
-(0-based, counted within that file) and the item id where one applies.
+(0-based, counted within that file) and the item id where one applies. A catalog may live on object storage
+(a URI: storage.py); each file is opened once for its data, and a file that changes while it is read is
+refused (storage.Stamp).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..index.pack import PackedSids, packable
 from ..progress import NULL_PROGRESS, Progress
-from .files import find_catalog_files, fingerprint_files
+from .files import find_catalog_files, fingerprint_files, locate_catalog
 from .ids import NUMBA_MIN_ROWS, first_duplicate_row, first_row_with_id
 from .reader import BATCH_ROWS, MAX_CODEBOOK_SIZE, BatchReader, describe_row, unsigned_dtype_for
-from .row_groups import read_in_order, read_on_pool, read_workers
-from .schema import SidLayout, check_sid_schema, common_item_type, item_id_type, open_parquet
+from .row_groups import FileFacts, read_in_order, read_on_pool, read_workers
+from .schema import SidLayout, check_sid_schema, common_item_type, item_id_type, parquet_file
+from .storage import Stamp, Store, changed_error
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,7 +46,9 @@ class Catalog:
     codebook_sizes  V_t for t = 0..L-1, as given or inferred (max token + 1).
     codebook_inferred  True when the sizes were inferred from the data (callers should warn loudly).
     files           the Parquet files read, in order.
-    fingerprint     "sha256:<hex>" over the files' bytes (content only; renaming a file keeps it).
+    fingerprint     "sha256:<hex>" over the files' bytes (content only: a renamed or uploaded copy
+                    keeps it), checked to be the bytes the read decoded (a file changed mid-read is
+                    refused).
     rows            N.
     path            the catalog argument as given.
     packed          index.pack.PackedSids of the SIDs (read_catalog(pack=True)), else None.
@@ -79,8 +85,10 @@ def read_catalog(
 ) -> Catalog:
     """Read and validate a catalog.
 
-    path: a Parquet file, a directory of them (recursive), or a glob. SIDs come from `sid_column` (list or
-    fixed-size list of any integer type) or, when `sid_columns` is given, from those L integer columns.
+    path: a Parquet file, a directory of them (recursive), or a glob; local, or a URI of any filesystem
+        pyarrow opens (s3://bucket/prefix/, gs://...; credentials from the environment, never the URI).
+    SIDs come from `sid_column` (list or fixed-size list of any integer type) or, when `sid_columns` is
+    given, from those L integer columns.
     codebook_sizes: V_t per step; None (or empty) infers max token + 1 per step (Catalog.codebook_inferred).
     pack: hold the SIDs as sort keys (Catalog.packed, sids None) when codebook_sizes are given and
         index.pack.packable says they fit one word; otherwise (and by default) as Catalog.sids.
@@ -96,20 +104,22 @@ def read_catalog(
     else:
         layout = SidLayout(sid_column, (), None)
 
-    files = find_catalog_files(path)
+    store, files = locate_catalog(path)
     hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerogr-fingerprint")
     stop_hashing = threading.Event()  # set on any error, so a refusal does not wait for the hashes
+    hashed: list[Stamp] = []  # each file's stamp as it was hashed
     try:
-        fingerprint_future = hasher.submit(fingerprint_files, files, stop_hashing)
+        fingerprint_future = hasher.submit(fingerprint_files, files, stop_hashing, store, hashed)
         # Pass 1, footers only: every file's schema, row count and row-group row counts, so a bad file fails
         # before any data is read and N is known. Files are closed again (a directory may hold thousands of
-        # parts); a pooled read plans its row groups from these counts without opening the footers again.
-        item_types, file_rows, group_rows = [], [], []
-        for name in files:
-            with open_parquet(name) as pf:
-                schema, meta = pf.schema_arrow, pf.metadata
-                file_rows.append(meta.num_rows)
-                group_rows.append([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+        # parts); the data pass reads each file through the footer parsed here, after checking (its Stamp)
+        # that the file it opens is the one this pass read.
+        item_types, file_rows, group_rows, stamps, footers = [], [], [], [], []
+        for name, (stamp, schema, meta) in zip(files, _footers(store, files, workers), strict=True):
+            stamps.append(stamp)
+            footers.append(meta)
+            file_rows.append(meta.num_rows)
+            group_rows.append([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
             check_sid_schema(name, schema, layout)
             item_types.append((name, item_id_type(name, schema, item_column)))
             if layout.list_column is not None and pa.types.is_fixed_size_list(schema.field(sid_column).type):
@@ -133,10 +143,12 @@ def read_catalog(
         columns = [item_column, *([layout.list_column] if layout.list_column else layout.columns)]
         progress.stage("read", total=total_rows)
         threads = read_workers(workers)
+        facts = FileFacts(store, files, stamps, footers, file_rows)
         if reader.pack and threads > 1:
-            read_on_pool(reader, files, file_rows, group_rows, columns, progress, threads)
+            read_on_pool(reader, facts, group_rows, columns, progress, threads)
         else:
-            read_in_order(reader, files, file_rows, columns, progress)
+            read_in_order(reader, facts, columns, progress)
+        del facts, footers
         # Batches are gone; hand the Arrow pool's cached pages back so the build that follows can use them.
         pa.default_memory_pool().release_unused()
         if (reader.sids is None and reader.packed is None) or reader.num_steps is None:
@@ -156,6 +168,9 @@ def read_catalog(
             assert reader.step_max is not None
             sizes = tuple(int(m) + 1 for m in reader.step_max)
         fingerprint = fingerprint_future.result()
+        for name, read, seen in zip(files, stamps, hashed, strict=True):
+            if read != seen:  # the bytes hashed are not the bytes read
+                raise changed_error(name)
     except BaseException:
         stop_hashing.set()
         raise
@@ -172,6 +187,34 @@ def read_catalog(
         path=str(path),
         packed=reader.packed,
     )
+
+
+def _footer(store: Store, name: str) -> tuple[Stamp, pa.Schema, pq.FileMetaData]:
+    """One file's stamp, Arrow schema and parsed footer (the file is closed again)."""
+    with store.open(name) as opened:
+        pf = parquet_file(opened)
+        return opened.stamp, pf.schema_arrow, pf.metadata
+
+
+def _footers(
+    store: Store, files: list[str], workers: int | None
+) -> Iterator[tuple[Stamp, pa.Schema, pq.FileMetaData]]:
+    """_footer of every file, in catalog order. On object storage each footer costs round trips, so up to
+    MAX_READ_THREADS are fetched at once (still yielded in order: the first bad file in catalog order is
+    the one reported); a local footer is a few reads, fetched in order on this thread."""
+    if not store.remote or len(files) == 1:
+        for name in files:
+            yield _footer(store, name)
+        return
+    threads = min(len(files), read_workers(workers))
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zerogr-footers") as pool:
+        futures = [pool.submit(_footer, store, name) for name in files]
+        try:
+            for future in futures:
+                yield future.result()
+        finally:
+            for future in futures:
+                future.cancel()
 
 
 __all__ = [

@@ -18,6 +18,7 @@ from ..index.pack import PackedSids
 from ..progress import Progress
 from .ids import NUMBA_MIN_ROWS
 from .schema import SidLayout
+from .storage import redact
 
 #: Rows per record batch while streaming. Bounds the Arrow-side memory of the read (a few MB per batch).
 BATCH_ROWS = 1 << 20
@@ -321,6 +322,6 @@ def iter_batches(
                 break
             except (pa.ArrowException, OSError, ValueError) as exc:
                 raise InputError(
-                    f"{name}: unreadable Parquet data in row group {group} ({one_line(exc)})"
+                    f"{name}: unreadable Parquet data in row group {group} ({redact(one_line(exc))})"
                 ) from None
             yield batch

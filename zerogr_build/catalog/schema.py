@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError, one_line
+from .storage import OpenFile, redact
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class SidLayout:
 
 
 def open_parquet(name: str) -> pq.ParquetFile:
-    """The Parquet file `name` (its footer read); InputError naming it when it is not Parquet.
+    """The local Parquet file `name` (its footer read); InputError naming it when it is not Parquet.
 
     Arrow takes paths as UTF-8 only; a file whose name is not UTF-8 (surrogate-escaped by Python) is opened
     by Python and handed over as a file object instead of being refused."""
@@ -40,6 +41,16 @@ def open_parquet(name: str) -> pq.ParquetFile:
         if handle is not None:
             handle.close()
         raise InputError(f"{name}: not a readable Parquet file ({one_line(exc)})") from None
+
+
+def parquet_file(opened: OpenFile, metadata: pq.FileMetaData | None = None) -> pq.ParquetFile:
+    """A ParquetFile over an already open catalog file (storage.OpenFile): its footer parsed, or, with
+    `metadata` (the footer an earlier ParquetFile of the same open file parsed), not read again.
+    InputError naming the file when it is not Parquet."""
+    try:
+        return pq.ParquetFile(opened.handle, metadata=metadata)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(f"{opened.name}: not a readable Parquet file ({redact(one_line(exc))})") from None
 
 
 def _field(name: str, schema: pa.Schema, column: str) -> pa.Field:

@@ -32,7 +32,9 @@ def build(
     catalog: Annotated[
         str,
         typer.Argument(
-            help="Parquet catalog: a file, a directory of Parquet files, or a glob such as 'part-*.parquet'.",
+            help="Parquet catalog: a file, a directory of Parquet files, or a glob such as 'part-*.parquet'; "
+            "local or on object storage (s3://bucket/prefix/, gs://...; credentials from the standard "
+            "environment such as AWS_ACCESS_KEY_ID and AWS_ENDPOINT_URL, never in the URI).",
             metavar="CATALOG",
             show_default=False,
         ),

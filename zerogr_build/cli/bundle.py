@@ -87,7 +87,8 @@ def verify(
         str | None,
         typer.Option(
             "--catalog",
-            help="Also check the bundle equals this catalog exactly (SID set and item -> SID mapping).",
+            help="Also check the bundle equals this catalog exactly (SID set and item -> SID mapping); a "
+            "local path or a URI such as s3://bucket/prefix/.",
             show_default=False,
         ),
     ] = None,

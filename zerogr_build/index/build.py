@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import InputError
-from .formats import FormatPolicy, choose_format, indptr_dtype, parse_step_formats, token_dtype
+from .formats import (
+    FormatPolicy,
+    choose_format,
+    forced_dense_error,
+    indptr_dtype,
+    parse_step_formats,
+    token_dtype,
+)
 from .tables import SidIndex, StepTable, csr_parents
 
 if TYPE_CHECKING:
@@ -93,8 +100,13 @@ def _index_from_layout(
     for t, size in enumerate(sizes):
         rows = 1 if t == 0 else int(layout.prefix_counts[t - 1])
         nnz = int(layout.prefix_counts[t])
-        fmt = choose_format(rows, nnz, size, formats[t], policy)
-        steps.append(_make_step(layout, t, size, rows, nnz, fmt))
+        fmt = choose_format(rows, nnz, size, formats[t], policy, step=t)
+        try:
+            steps.append(_make_step(layout, t, size, rows, nnz, fmt))
+        except MemoryError:
+            if formats[t] != "dense":
+                raise
+            raise forced_dense_error(t, rows, size, "more memory than this process may allocate") from None
     return SidIndex(
         codebook_sizes=sizes,
         steps=tuple(steps),

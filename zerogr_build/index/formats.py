@@ -29,6 +29,7 @@ class FormatPolicy:
     dense_min_share: float = 0.9
     dense_max_bytes: int = 256 * 1024 * 1024
     forced_dense_limit: int | None = None  # bytes a *forced* dense table may take (None: no limit)
+    forced_dense_limit_what: str = "this machine's memory"  # what sets that limit (for the message)
 
 
 def bits_for(count: int) -> int:
@@ -46,15 +47,16 @@ def indptr_dtype(nnz: int) -> np.dtype:
     return np.dtype(np.int32) if nnz < 2**31 else np.dtype(np.int64)
 
 
-def choose_format(rows: int, nnz: int, codebook_size: int, forced: str, policy: FormatPolicy) -> StepFormat:
+def choose_format(
+    rows: int, nnz: int, codebook_size: int, forced: str, policy: FormatPolicy, step: int | None = None
+) -> StepFormat:
     """Resolve one step's format: `forced` is "auto", "sparse" or "dense". A forced dense table larger
-    than policy.forced_dense_limit is refused (InputError) before anything is allocated."""
+    than policy.forced_dense_limit is refused (InputError naming `step`) before anything is allocated."""
     dense_bytes = rows * codebook_size * 4
     limit = policy.forced_dense_limit
     if forced == "dense" and limit is not None and dense_bytes > limit:
-        raise InputError(
-            f"--step-formats forces a dense table of {rows} rows x {codebook_size} tokens x 4 bytes = "
-            f"{dense_bytes} bytes, more than this machine's {limit} bytes of memory: store that step sparse"
+        raise forced_dense_error(
+            step, rows, codebook_size, f"more than {policy.forced_dense_limit_what} ({limit} bytes)"
         )
     if forced in ("sparse", "dense"):
         return forced  # type: ignore[return-value]
@@ -64,18 +66,17 @@ def choose_format(rows: int, nnz: int, codebook_size: int, forced: str, policy: 
     return "sparse"
 
 
-def parse_step_formats(spec: str | Mapping[int, str] | None, num_steps: int) -> dict[int, str]:
-    """Parse "auto", "sparse", "dense" (every step) or "0=dense,2=sparse" (or a mapping) into {step: format}.
-
-    Steps not named stay "auto". Raises InputError for a step out of range or an unknown format.
-    """
-    formats = {t: "auto" for t in range(num_steps)}
+def check_step_formats(spec: str | Mapping[int, str] | None) -> dict[int, str] | str:
+    """The syntax of a --step-formats spec, checked without knowing the SID length: "auto", "sparse" or
+    "dense" (returned as that string), or "STEP=FORMAT,..." (returned as {step: format}) where every STEP
+    is an ASCII number named once and every FORMAT is auto|sparse|dense. InputError otherwise. Whether
+    each step exists is parse_step_formats's check, once the length is known."""
     if spec is None:
-        return formats
+        return "auto"
     if isinstance(spec, str):
         spec = spec.strip()
         if spec in ("", *FORMAT_CHOICES):
-            return {t: spec or "auto" for t in range(num_steps)}
+            return spec or "auto"
         items: dict[int, str] = {}
         for part in spec.split(","):
             step_text, sep, fmt = part.partition("=")
@@ -86,10 +87,35 @@ def parse_step_formats(spec: str | Mapping[int, str] | None, num_steps: int) -> 
                 raise InputError(f"--step-formats: step {int(step_text)} named twice")
             items[int(step_text)] = fmt.strip()
         spec = items
+    checked: dict[int, str] = {}
     for step, fmt in spec.items():
-        if not 0 <= int(step) < num_steps:
-            raise InputError(f"--step-formats: step {step} out of range 0..{num_steps - 1}")
         if fmt not in FORMAT_CHOICES:
             raise InputError(f"--step-formats: unknown format {fmt!r} for step {step} (auto|sparse|dense)")
-        formats[int(step)] = fmt
+        checked[int(step)] = fmt
+    return checked
+
+
+def forced_dense_error(step: int | None, rows: int, codebook_size: int, why: str) -> InputError:
+    """The refusal of a forced dense table that cannot be allocated (`why`: what it exceeds)."""
+    which = "a dense table" if step is None else f"a dense table for step {step}"
+    return InputError(
+        f"--step-formats forces {which}: {rows} rows x {codebook_size} tokens x 4 bytes = "
+        f"{rows * codebook_size * 4} bytes, {why}: store that step sparse"
+    )
+
+
+def parse_step_formats(spec: str | Mapping[int, str] | None, num_steps: int) -> dict[int, str]:
+    """Parse "auto", "sparse", "dense" (every step) or "0=dense,2=sparse" (or a mapping) into {step: format}.
+
+    Steps not named stay "auto". Raises InputError for bad syntax (check_step_formats), a step out of range
+    or an unknown format.
+    """
+    checked = check_step_formats(spec)
+    if isinstance(checked, str):
+        return {t: checked for t in range(num_steps)}
+    formats = {t: "auto" for t in range(num_steps)}
+    for step, fmt in checked.items():
+        if not 0 <= step < num_steps:
+            raise InputError(f"--step-formats: step {step} out of range 0..{num_steps - 1}")
+        formats[step] = fmt
     return formats
