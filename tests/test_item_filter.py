@@ -68,7 +68,7 @@ def test_resident_tables_and_set_words_match_brute_force(seed, length, num_sets,
         for i in range(num_sets + 1):  # i == num_sets: ANY
             members = available if i == num_sets else available & np.isin(np.arange(len(sids)), sets[f"s{i}"])
             has = rows_meeting(index, position[np.flatnonzero(members)])[s - 1]
-            bit = (words[:rows] & set_bits.set_words[i].view(words.dtype)) != 0
+            bit = (words[:rows] & set_bits.word(i).view(words.dtype)) != 0
             bit = bit.any(axis=1) if bit.ndim == 2 else bit
             assert set(np.flatnonzero(bit).tolist()) == has, (s, i)
 
