@@ -37,12 +37,13 @@ def read_columns(path: Any, columns: Callable[[pa.Schema], list[str]], what: str
         raise InputError(f"{name}: is a directory, not a Parquet file ({what})") from None
     except OSError as exc:
         raise InputError(f"{name}: cannot open ({exc.strerror or exc})") from None
-    with open(fd, "rb") as fh:
-        mode = os.fstat(fd).st_mode
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
         if stat.S_ISDIR(mode):
             raise InputError(f"{name}: is a directory, not a Parquet file ({what})")
-        if not stat.S_ISREG(mode):
-            raise InputError(f"{name}: not a regular file (a FIFO, device or socket cannot be {what})")
+        raise InputError(f"{name}: not a regular file (a FIFO, device or socket cannot be {what})")
+    with open(fd, "rb") as fh:
         try:
             parquet = pq.ParquetFile(fh)
             schema = parquet.schema_arrow

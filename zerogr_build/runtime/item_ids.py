@@ -343,9 +343,12 @@ class ItemIds:
         found = self.lookup(ids, what, unit)
         unknown = int((found < 0).sum())
         if unknown:
-            warnings.warn(
-                f"{unknown} of {found.shape[0]} {what} are not in the catalog (ignored)", stacklevel=3
+            message = (
+                f"{what}: {unknown} of {found.shape[0]} rows name item ids that are not in the catalog"
+                if unit == "row"
+                else f"{unknown} of {found.shape[0]} {what} are not in the catalog"
             )
+            warnings.warn(message + " (ignored)", stacklevel=3)
         return found[found >= 0]
 
 
