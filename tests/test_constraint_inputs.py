@@ -414,3 +414,28 @@ def test_torch_is_not_needed_to_build_masks(bundles):
     torch tensor of ids works through numpy."""
     bundle = bundles[0]
     assert available_ids(bundle, ItemMask.from_ids(bundle, torch.tensor(CHOSEN))) == CHOSEN
+
+
+def test_hotswap_builds_each_versions_constraints_before_it_goes_live(bundles):
+    """G5: HotSwap does not carry a mask to the next version (it would be refused there); on_load builds
+    that version's own mask from ids before the swap, so requests never see the new version unmasked."""
+    from zerogr_build.runtime.hotswap import HotSwap
+
+    in_stock = [110, 111]
+    seen = []
+
+    def on_load(bundle, decoder):
+        decoder.set_availability(ItemMask.from_ids(bundle, in_stock))
+        seen.append(bundle.version)
+
+    live = HotSwap.for_decoder(SeededModel(SIZES, 1, batch_size=2).layers(), on_load=on_load)
+    try:
+        for bundle in bundles[:2]:
+            live.load_next(bundle.path).result()
+            live.swap()
+            assert search_items(live.current.decoder)[0] == set(in_stock)
+        with pytest.raises(InputError, match="built for"):
+            live.current.decoder.set_availability(ItemMask.from_ids(bundles[0], in_stock))
+    finally:
+        live.close()
+    assert seen == [1, 2]
