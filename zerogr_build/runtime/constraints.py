@@ -15,7 +15,9 @@ item_requests.py, item_kills.py).
 
 Item positions: everything here is in *leaf order* - position p is row p of a bundle's items table
 (`bundle.items()`), or of an in-memory index's `item_order` (catalog row item_order[p]).
-Masks are not part of the bundle: they change by the minute and live only in the Decoder.
+Masks are not part of the bundle: they change by the minute and live only in the Decoder. A mask or sets
+object is bound to the item order it was built for (item_ids.binding_of) and copied read-only; ids are
+checked and compared by value in the catalog's type (item_ids.py); files are read by item_files.py.
 """
 
 from __future__ import annotations

@@ -223,7 +223,8 @@ class Resident:
     host, ascending, i * (items + 1) + p for the available positions p of set i (per-set counts of
     item_requests.py); dense_bits[t]: for a dense step table t (one-word sets), [rows_t, V] the row words of
     its children laid out like next (0 where no child), so a dense step reads a beam's words in one
-    contiguous row (None for sparse tables or no sets)."""
+    contiguous row (None for sparse tables or no sets); mask: the ItemMask `available` came from (None:
+    all available)."""
 
     space: ItemSpace
     available: np.ndarray | None
