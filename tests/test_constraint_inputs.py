@@ -439,3 +439,17 @@ def test_hotswap_builds_each_versions_constraints_before_it_goes_live(bundles):
     finally:
         live.close()
     assert seen == [1, 2]
+
+
+def test_wrong_argument_types_are_input_errors(bundles):
+    bundle = bundles[0]
+    dec = Decoder(bundle, SeededModel(SIZES, 1, batch_size=2).layers())
+    with pytest.raises(InputError, match="expected an ItemMask"):
+        dec.set_availability(np.ones(N, dtype=bool))
+    with pytest.raises(InputError, match="expected an ItemSets"):
+        dec.set_item_sets({"a": [101]})
+    dec.set_item_sets(ItemSets.from_mapping(bundle, {"a": [101]}))
+    with pytest.raises(InputError, match="include: expected set names"):
+        search_items(dec, include=[3, None])
+    with pytest.raises(InputError, match="two sets are named '1'"):
+        ItemSets.from_mapping(bundle, {1: [101], "1": [102]})

@@ -8,6 +8,7 @@ vectorised across requests; nothing per catalog item, and no step reads a value 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +154,8 @@ def request_constraints(resident: Resident, ids: ItemIds, include: Any, exclude:
     set_bits = resident.set_bits
     chosen: list[np.ndarray] = []
     for names in include:
+        if names is not None and not isinstance(names, (str, Iterable)):
+            raise InputError(f"include: expected set names (a list of str) or None, got {names!r}")
         if names is None or not len(names):
             chosen.append(np.zeros(0, np.int64))
             continue
