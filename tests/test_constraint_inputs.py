@@ -453,3 +453,14 @@ def test_wrong_argument_types_are_input_errors(bundles):
         search_items(dec, include=[3, None])
     with pytest.raises(InputError, match="two sets are named '1'"):
         ItemSets.from_mapping(bundle, {1: [101], "1": [102]})
+
+
+def test_cli_compare_with_nothing_available_prints_no_numpy_warnings(bundles, tmp_path):
+    """A mask that leaves nothing available is valid input: exit 0, and no raw numpy warning lines."""
+    bundle = bundles[0]
+    req = write(tmp_path / "requests.parquet", request_id=[0, 1], target_item=[101, 102])
+    mask = write(tmp_path / "none.parquet", item_id=[101, 102], ok=[False, False])
+    args = ["compare", str(bundle.path), "--model", "tests.compare_models:model_fn", "--requests", str(req)]
+    res = CliRunner().invoke(app, [*args, "--k", "5", "--beam-width", "8", "--available", str(mask)])
+    assert res.exit_code == 0, res.output
+    assert not [line for line in stderr_lines(res.stderr) if line.startswith("WARNING")], res.stderr

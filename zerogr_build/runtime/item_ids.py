@@ -206,8 +206,8 @@ def _from_array(arr: np.ndarray, what: str, unit: str) -> IdValues:
         return IdValues("str", arr.astype(object))
     if kind == "S":
         return IdValues("bytes", arr.astype(object))
-    if kind == "O":
-        return _objects(arr, what, unit)
+    if kind == "O":  # the fast paths of a list first (all str, all int), else element by element
+        return _from_list(arr.tolist(), what, unit)
     if kind == "b":
         raise InputError(f"{what}: booleans are not item ids (a mask in item order: ItemMask.from_bool)")
     raise InputError(f"{what}: ids of dtype {arr.dtype} are not item ids (integers or strings)")
