@@ -178,3 +178,24 @@ def test_import_zerogr_build_does_not_import_transformers() -> None:
         "sys.exit('transformers' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+@pytest.mark.parametrize("eos", [None, 13])
+def test_processor_without_prompt_length_refuses_to_go_past_the_sid(eos) -> None:
+    """G13: with prompt_length inferred, the call after the SID's last step (EOS included) of the same
+    generation raises instead of silently starting a second SID; a new prompt still starts a new one."""
+    sids = np.array([[0, 1, 2], [0, 1, 0], [1, 0, 0], [2, 2, 1]])
+    sid_map = hf.SidMap.from_offsets([3, 6, 9], eos_token_id=eos)
+    proc = hf.SidLogitsProcessor(build_index(sids, [3, 3, 3]), sid_map)
+    trie = trie_children(sids, sid_map.token_table([3, 3, 3]), eos)
+    seqs = np.full((2, 2), 2)
+    for _step in range(3 + (eos is not None)):
+        out = proc(torch.as_tensor(seqs), torch.zeros(2, 14))
+        nxt = [min(trie[tuple(s[2:].tolist())]) for s in seqs]
+        seqs = np.concatenate([seqs, np.array(nxt)[:, None]], axis=1)
+        assert torch.isfinite(out).any(dim=1).all()
+    with pytest.raises(InputError, match="went past the SID"):
+        proc(torch.as_tensor(seqs), torch.zeros(2, 14))
+    other = np.full((2, seqs.shape[1] + 1), 1)  # a new prompt of the length that follows: step 0
+    allowed = set(torch.isfinite(proc(torch.as_tensor(other), torch.zeros(2, 14))[0]).nonzero().flatten())
+    assert {int(t) for t in allowed} == trie[()]

@@ -68,7 +68,7 @@ def test_resident_tables_and_set_words_match_brute_force(seed, length, num_sets,
         for i in range(num_sets + 1):  # i == num_sets: ANY
             members = available if i == num_sets else available & np.isin(np.arange(len(sids)), sets[f"s{i}"])
             has = rows_meeting(index, position[np.flatnonzero(members)])[s - 1]
-            bit = (words[:rows] & set_bits.set_words[i].view(words.dtype)) != 0
+            bit = (words[:rows] & set_bits.word(i).view(words.dtype)) != 0
             bit = bit.any(axis=1) if bit.ndim == 2 else bit
             assert set(np.flatnonzero(bit).tolist()) == has, (s, i)
 
@@ -162,3 +162,48 @@ def test_item_ids_lookup_matches_a_dict(kind):
         assert lookup.positions(np.asarray(queries, dtype=ids.dtype)).tolist() == [
             e for e in expect if e >= 0
         ]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    unsigned=st.booleans(),
+    dense=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+    query_kind=st.sampled_from(["int64", "uint64", "python"]),
+)
+def test_item_ids_lookup_compares_values_in_the_catalogs_domain(unsigned, dense, seed, query_kind):
+    """Ids are matched by their integer value: against a dict of the catalog's Python ints, for int64 and
+    uint64 catalogs (dense: the direct table, else the sorted search), whatever the query's integer type
+    (G17: -k never matches 2^64 - k). Extreme values of both domains are always in the mix."""
+    rng = np.random.default_rng(seed)
+    edges = [0, 1, 2**63 - 1, 2**63, 2**64 - 1] if unsigned else [-(2**63), -1, 0, 1, 2**63 - 1]
+    if dense:
+        base = int(rng.integers(0, 2**20)) + (2**64 - 2**21 if unsigned and rng.random() < 0.5 else 0)
+        values = [base + int(v) for v in rng.permutation(60)]
+    else:
+        some = rng.integers(-(2**40), 2**40, 50).tolist()
+        picked = {edges[i] for i in rng.integers(0, len(edges), 3)}
+        values = sorted(picked | {v for v in some if not unsigned or v >= 0})
+    ids = np.asarray(values, dtype=np.uint64 if unsigned else np.int64)
+
+    class Source:
+        index = build_index(rng.integers(0, 4, size=(len(values), 2)), (4, 4))
+
+        def items(self):
+            return ids
+
+    lookup = ItemIds(Source())
+    assert (lookup._direct is not None) == (dense and len(values) > 0)
+    table = {v: p for p, v in enumerate(ids.tolist())}
+    pool = values + [-v for v in values] + [2**64 - 1, -1, 2**64 - 1 - values[0], -(2**63), 2**63]
+    pool += [(v + 2**64) % 2**64 for v in values if v < 0]  # the uint64 twin of each negative id
+    queries = [int(q) for q in rng.choice(np.asarray(pool, dtype=object), 40)]
+    if query_kind == "int64":
+        queries = [q for q in queries if -(2**63) <= q < 2**63]
+        arr = np.asarray(queries, dtype=np.int64)
+    elif query_kind == "uint64":
+        queries = [q for q in queries if 0 <= q < 2**64]
+        arr = np.asarray(queries, dtype=np.uint64)
+    else:
+        arr = queries
+    assert lookup.lookup(arr).tolist() == [table.get(q, -1) for q in queries]

@@ -11,7 +11,7 @@ import typer
 
 from ..config import load_settings
 from ..pipeline import inspect_bundle, verify_with_catalog
-from ._errors import cli_errors
+from ._errors import cli_errors, warnings_on_stderr
 from ._metrics import job_metrics
 from ._options import (
     AvailableOpt,
@@ -44,7 +44,7 @@ def inspect(
     """Show a bundle's step tables (format, rows, nnz, max_slots, valid share, bytes) and how its index size
     compares with STATIC's layout for the same catalog; with --available, the prefixes and leaves that keep
     an available item."""
-    with cli_errors():
+    with cli_errors(), warnings_on_stderr():
         report = inspect_bundle(bundle_path(bundle, config), available)
         if json_out:
             sys.stdout.write(json.dumps(report, default=str) + "\n")

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ._errors import cli_errors
+from ._errors import cli_errors, warnings_on_stderr
 from ._options import AvailableOpt, BundleArg, ConfigOpt, JsonOpt, bundle_path
 from ._progress import progress_for
 from ._render import report_tables, stdout_console
@@ -39,7 +39,7 @@ def compare(
     """Decode the requests filter-first, score-first and unconstrained with your model and compare top-K
     lists (overlap@K, Recall@K, NDCG@K, invalid probability mass per step). --available decodes every order
     under that availability mask (invalid mass is still measured against the catalog)."""
-    with cli_errors():
+    with cli_errors(), warnings_on_stderr():
         # Imported when the command runs: compare decodes with torch, `zerogr --help` should not load it.
         from ..compare import parse_ks, run_compare
         from ..runtime.device import check_device

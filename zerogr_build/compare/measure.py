@@ -229,7 +229,8 @@ def compare_searches(
             if order in CONSTRAINED:
                 for k in ks:
                     if k <= m:
-                        gap = scores[:, 0] - scores[:, k - 1]
+                        with np.errstate(invalid="ignore"):  # -inf - -inf: a request with no item
+                            gap = scores[:, 0] - scores[:, k - 1]
                         ok = np.isfinite(gap)
                         gap_sum[order][k] += float(gap[ok].sum())
                         gap_count[order][k] += int(ok.sum())

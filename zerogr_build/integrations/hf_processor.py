@@ -12,8 +12,11 @@ construction; `integrations.hf_generate.generate(order="score_first")` reproduce
 Where the SID starts: a processor sees only input_ids [R, n] (prompt + generated, or decoder start token +
 generated). Give `prompt_length` (decoder-only: the padded prompt width; encoder-decoder: 1), or leave it
 None and the processor takes the first call of each generation as step 0: a call starts a new generation
-unless it continues the previous one (same row count, one token longer, SID not yet complete). Call
-`reset()` before reusing a processor whose previous generation stopped early.
+unless it continues the previous one (same row count, one token longer, SID not yet complete). A call one
+token past the SID's last step (EOS included) with the same prompt is generation going past the SID, and
+raises InputError (max_new_tokens too large). Call `reset()` before reusing a processor whose previous
+generation stopped early, or before a generation whose prompt is the previous prompt plus its output (which
+looks exactly like going past the SID); `prompt_length` avoids the inference altogether.
 """
 
 from __future__ import annotations
@@ -51,10 +54,21 @@ class SidLogitsProcessor(LogitsProcessor):
         self._masks: VocabMasks | None = None
         self._start: int | None = None
         self._last: tuple[int, int] | None = None
+        self._prompt: torch.Tensor | None = None  # input_ids at step 0 of the current generation
 
     def reset(self) -> None:
         """Forget the inferred start of the current generation (the next call is step 0)."""
-        self._start = self._last = None
+        self._start = self._last = self._prompt = None
+
+    def _same_prompt(self, input_ids: torch.Tensor) -> bool:
+        """input_ids [R, n] starts with the current generation's prompt (beam search reorders rows only
+        among the beams of one prompt, which share it)."""
+        prompt = self._prompt
+        return (
+            prompt is not None
+            and prompt.device == input_ids.device
+            and torch.equal(input_ids[:, : prompt.shape[1]], prompt)
+        )
 
     def masks_for(self, vocab_size: int, device) -> VocabMasks:
         """The device tables for this vocabulary width and device (built once, rebuilt on a change)."""
@@ -73,14 +87,14 @@ class SidLogitsProcessor(LogitsProcessor):
             start = self.prompt_length
         else:
             last_step = self.num_steps if self.eos_token_id is not None else self.num_steps - 1
-            continues = (
-                self._last is not None
-                and self._last == (n - 1, r)
-                and self._start is not None
-                and self._last[0] - self._start < last_step
-            )
-            if not continues:
+            follows = self._last == (n - 1, r) and self._start is not None
+            if follows and self._last[0] - self._start < last_step:
+                pass  # the next step of this generation
+            elif follows and self._same_prompt(input_ids):
+                pass  # one token past the SID's last step: __call__ raises
+            else:  # a new generation: this call is its step 0
                 self._start = n
+                self._prompt = input_ids.detach().clone()
             self._last = (n, r)
             start = self._start
         if n < start:

@@ -15,14 +15,15 @@ item_requests.py, item_kills.py).
 
 Item positions: everything here is in *leaf order* - position p is row p of a bundle's items table
 (`bundle.items()`), or of an in-memory index's `item_order` (catalog row item_order[p]).
-Masks are not part of the bundle: they change by the minute and live only in the Decoder.
+Masks are not part of the bundle: they change by the minute and live only in the Decoder. A mask or sets
+object is bound to the item order it was built for (item_ids.binding_of) and copied read-only; ids are
+checked and compared by value in the catalog's type (item_ids.py); files are read by item_files.py.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,111 +32,61 @@ import numpy as np
 
 from ..errors import InputError
 from ..index import SidIndex
+from .item_ids import (
+    POSITIONS,
+    ItemIds,
+    SourceBinding,
+    as_ids,
+    binding_of,
+    index_of,
+    item_ids,
+)
 
 
-def index_of(source: Any) -> SidIndex:
-    if isinstance(source, SidIndex):
-        return source
-    if hasattr(source, "index"):
-        return source.index
-    raise InputError(f"constraints need a SidIndex or a Bundle, got {type(source).__name__}")
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """`array` read-only and owning its memory: copied unless it already is (a caller's buffer or a view of
+    one is never kept, so editing it later cannot change a live mask)."""
+    if array.flags.writeable or array.base is not None or not array.flags.c_contiguous:
+        array = np.array(array, order="C", copy=True)
+    array.setflags(write=False)
+    return array
 
 
-class _Positions:
-    """Stand-in items table whose entry p is p: SidIndex.leaf_items(leaves, _Positions()) -> positions."""
-
-    def take(self, positions: np.ndarray) -> np.ndarray:
-        return positions
-
-
-POSITIONS = _Positions()
-
-
-class ItemIds:
-    """Item id -> leaf-order position lookup of one bundle or index (built once, then shared).
-
-    Bundle: its items table (`bundle.items()`). In-memory SidIndex with item_order: catalog row numbers.
-    Otherwise: positions are the ids.
-    """
-
-    def __init__(self, source: Any) -> None:
-        index = index_of(source)
-        self.num_items = index.num_items
-        items = getattr(source, "items", None)
-        if callable(items) and not isinstance(source, SidIndex):
-            table = items()
-            ids = table.to_numpy(zero_copy_only=False) if hasattr(table, "to_numpy") else np.asarray(table)
-        elif index.item_order is not None:
-            ids = np.asarray(index.item_order, dtype=np.int64)
-        else:
-            ids = np.arange(self.num_items, dtype=np.int64)
-        self._numeric = ids.dtype.kind in "iu"
-        self._direct: np.ndarray | None = None
-        if self._numeric:
-            ids = ids.astype(np.int64, copy=False)
-            self._order = np.argsort(ids, kind="stable")
-            self._sorted = ids[self._order]
-            low = int(self._sorted[0]) if ids.size else 0
-            span = int(self._sorted[-1]) - low + 1 if ids.size else 0
-            if span <= 4 * ids.size + 1024:  # dense ids (catalog rows, 0..n-1): one gather per lookup
-                self._low = low
-                self._direct = np.full(span, -1, dtype=np.int64)
-                self._direct[self._sorted[::-1] - low] = self._order[::-1]  # a duplicate id: its first row
-        else:
-            self._lookup = {v: i for i, v in enumerate(ids.tolist())}
-
-    def lookup(self, ids: Any) -> np.ndarray:
-        """int64 [k]: the leaf-order position of each of `ids` (any order), -1 where not in the catalog."""
-        if hasattr(ids, "to_numpy"):
-            ids = ids.to_numpy(zero_copy_only=False)
-        ids = np.asarray(ids).reshape(-1)
-        if ids.size == 0:
-            return np.zeros(0, dtype=np.int64)
-        if not self._numeric:
-            return np.asarray([self._lookup.get(v, -1) for v in ids.tolist()], dtype=np.int64)
-        if ids.dtype.kind not in "iu":
-            return np.full(ids.shape[0], -1, dtype=np.int64)
-        ids = ids.astype(np.int64)
-        if self._direct is not None:
-            at = ids - self._low
-            inside = (at >= 0) & (at < self._direct.shape[0])
-            return np.where(inside, self._direct[np.where(inside, at, 0)], -1)
-        if self._sorted.size == 0:
-            return np.full(ids.shape[0], -1, dtype=np.int64)
-        at = np.searchsorted(self._sorted, ids).clip(max=self._sorted.shape[0] - 1)
-        return np.where(self._sorted[at] == ids, self._order[at], -1)
-
-    def positions(self, ids: Any, what: str = "item ids") -> np.ndarray:
-        """int64 [k]: leaf-order positions of the known ids among `ids` (any order, duplicates kept).
-        Unknown ids are dropped and reported in one warning per call."""
-        found = self.lookup(ids)
-        unknown = int((found < 0).sum())
-        if unknown:
-            warnings.warn(
-                f"{unknown} of {found.shape[0]} {what} are not in the catalog (ignored)", stacklevel=3
-            )
-        return found[found >= 0]
-
-
-_ID_LOOKUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def item_ids(source: Any) -> ItemIds:
-    """The (cached per bundle / index object) id -> position lookup of `source`."""
-    try:
-        cached = _ID_LOOKUPS.get(source)
-    except TypeError:  # not weak-referenceable / hashable: no cache
-        return ItemIds(source)
-    if cached is None:
-        cached = _ID_LOOKUPS[source] = ItemIds(source)
-    return cached
+def _bool_mask(mask: Any, num_items: int) -> np.ndarray:
+    """bool [num_items] from a bool array, or from integers / floats that are all 0 or 1 (a copy)."""
+    if isinstance(mask, (str, bytes)) or np.isscalar(mask):
+        raise InputError(f"availability mask: expected a bool array of {num_items} entries, got {mask!r}")
+    arr = np.asarray(mask)
+    if arr.ndim != 1:
+        raise InputError(f"availability mask: expected a 1-D bool array, got shape {arr.shape}")
+    if arr.shape[0] != num_items:
+        raise InputError(f"availability mask has {arr.shape[0]} entries for {num_items} items")
+    if arr.dtype.kind == "b":
+        return np.array(arr, dtype=bool, copy=True)
+    if arr.dtype.kind in "iuf":
+        bad = (arr != 0) & (arr != 1)
+        if bad.any():
+            at = int(np.flatnonzero(bad)[0])
+            raise InputError(f"availability mask: entry {at} is {arr[at]!r}, not a bool (or 0 / 1)")
+        return arr == 1
+    raise InputError(f"availability mask: dtype {arr.dtype} is not bool (strings such as 'False' are not)")
 
 
 @dataclass(frozen=True, eq=False)
 class ItemMask:
-    """The global availability mask: available bool [items] in leaf order (numpy; see module docstring)."""
+    """The global availability mask: available bool [items] in leaf order (numpy, read-only, its own copy),
+    bound to the bundle or index it was built for (`binding`; a Decoder over another item order refuses
+    it). Build it with from_bool / from_ids / from_parquet."""
 
     available: np.ndarray
+    binding: SourceBinding | None = None
+
+    def __post_init__(self) -> None:
+        arr = self.available
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.bool_ or arr.ndim != 1:
+            raise InputError("ItemMask needs a 1-D numpy bool array (build one with ItemMask.from_bool, "
+                             "from_ids or from_parquet)")  # fmt: skip
+        object.__setattr__(self, "available", _frozen(arr))
 
     @property
     def num_items(self) -> int:
@@ -147,92 +98,120 @@ class ItemMask:
 
     @classmethod
     def from_bool(cls, source: Any, mask: Any) -> ItemMask:
-        """mask bool [items]: for a Bundle in its items order (`bundle.items()`), for an in-memory index in
-        catalog row order (the rows build_index was given)."""
+        """mask bool [items] (or 0 / 1 integers): for a Bundle in its items order (`bundle.items()`), for an
+        in-memory index in catalog row order (the rows build_index was given). The mask is copied."""
         index = index_of(source)
-        mask = np.asarray(mask, dtype=bool).reshape(-1)
-        if mask.shape[0] != index.num_items:
-            raise InputError(f"availability mask has {mask.shape[0]} entries for {index.num_items} items")
+        available = _bool_mask(mask, index.num_items)
         if isinstance(source, SidIndex) and index.item_order is not None:
-            mask = mask[np.asarray(index.item_order)]
-        return cls(np.ascontiguousarray(mask))
+            available = available[np.asarray(index.item_order)]
+        available.setflags(write=False)
+        return cls(available, binding_of(source))
 
     @classmethod
     def from_ids(cls, source: Any, ids: Any) -> ItemMask:
-        """Available = the items named in ids (ids not in the catalog: one warning, ignored)."""
+        """Available = the items named in ids (any container of ids; ids not in the catalog: one warning,
+        ignored; bad ids such as nulls: InputError)."""
         lookup = item_ids(source)
         available = np.zeros(lookup.num_items, dtype=bool)
         available[lookup.positions(ids, "available item ids")] = True
-        return cls(available)
+        available.setflags(write=False)
+        return cls(available, binding_of(source))
 
     @classmethod
     def from_parquet(cls, source: Any, path: Any, item_column: str | None = None,
                      flag_column: str | None = None) -> ItemMask:  # fmt: skip
-        """A Parquet file of item ids (first column unless `item_column`), optionally with a boolean column
-        (`flag_column`, or the first boolean column) saying which of them are available."""
-        import pyarrow.parquet as pq
+        """A Parquet file of item ids (first column unless `item_column`), optionally with a flag column
+        (`flag_column`, or the first boolean column) saying which of them are available. A bad file
+        (missing, not Parquet, no rows, a null or mistyped id or flag) raises InputError naming it."""
+        from .item_files import read_available_ids
 
-        table = pq.read_table(path)
-        names = table.column_names
-        if not names:
-            raise InputError(f"{path}: no columns")
-        item_column = item_column or names[0]
-        if item_column not in names:
-            raise InputError(f"{path}: no column {item_column!r} (columns: {', '.join(names)})")
-        if flag_column is None:
-            flags = [n for n in names if n != item_column and str(table.schema.field(n).type) == "bool"]
-            flag_column = flags[0] if flags else None
-        ids = table.column(item_column).to_numpy()
-        if flag_column is not None:
-            keep = table.column(flag_column).to_numpy(zero_copy_only=False)
-            ids = ids[np.asarray(keep, dtype=bool)]
-        return cls.from_ids(source, ids)
+        ids, what = read_available_ids(path, item_column, flag_column)
+        lookup = item_ids(source)
+        available = np.zeros(lookup.num_items, dtype=bool)
+        available[lookup.positions(ids, what, "row")] = True
+        available.setflags(write=False)
+        return cls(available, binding_of(source))
+
+
+def _set_name(name: Any) -> str:
+    if isinstance(name, str):
+        return name
+    if isinstance(name, (int, np.integer)) and not isinstance(name, (bool, np.bool_)):
+        return str(int(name))
+    raise InputError(f"item set names must be strings (or integers), got {name!r}")
 
 
 @dataclass(frozen=True, eq=False)
 class ItemSets:
     """Named item sets (e.g. category -> items), compiled once: positions[i] = sorted unique leaf-order
-    positions int64 of set names[i]. Sets may overlap; an item in two named sets counts once."""
+    positions int64 of set names[i]. Sets may overlap; an item in two named sets counts once. Bound to the
+    bundle or index it was built for, like ItemMask."""
 
     names: tuple[str, ...]
     positions: tuple[np.ndarray, ...]
     num_items: int
+    binding: SourceBinding | None = None
+
+    @classmethod
+    def from_positions(cls, source: Any, names: Sequence[str], positions: Sequence[np.ndarray]) -> ItemSets:
+        """Sets of leaf-order positions (int64, any order, duplicates allowed) of `source`."""
+        index = index_of(source)
+        if len(set(names)) != len(names):
+            seen: set[str] = set()
+            dup = next(n for n in names if n in seen or seen.add(n))
+            raise InputError(f"item sets: two sets are named {dup!r}")
+        frozen = []
+        for p in positions:
+            p = np.unique(np.asarray(p, dtype=np.int64))
+            p.setflags(write=False)
+            frozen.append(p)
+        return cls(tuple(names), tuple(frozen), index.num_items, binding_of(source))
 
     @classmethod
     def from_mapping(cls, source: Any, sets: Mapping[Any, Any]) -> ItemSets:
-        """{set name: item ids}; ids not in the catalog are reported once and ignored."""
+        """{set name: item ids (any container of ids)}; ids not in the catalog are reported in one warning
+        and ignored; bad ids (nulls, other types) raise InputError naming the set."""
+        if not isinstance(sets, Mapping):
+            raise InputError(f"item sets: expected a mapping of set name -> ids, got {type(sets).__name__}")
         ids = item_ids(source)
         names, positions = [], []
-        unknown = 0
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for name, members in sets.items():
-                names.append(str(name))
-                positions.append(np.unique(ids.positions(members)))
-            unknown = len(caught)
+        unknown = unknown_sets = 0
+        for name, members in sets.items():
+            name = _set_name(name)
+            found = ids.lookup(members, f"item set {name!r}")
+            missing = int((found < 0).sum())
+            unknown += missing
+            unknown_sets += missing > 0
+            names.append(name)
+            positions.append(found[found >= 0])
         if unknown:
-            warnings.warn(f"item sets name ids that are not in the catalog ({unknown} sets; ignored)",
-                          stacklevel=2)  # fmt: skip
-        return cls(tuple(names), tuple(positions), ids.num_items)
+            warnings.warn(f"item sets name {unknown} ids that are not in the catalog ({unknown_sets} sets; "
+                          "ignored)", stacklevel=2)  # fmt: skip
+        return cls.from_positions(source, names, positions)
 
     @classmethod
     def from_parquet(
         cls, source: Any, path: Any, set_column: str = "set", item_column: str = "item_id"
     ) -> ItemSets:
-        """A Parquet file with one (set name, item id) row per membership."""
-        import pyarrow.parquet as pq
+        """A Parquet file with one (set name, item id) row per membership. A bad file (missing, not
+        Parquet, no rows, a null or mistyped name or id) raises InputError naming it."""
+        from .item_files import read_set_memberships
 
-        table = pq.read_table(path)
-        for col in (set_column, item_column):
-            if col not in table.column_names:
-                raise InputError(f"{path}: no column {col!r} (columns: {', '.join(table.column_names)})")
-        sets = np.asarray(table.column(set_column).to_numpy(zero_copy_only=False)).astype(str)
-        items = table.column(item_column).to_numpy(zero_copy_only=False)
-        order = np.argsort(sets, kind="stable")
-        sets, items = sets[order], items[order]
-        names, starts = np.unique(sets, return_index=True)
-        ends = np.append(starts[1:], sets.shape[0])
-        return cls.from_mapping(source, {n: items[a:b] for n, a, b in zip(names, starts, ends, strict=True)})
+        names, ids, what = read_set_memberships(path, set_column, item_column)
+        lookup = item_ids(source)
+        found = lookup.lookup(ids, what, "row")
+        unknown = int((found < 0).sum())
+        uniq, inverse = np.unique(names, return_inverse=True)
+        if unknown:
+            warnings.warn(f"{path}: {unknown} of {found.shape[0]} rows name item ids that are not in the "
+                          f"catalog ({len(set(inverse[found < 0].tolist()))} sets; ignored)",
+                          stacklevel=2)  # fmt: skip
+        keep = found >= 0
+        order = np.argsort(inverse[keep], kind="stable")
+        grouped = found[keep][order]
+        cut = np.searchsorted(inverse[keep][order], np.arange(uniq.shape[0] + 1))
+        positions = [grouped[cut[i] : cut[i + 1]] for i in range(uniq.shape[0])]
+        return cls.from_positions(source, [str(n) for n in uniq.tolist()], positions)
 
     @functools.cached_property
     def _index(self) -> dict[str, int]:
@@ -275,6 +254,9 @@ def valid_rows_per_step(index: SidIndex, available: np.ndarray) -> list[int]:
 __all__ = [
     "POSITIONS",
     "ItemIds",
+    "SourceBinding",
+    "as_ids",
+    "binding_of",
     "ItemMask",
     "ItemSets",
     "index_of",

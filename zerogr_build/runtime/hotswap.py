@@ -83,13 +83,25 @@ class HotSwap:
 
     @classmethod
     def for_decoder(
-        cls, weights: Any, device: str = "cpu", *, verify: bool = False, **decoder_kwargs: Any
+        cls,
+        weights: Any,
+        device: str = "cpu",
+        on_load: Callable[[Any, Any], None] | None = None,
+        *,
+        verify: bool = False,
+        **decoder_kwargs: Any,
     ) -> HotSwap:
         """A handle whose versions are (bundle, Decoder) pairs: the bundle is opened (checksums checked) and
         a Decoder built over it (plan="auto" unless given), its tables streamed to `device` (on low-priority
         copy streams for background loads). verify=True also checks every structural invariant of the
         version (`verify_bundle`) before loading it. `load_next(path, weights=...)` replaces the weights
-        for that version (a new model goes with a new bundle)."""
+        for that version (a new model goes with a new bundle).
+
+        Item constraints are not carried across a swap: a mask or sets object names positions in one
+        bundle's item order and another version refuses it, so each version's Decoder starts with every
+        item available and no item sets. `on_load(bundle, decoder)` runs in the loader thread before the
+        version can be swapped in: build and set its constraints there, from item ids (e.g.
+        `decoder.set_availability(ItemMask.from_ids(bundle, in_stock_ids))`)."""
         default_weights = weights
         decoder_kwargs.setdefault("plan", "auto")
 
@@ -107,6 +119,8 @@ class HotSwap:
                 low_priority=low_priority,
                 **decoder_kwargs,
             )
+            if on_load is not None:
+                on_load(bundle, decoder)
             return bundle, decoder
 
         return cls(load)

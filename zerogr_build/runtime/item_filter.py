@@ -15,6 +15,7 @@ No part reads a value back to the host.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -23,13 +24,14 @@ import torch
 from ..index import SidIndex
 from .constraints import ItemMask, ItemSets, item_ids
 from .item_requests import Kills, RequestConstraints, request_constraints
-from .item_space import ItemSpace, Resident, SetBits, make_resident
+from .item_space import ItemSpace, Resident, SetBits, check_binding, make_resident
 
 INT32_MAX = 2**31 - 1
 # The kill lookups in numpy on the CPU outside static shapes (a dozen tiny ops: numpy dispatches them ~5x
 # faster); static shapes keep every step op in torch, as CUDA-graph capture needs. Tests turn it off to run
 # the device path on the CPU.
 NUMPY_ON_CPU = True
+_LOCK_CREATION = threading.Lock()  # creates each decoder's setter lock once
 
 
 class _MaskedChildren:
@@ -211,19 +213,34 @@ class ConstrainedDecoding:
             return current.space
         return ItemSpace(self.bundle or self.index, self.steps, self.device)
 
+    def _setter_lock(self) -> threading.Lock:
+        """This decoder's lock around read-build-replace of _resident (searches never take it)."""
+        lock = self.__dict__.get("_resident_lock")
+        if lock is None:
+            with _LOCK_CREATION:
+                lock = self.__dict__.setdefault("_resident_lock", threading.Lock())
+        return lock
+
     def set_availability(self, mask: ItemMask | None) -> None:
         """Swap the global availability mask (None: every item available). Safe while other threads search:
         the new resident state is built first (O(items + rows), plus the sets' row words when sets are
-        attached), then one reference is replaced; a search keeps the mask it started with."""
-        current = self._resident
-        self._resident = make_resident(self._space(), mask, None if current is None else current.set_bits)
+        attached), then one reference is replaced; a search keeps the mask it started with. Concurrent
+        set_availability / set_item_sets calls are serialised, so none loses another's update. The mask
+        must be built for this decoder's bundle or index (InputError otherwise)."""
+        with self._setter_lock():
+            current = self._resident
+            sets = None if current is None else current.set_bits
+            self._resident = make_resident(self._space(), mask, sets, reuse=current)
 
     def set_item_sets(self, sets: ItemSets | None) -> None:
-        """Attach the named item sets that `include=` refers to (compiled once, see item_space.SetBits)."""
-        current = self._resident
-        mask = None if current is None or current.available is None else ItemMask(current.available)
-        bits = None if sets is None else SetBits.build(sets)
-        self._resident = make_resident(self._space(), mask, bits, reuse=current)
+        """Attach the named item sets that `include=` refers to (compiled once, see item_space.SetBits);
+        serialised with set_availability like it."""
+        with self._setter_lock():
+            current, space = self._resident, self._space()
+            check_binding(space, sets, "item sets")  # before compiling them
+            bits = None if sets is None else SetBits.build(sets)
+            mask = None if current is None else current.mask
+            self._resident = make_resident(space, mask, bits, reuse=current)
 
     def _request_constraints(self, batch_size: int, order: str, include: Any, exclude: Any):
         """The RequestConstraints of a search starting now, or None when nothing restricts items."""
@@ -231,7 +248,10 @@ class ConstrainedDecoding:
         if order == "unconstrained" or (resident is None and include is None and exclude is None):
             return None
         if resident is None:
-            resident = self._resident = make_resident(self._space(), None, None)
+            with self._setter_lock():  # a setter may have won the race: take its state, never replace it
+                resident = self._resident
+                if resident is None:
+                    resident = self._resident = make_resident(self._space(), None, None)
         ids = item_ids(self.bundle or self.index)
         return request_constraints(resident, ids, include, exclude, batch_size, static=self.static_shapes)
 

@@ -8,6 +8,7 @@ vectorised across requests; nothing per catalog item, and no step reads a value 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 from ..errors import InputError
 from ..index import SidIndex
 from .constraints import POSITIONS, ItemIds
+from .item_ids import IdValues, as_ids
 from .item_kills import expand_sets, killed_rows, unique_counts
 from .item_space import Resident, signed_words
 
@@ -130,12 +132,6 @@ def _kills_on_device(resident: Resident, step: int, b: np.ndarray, r: np.ndarray
     return Kills(*tensors)
 
 
-def _ids(entry: Any) -> np.ndarray:
-    if hasattr(entry, "to_numpy"):
-        entry = entry.to_numpy(zero_copy_only=False)
-    return np.asarray(entry).reshape(-1)
-
-
 def request_constraints(resident: Resident, ids: ItemIds, include: Any, exclude: Any, batch_size: int, *,
                         static: bool = False) -> RequestConstraints:  # fmt: skip
     """Compile one search's include/exclude arguments (one entry per request; None or [] = no restriction).
@@ -158,6 +154,8 @@ def request_constraints(resident: Resident, ids: ItemIds, include: Any, exclude:
     set_bits = resident.set_bits
     chosen: list[np.ndarray] = []
     for names in include:
+        if names is not None and not isinstance(names, (str, Iterable)):
+            raise InputError(f"include: expected set names (a list of str) or None, got {names!r}")
         if names is None or not len(names):
             chosen.append(np.zeros(0, np.int64))
             continue
@@ -169,12 +167,15 @@ def request_constraints(resident: Resident, ids: ItemIds, include: Any, exclude:
     set_flat = np.concatenate(chosen).astype(np.int64)
     uses_sets = set_off[1:] > set_off[:-1]
 
-    # Every request's excluded ids in one lookup; key = request * (n + 1) + position sorts and dedups them
-    # by (request, position) at once.
-    lists = [_ids(e) if e is not None else np.zeros(0, np.int64) for e in exclude]
-    owner = np.repeat(np.arange(batch_size), [x.size for x in lists])
-    lists = [x for x in lists if x.size] or [np.zeros(0, np.int64)]
-    found = ids.lookup(np.concatenate(lists))
+    # Every request's excluded ids looked up (each list checked on its own, so an error names its request);
+    # key = request * (n + 1) + position sorts and dedups them by (request, position) at once.
+    empty = IdValues("int", np.zeros(0, np.int64))
+    lists = [as_ids(e, f"exclude[{b}]") if e is not None else empty for b, e in enumerate(exclude)]
+    owner = np.repeat(np.arange(batch_size), [x.values.shape[0] for x in lists])
+    if all(x.kind == "int" and x.values.dtype == np.int64 for x in lists):  # the usual case: one lookup
+        found = ids.lookup(IdValues("int", np.concatenate([x.values for x in lists])), "exclude")
+    else:
+        found = np.concatenate([ids.lookup(x, f"exclude[{b}]") for b, x in enumerate(lists)])
     if (found < 0).any():
         warnings.warn(f"{int((found < 0).sum())} of {found.shape[0]} excluded item ids are not in the "
                       "catalog (ignored)", stacklevel=4)  # fmt: skip

@@ -26,6 +26,7 @@ item_kills.py, where counts are needed.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ import torch
 
 from ..errors import InputError
 from .constraints import ItemMask, ItemSets, index_of, row_item_bounds
+from .item_ids import accepted_bindings, binding_of
 
 
 class ItemSpace:
@@ -48,6 +50,8 @@ class ItemSpace:
     def __init__(self, source: Any, steps: Any, device: torch.device) -> None:
         index = index_of(source)
         self.num_items = index.num_items
+        self.bindings = accepted_bindings(source)  # masks and sets built for another item order: refused
+        self.label = binding_of(source).label
         self.device = device
         self.steps = tuple(steps)  # the decoder's DeviceStep tables
         # int64 (numpy's index type): an int32 index array would be converted on every gather of a swap
@@ -105,12 +109,12 @@ class SetBits:
 
     Bit i (< number of sets) = in set i; bit ANY = len(sets) is set for every item, so a row word carries
     "has an available item" too and a request without include sets has the word of ANY alone (one test,
-    (row & word) != 0, for every request). item_bits: uint8/16/32/64 [items] (uint64 [items, words] past
-    63 sets); set_words: the same dtype, [sets + 1] (or [sets + 1, words]), the word of each bit alone."""
+    (row & word) != 0, for every request). Bit i lives in word i // width at bit i % width (width = the
+    word type's bits). item_bits: uint8/16/32/64 [items] (uint64 [items, words] past 63 sets). Nothing is
+    kept per pair of sets: memory O(items x words + set sizes)."""
 
     sets: ItemSets
     item_bits: np.ndarray
-    set_words: np.ndarray
     words: int
     member_keys: np.ndarray  # int64 ascending: i * (items + 1) + p for every member p of set i
     member_pos: np.ndarray  # int64: the p of each member_keys entry
@@ -119,40 +123,86 @@ class SetBits:
     def any_bit(self) -> int:
         return len(self.sets.names)
 
+    @property
+    def dtype(self) -> np.dtype:
+        return self.item_bits.dtype
+
+    @property
+    def width(self) -> int:
+        return 8 * self.item_bits.dtype.itemsize
+
     @classmethod
     def build(cls, sets: ItemSets) -> SetBits:
         n = len(sets.names) + 1
         fits = [d for d in (np.uint8, np.uint16, np.uint32) if n <= 8 * np.dtype(d).itemsize]
-        dtype = fits[0] if fits else np.uint64
+        dtype = np.dtype(fits[0] if fits else np.uint64)
         words = max(1, -(-n // 64)) if dtype == np.uint64 else 1
-        width = 8 * np.dtype(dtype).itemsize
-        set_words = np.zeros((n, words), dtype=dtype)
-        set_words[np.arange(n), np.arange(n) // width] = dtype(1) << (np.arange(n) % width).astype(dtype)
-        set_words = set_words if words > 1 else set_words[:, 0]
-        bits = np.empty((sets.num_items, words) if words > 1 else sets.num_items, dtype=dtype)
-        bits[...] = set_words[n - 1]  # ANY
-        for i, positions in enumerate(sets.positions):
-            bits[positions] |= set_words[i]
+        check_set_memory(sets.num_items, words * dtype.itemsize, len(sets.names))
+        width = 8 * dtype.itemsize
+        bits = np.zeros((sets.num_items, words) if words > 1 else sets.num_items, dtype=dtype)
+        sizes = np.asarray([p.shape[0] for p in sets.positions], dtype=np.int64)
+        member_set = np.repeat(np.arange(len(sets.names), dtype=np.int64), sizes)
+        member_pos = np.concatenate([np.zeros(0, np.int64), *sets.positions])
+        one = np.ones((), dtype=dtype)
+        any_word, any_shift = divmod(n - 1, width)
+        if words > 1:
+            bits[:, any_word] = one << dtype.type(any_shift)
+            shifts = (member_set % width).astype(dtype)
+            np.bitwise_or.at(bits, (member_pos, member_set // width), one << shifts)
+        else:
+            bits[:] = one << dtype.type(any_shift)
+            np.bitwise_or.at(bits, member_pos, one << member_set.astype(dtype))
         stride = sets.num_items + 1
-        keys = np.concatenate(
-            [np.zeros(0, np.int64)] + [p + i * stride for i, p in enumerate(sets.positions)]
-        )
-        return cls(sets, bits, set_words, words, keys, keys % stride)
+        keys = member_pos + member_set * stride  # ascending: sets in order, each set's positions sorted
+        return cls(sets, bits, words, keys, member_pos)
+
+    def word(self, i: int) -> np.ndarray:
+        """The word (dtype scalar array, or [words] past 63 sets) of bit i alone."""
+        out = np.zeros(self.words if self.words > 1 else (), dtype=self.dtype)
+        word, shift = divmod(int(i), self.width)
+        out[(word,) if self.words > 1 else ()] = np.ones((), dtype=self.dtype) << self.dtype.type(shift)
+        return out
 
     def contains(self, positions: np.ndarray, sets: np.ndarray) -> np.ndarray:
         """bool [k]: item position positions[i] is in set sets[i] (int64 [k] each)."""
-        hit = (self.item_bits[positions] & self.set_words[sets]) != 0
-        return hit.any(axis=1) if hit.ndim == 2 else hit
+        word, shift = np.divmod(sets, self.width)
+        bits = self.item_bits[positions, word] if self.words > 1 else self.item_bits[positions]
+        return ((bits >> shift.astype(self.dtype)) & self.dtype.type(1)) != 0
 
     def request_words(self, set_flat: np.ndarray, set_off: np.ndarray) -> np.ndarray:
         """[B] (or [B, words]): OR of the words of the sets of request b, set_flat[set_off[b] :
         set_off[b + 1]] (int64); ANY alone for a request naming none."""
         batch = set_off.shape[0] - 1
-        out = np.zeros((batch,) + self.set_words.shape[1:], dtype=self.set_words.dtype)
+        out = np.zeros((batch, self.words) if self.words > 1 else batch, dtype=self.dtype)
         owner = np.repeat(np.arange(batch), np.diff(set_off))
-        np.bitwise_or.at(out, owner, self.set_words[set_flat])
-        out[set_off[1:] == set_off[:-1]] = self.set_words[self.any_bit]
+        word, shift = np.divmod(set_flat, self.width)
+        one = np.ones((), dtype=self.dtype)
+        if self.words > 1:
+            np.bitwise_or.at(out, (owner, word), one << shift.astype(self.dtype))
+        else:
+            np.bitwise_or.at(out, owner, one << shift.astype(self.dtype))
+        out[set_off[1:] == set_off[:-1]] = self.word(self.any_bit)
         return out
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (None when the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_set_memory(num_items: int, word_bytes: int, num_sets: int, limit: int | None = None) -> None:
+    """Refuse item sets whose per-item words (num_items x word_bytes, one bit per item and set) would not
+    fit in physical memory (`limit`, default: this machine's), before allocating them."""
+    need = num_items * word_bytes
+    limit = physical_memory_bytes() if limit is None else limit
+    if limit is not None and need > limit:
+        raise InputError(
+            f"{num_sets:,} item sets over {num_items:,} items need {need / 2**30:.1f} GiB of set words (one "
+            f"bit per item and set), more than this machine's {limit / 2**30:.1f} GiB of memory"
+        )
 
 
 def signed_words(array: np.ndarray) -> np.ndarray:
@@ -173,7 +223,8 @@ class Resident:
     host, ascending, i * (items + 1) + p for the available positions p of set i (per-set counts of
     item_requests.py); dense_bits[t]: for a dense step table t (one-word sets), [rows_t, V] the row words of
     its children laid out like next (0 where no child), so a dense step reads a beam's words in one
-    contiguous row (None for sparse tables or no sets)."""
+    contiguous row (None for sparse tables or no sets); mask: the ItemMask `available` came from (None:
+    all available)."""
 
     space: ItemSpace
     available: np.ndarray | None
@@ -183,6 +234,7 @@ class Resident:
     row_bits: tuple[torch.Tensor, ...]
     set_keys: np.ndarray | None
     dense_bits: tuple[torch.Tensor | None, ...] = ()
+    mask: ItemMask | None = None
 
     def device_bytes(self) -> int:
         """Bytes this state holds on the device: the masked tables and the sets' words (O(rows))."""
@@ -259,18 +311,35 @@ def set_row_bits(
     return tuple(out)
 
 
+def check_binding(space: ItemSpace, value: ItemMask | ItemSets | None, what: str) -> None:
+    """InputError unless `value` (None passes) was built for this decoder's item order: a mask names
+    leaf-order positions of one bundle, and another version orders (and may hold) other items."""
+    if value is None:
+        return
+    if not isinstance(value, (ItemMask, ItemSets)):
+        raise InputError(f"{what}: expected an {'ItemMask' if 'mask' in what else 'ItemSets'} (or None), "
+                         f"got {type(value).__name__}")  # fmt: skip
+    if value.binding is None:
+        raise InputError(f"{what} is bound to no bundle or index; build it with its from_* constructors")
+    if value.binding.key not in space.bindings:
+        raise InputError(
+            f"{what} was built for {value.binding.label}, but this decoder serves {space.label}; build it "
+            "again for this bundle (e.g. ItemMask.from_ids(bundle, ids))"
+        )
+    if value.num_items != space.num_items:  # same binding, so only a hand-made object gets here
+        raise InputError(f"{what} is for {value.num_items} items, the decoder's index has {space.num_items}")
+
+
 def make_resident(space: ItemSpace, mask: ItemMask | None, set_bits: SetBits | None, *,
                   reuse: Resident | None = None) -> Resident:  # fmt: skip
     """The Resident of availability `mask` (None: all) and compiled sets `set_bits` (None: no sets).
     O(items + rows + sum of set sizes); builds everything before the caller swaps one reference. reuse: a
     Resident whose availability part is taken as is when it has the same mask array (new sets only)."""
-    for what, n in (("availability mask", None if mask is None else mask.num_items),
-                    ("item sets", None if set_bits is None else set_bits.sets.num_items)):  # fmt: skip
-        if n is not None and n != space.num_items:
-            raise InputError(f"{what} is for {n} items, the decoder's index has {space.num_items}")
+    check_binding(space, mask, "availability mask")
+    check_binding(space, None if set_bits is None else set_bits.sets, "item sets")
     available = cum = None
     tables: tuple[torch.Tensor | None, ...] = (None,) * len(space.steps)
-    if reuse is not None and mask is not None and reuse.available is mask.available:
+    if reuse is not None and mask is not None and reuse.mask is mask:
         available, cum, tables = reuse.available, reuse.cum, reuse.tables
     elif mask is not None:
         available = mask.available
@@ -291,13 +360,15 @@ def make_resident(space: ItemSpace, mask: ItemMask | None, set_bits: SetBits | N
         child = table.next.long()
         words = row_bits[t][child.clamp(min=0)]
         dense_bits.append(torch.where(child >= 0, words, torch.zeros_like(words)))
-    return Resident(space, available, cum, tables, set_bits, row_bits, set_keys, tuple(dense_bits))
+    return Resident(space, available, cum, tables, set_bits, row_bits, set_keys, tuple(dense_bits), mask)
 
 
 __all__ = [
     "ItemSpace",
     "Resident",
     "SetBits",
+    "check_binding",
+    "check_set_memory",
     "make_resident",
     "masked_tables",
     "row_validity",
