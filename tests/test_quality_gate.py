@@ -453,8 +453,9 @@ def test_cli_hf_model_that_cannot_load_exits_2(hf_setup):
         (tmp_path / "empty", "no config.json"),
         (tmp_path / "broken", "cannot load"),
     ):
+        sid_map = str(tmp_path / "sid_map.json")
         res = runner.invoke(app, [
-            "compare", str(bundle_path), "--hf-model", str(model_dir), "--sid-map", str(tmp_path / "sid_map.json"),
+            "compare", str(bundle_path), "--hf-model", str(model_dir), "--sid-map", sid_map,
             "--requests", str(requests_path), "--k", "1",
         ])  # fmt: skip
         lines = stderr_lines(res.stderr)
