@@ -370,7 +370,7 @@ def hf_setup(tmp_path, tiny_hf_models):
     return published.path, sid_map, tmp_path / "r.parquet", tmp_path
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "t5"])
+@pytest.mark.parametrize("kind", ["gpt2", "bart"])
 def test_compare_hf_model_equals_hf_search_plus_compare_searches(hf_setup, tiny_hf_models, kind):
     from zerogr_build.compare import compare_searches
     from zerogr_build.integrations import hf
