@@ -392,7 +392,8 @@ COMMANDS = {
     "tune": ("BUNDLE", "--gpu", "--device", "--batch-sizes", "--beam-width", "--dtypes", "--hidden-dim",
              "--weights", "--warmup", "--iters", "--config", "-c", "--json", "--quiet", "-q"),
     "compare": ("BUNDLE", "--model", "--requests", "--beam-width", "--k", "--batch-size", "--device",
-                "--request-column", "--target-column", "--config", "-c", "--json", "--available"),
+                "--request-column", "--target-column", "--config", "-c", "--json", "--available",
+                "--hf-model", "--sid-map", "--min-overlap", "--max-recall-gap", "--record", "--model-tag"),
 }  # fmt: skip
 
 
