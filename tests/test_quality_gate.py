@@ -167,6 +167,7 @@ def test_gate_without_record_only_sets_the_exit_code(bundle_dir, tmp_path):
         (["--min-overlap", "0.9", "--max-recall-gap", "-1"], "--max-recall-gap must be a number"),
         (["--hf-model", "x"], "give exactly one of --model"),
         (["--sid-map", "x.json"], "--hf-model and --sid-map go together"),
+        (["--model", "x:y", "--hf-model", "m", "--sid-map", "s"], "give exactly one of --model"),
         (["--k", "1,5"], "--k 5 is larger than the beam width 3"),  # F25
         (["--min-overlap", "0.9", "--model-tag", " ", "--record"], "--model-tag must not be empty"),
     ],

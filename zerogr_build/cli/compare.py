@@ -133,6 +133,10 @@ def compare(
             raise InputError("give exactly one of --model module:function and --hf-model DIR")
         if (sid_map is None) != (hf_model is None):
             raise InputError("--hf-model and --sid-map go together")
+        if hf_model is not None and request_column != "request_id":
+            raise InputError(
+                "--request-column applies to --model; with --hf-model each row of --requests is a request"
+            )
         if min_overlap is None and (record or max_recall_gap is not None):
             raise InputError("--record and --max-recall-gap need --min-overlap (the gate's threshold)")
         if model_tag is not None and not model_tag.strip():

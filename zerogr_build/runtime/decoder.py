@@ -1,6 +1,7 @@
 """Filter-first constrained beam search over a SidIndex: the Decoder, its BeamState and SearchResult.
 
     dec = Decoder(index_or_bundle, weights, device="cpu", order="filter_first", plan=None)
+    dec = Decoder(bundle, weights, order="auto")  # the quality gate's recorded order (runtime/order.py)
     state = dec.start(batch_size, beam_width)     # R = B beams (one empty prefix per request)
     state = dec.step(state, hidden, mode=None)    # hidden [R, d] -> a NEW state with R = B * M beams
     res = dec.finish(state)                       # sids [B, M, L], scores [B, M], leaves [B, M]
