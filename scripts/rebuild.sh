@@ -3,10 +3,19 @@
 #
 #   scripts/rebuild.sh CATALOG [--gpu N | --device cpu|cuda:N] [--tune-args "--batch-sizes 1,32 ..."]
 #                      [--retune] [--metrics-file PATH]
+#                      [--gate-model DIR --gate-sid-map FILE --gate-requests FILE [--min-overlap 0.995]
+#                       [--gate-args "..."]]
 #                      [any `zerogr build` option: --out DIR --config FILE --codebook-sizes ... --model-version
 #                       TAG --keep N ...]
 #
 #   scripts/rebuild.sh data/catalog.parquet --out /srv/bundles --model-version "$MODEL_TAG" --gpu 0
+#
+# Quality gate (optional; all three --gate-* files together): after tune and before promote, `zerogr compare
+# VERSION --hf-model DIR --sid-map FILE --requests FILE --min-overlap X --record` decodes the requests
+# filter-first and score-first with the saved model and records the decision in the version
+# (quality/<model tag>.json: filter_first when overlap@K >= X at every K, else score_first);
+# Decoder(order="auto") follows it. --gate-args: more compare options (--k, --beam-width, --batch-size,
+# --max-recall-gap, --model-tag); the device is tune's.
 #
 # Steps: `zerogr build CATALOG ... --no-promote --json` publishes the next version without moving LATEST (a
 # process following LATEST cannot see it yet); `zerogr verify` checks its checksums and invariants and its
@@ -20,9 +29,9 @@
 # (docs/operations.md). --retune always measures. Tune's progress and decision go to stderr.
 # --metrics-file PATH: Prometheus text format for node_exporter's textfile collector, written atomically
 # when the script ends, whatever the exit code: job "rebuild", exit status, last success, duration per
-# stage (build, verify, tune, promote) and the bundle's items, distinct SIDs, index bytes and version.
+# stage (build, verify, tune, gate, promote) and the bundle's items, distinct SIDs, index bytes and version.
 #
-# stdout: exactly one line on exit 0 and 5: the new version dir (absolute path). Progress, logs: stderr.
+# stdout: exactly one line on exit 0, 5 and 10: the new version dir (absolute path). Progress, logs: stderr.
 # Exit codes (what a scheduler should do):
 #   0  built, verified, tuned and promoted: LATEST names the printed version.
 #   2  bad input or usage (catalog, option, config): nothing was published. Fix the input; do not retry.
@@ -36,12 +45,19 @@
 #      it has no plan for this device; decoders fall back to the heuristic mode choice (correct, maybe
 #      slower). Rerun `zerogr tune VERSION --gpu N`.
 #   6  the zerogr command could not be found or started.
+#  10  the quality gate failed: the version is valid, verified, tuned and promoted (and printed), with
+#      score_first recorded for the model, so Decoder(order="auto") decodes exactly (score-first; slower).
+#      Look at the overlap in the log before serving filter-first. Takes precedence over 5 (the log says
+#      both).
+#  11  the quality gate could not run (bad --gate-model dir, sid map or requests file, or compare
+#      crashed): the version is built, verified and tuned but NOT promoted; LATEST unchanged. Fix the gate
+#      inputs and rerun.
 # Environment: ZEROGR = the command that runs zerogr (default: `zerogr` on PATH, else this checkout's cli.py
 # with $PYTHON, default python). $PYTHON also writes --metrics-file (it needs zerogr's dependencies).
 
 set -u -o pipefail
 
-usage() { sed -n '2,8p' "$0" >&2; exit 2; }
+usage() { sed -n '2,10p' "$0" >&2; exit 2; }
 log() { printf 'rebuild: %s\n' "$*" >&2; }
 now() { printf '%s' "${EPOCHREALTIME:-$(date +%s.%N)}"; }
 
@@ -55,6 +71,7 @@ TUNE_DEVICE=()
 TUNE_EXTRA=""
 RETUNE=0
 METRICS_FILE=""
+GATE_MODEL="" GATE_SID_MAP="" GATE_REQUESTS="" GATE_MIN_OVERLAP=0.995 GATE_EXTRA=""
 while [[ $# -gt 0 ]]; do
     case $1 in
         --gpu) [[ $# -ge 2 ]] || usage; TUNE_DEVICE=(--gpu "$2"); shift 2 ;;
@@ -62,10 +79,20 @@ while [[ $# -gt 0 ]]; do
         --tune-args) [[ $# -ge 2 ]] || usage; TUNE_EXTRA=$2; shift 2 ;;
         --retune) RETUNE=1; shift ;;
         --metrics-file) [[ $# -ge 2 && -n $2 ]] || usage; METRICS_FILE=$2; shift 2 ;;
+        --gate-model) [[ $# -ge 2 ]] || usage; GATE_MODEL=$2; shift 2 ;;
+        --gate-sid-map) [[ $# -ge 2 ]] || usage; GATE_SID_MAP=$2; shift 2 ;;
+        --gate-requests) [[ $# -ge 2 ]] || usage; GATE_REQUESTS=$2; shift 2 ;;
+        --min-overlap) [[ $# -ge 2 ]] || usage; GATE_MIN_OVERLAP=$2; shift 2 ;;
+        --gate-args) [[ $# -ge 2 ]] || usage; GATE_EXTRA=$2; shift 2 ;;
         --json | --quiet | -q | --promote | --no-promote) shift ;;  # this script decides these
         *) BUILD_ARGS+=("$1"); shift ;;
     esac
 done
+
+if [[ -n $GATE_MODEL$GATE_SID_MAP$GATE_REQUESTS && ( -z $GATE_MODEL || -z $GATE_SID_MAP || -z $GATE_REQUESTS ) ]]; then
+    log "the quality gate needs --gate-model, --gate-sid-map and --gate-requests together"
+    exit 2
+fi
 
 HERE=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)  # this checkout, even through symlinks
 PY=${PYTHON:-python}
@@ -190,6 +217,33 @@ tune_stage() {
     [[ $tuned -eq 1 ]] || return 5
 }
 
+# gate_stage: compare filter-first with score-first on the saved model and record the decision in the
+# version. Returns 0 when the gate passed, 10 when it failed (score_first recorded; still promoted), 11 when
+# it could not run, 4 when the version no longer verifies after the record was added.
+gate_stage() {
+    local device=cpu extra=() rc
+    case ${TUNE_DEVICE[0]} in
+        --gpu) device=cuda:${TUNE_DEVICE[1]} ;;
+        --device) device=${TUNE_DEVICE[1]} ;;
+    esac
+    read -r -a extra <<<"$GATE_EXTRA"
+    log "quality gate $(basename "$VERSION_DIR"): $GATE_MODEL, min overlap $GATE_MIN_OVERLAP ${extra[*]}"
+    "${ZG[@]}" compare "$VERSION_DIR" --hf-model "$GATE_MODEL" --sid-map "$GATE_SID_MAP" \
+        --requests "$GATE_REQUESTS" --min-overlap "$GATE_MIN_OVERLAP" --record --device "$device" \
+        "${extra[@]}" >&2
+    rc=$?
+    case $rc in
+        0) log "quality gate passed: filter_first recorded" ;;
+        10) log "QUALITY GATE FAILED: score_first recorded (exact, slower); promoting" ;;
+        *) log "quality gate could not run (exit $rc): $VERSION_DIR is NOT promoted; LATEST unchanged"; return 11 ;;
+    esac
+    if ! "${ZG[@]}" verify "$VERSION_DIR" --quiet; then  # the record was added to the manifest
+        log "VERIFY FAILED after the quality gate for $VERSION_DIR: do not serve it; LATEST was not moved"
+        return 4
+    fi
+    return $rc
+}
+
 promote_stage() {
     log "promote $(basename "$VERSION_DIR")"
     if ! "${ZG[@]}" promote "$VERSION_DIR" >&2; then
@@ -204,7 +258,17 @@ run_stage verify verify_stage || exit $?
 run_stage tune tune_stage
 TUNE_RC=$?
 [[ $TUNE_RC -eq 0 || $TUNE_RC -eq 5 ]] || exit $TUNE_RC
+GATE_RC=0
+if [[ -n $GATE_MODEL ]]; then
+    run_stage gate gate_stage
+    GATE_RC=$?
+    [[ $GATE_RC -eq 0 || $GATE_RC -eq 10 ]] || exit $GATE_RC
+fi
 run_stage promote promote_stage || exit $?
 printf '%s\n' "$VERSION_DIR"
+if [[ $GATE_RC -eq 10 ]]; then
+    [[ $TUNE_RC -eq 0 ]] || log "tune failed as well (see above)"
+    exit 10
+fi
 [[ $TUNE_RC -eq 0 ]] || exit 5
 log "ready: $(basename "$VERSION_DIR")"

@@ -393,7 +393,8 @@ COMMANDS = {
              "--weights", "--warmup", "--iters", "--config", "-c", "--json", "--quiet", "-q", "--reuse-from",
              "--retune", "--metrics-file"),
     "compare": ("BUNDLE", "--model", "--requests", "--beam-width", "--k", "--batch-size", "--device",
-                "--request-column", "--target-column", "--config", "-c", "--json", "--available"),
+                "--request-column", "--target-column", "--config", "-c", "--json", "--available",
+                "--hf-model", "--sid-map", "--min-overlap", "--max-recall-gap", "--record", "--model-tag"),
 }  # fmt: skip
 
 

@@ -278,6 +278,7 @@ def inspect_bundle(path: str | Path | None = None, available: str | Path | None 
         "static_bytes": static,
         "ratio_to_static": (index.index_bytes / static["total"]) if static else None,
     }
+    report["quality"] = quality_rows(opened)
     if available is not None:
         from .runtime.constraints import ItemMask, valid_rows_per_step
 
@@ -288,6 +289,34 @@ def inspect_bundle(path: str | Path | None = None, available: str | Path | None 
             "valid_prefixes": valid_rows_per_step(index, mask.available),
         }
     return report
+
+
+def quality_rows(opened: Any) -> list[dict[str, Any]]:
+    """The quality gate's decisions recorded in an opened bundle, one row per quality/<key>.json: {file,
+    model_version, order, passed, min_overlap, max_recall_gap, worst_overlap}, or {file, error} for a
+    record that breaks the format (order="auto" ignores such a record: filter_first)."""
+    from .bundle.quality import load_quality, quality_files
+    from .errors import BundleError
+
+    rows: list[dict[str, Any]] = []
+    for key, name in sorted(quality_files(opened).items()):
+        try:
+            record = load_quality(opened.file(name), expect_key=key)
+        except BundleError as exc:
+            rows.append({"file": name, "error": str(exc)})
+            continue
+        rows.append(
+            {
+                "file": name,
+                "model_version": record.model_version,
+                "order": record.order,
+                "passed": record.passed,
+                "min_overlap": record.min_overlap,
+                "max_recall_gap": record.max_recall_gap,
+                "worst_overlap": min(record.overlap.values()),
+            }
+        )
+    return rows
 
 
 def verify_with_catalog(

@@ -15,6 +15,7 @@ from ..errors import BundleError
 from ..index.formats import bits_for
 from .format import JOURNAL_NAME, MANIFEST_NAME
 from .kernel_files import KERNEL_HEAD_BYTES, kernel_problem
+from .quality import QUALITY_DIR, load_quality, quality_key
 from .reader import Bundle, open_bundle
 
 _KERNEL_NAME = re.compile(r"^kernels/(sm_\d{2,3}[af]?)/[A-Za-z0-9_]+\.(cubin|ptx)$")
@@ -61,6 +62,7 @@ def verify_bundle(path: str | Path | None = None, catalog: Any = None) -> dict:
     if catalog is not None:
         catalog_report = check_against_catalog(bundle, catalog)
     kernels = check_kernel_files(version_dir, manifest)
+    quality = check_quality_files(version_dir, manifest)
     listed = set(manifest["files"]) | {MANIFEST_NAME}
     unlisted = sorted(
         p.relative_to(version_dir).as_posix()
@@ -80,6 +82,7 @@ def verify_bundle(path: str | Path | None = None, catalog: Any = None) -> dict:
         "unlisted_files": unlisted,
         "interrupted_update": JOURNAL_NAME in unlisted,
         "kernels": kernels,
+        "quality": quality,
     }
 
 
@@ -104,6 +107,22 @@ def check_kernel_files(version_dir: Path, manifest: dict) -> list[str]:
         if problem is not None:
             raise BundleError(f"{path}: {problem}")
     return names
+
+
+def check_quality_files(version_dir: Path, manifest: dict) -> dict[str, str]:
+    """Every listed quality record (quality/<key>.json) against the format (docs/bundle-format.md, section
+    11.3), its model version belonging to its file name. Returns {model version: order}; the first bad
+    file raises BundleError naming it and the rule."""
+    out = {}
+    for name in sorted(n for n in manifest["files"] if n.startswith(QUALITY_DIR)):
+        stem = name[len(QUALITY_DIR) :]
+        if "/" in stem or not stem.endswith(".json"):
+            raise BundleError(f"{version_dir / name}: a quality record must be named quality/<key>.json")
+        record = load_quality(version_dir / name, expect_key=stem[: -len(".json")])
+        if quality_key(record.model_version) + ".json" != stem:  # pragma: no cover - load_quality checks it
+            raise BundleError(f"{version_dir / name}: model version does not match the file name")
+        out[record.model_version] = record.order
+    return out
 
 
 def check_sparse_step(table, indptr_path: Path, tokens_path: Path) -> None:

@@ -8,7 +8,7 @@
 Each command parses its options and calls the library inside `with cli_errors():`. Output discipline:
 results go to stdout (a table, or one JSON object with --json); progress, warnings and errors go to stderr.
 Exit codes: 0 ok; 2 bad input or usage (one line naming file/column/row/item, nothing published); 1 anything
-else (one line; set ZEROGR_DEBUG=1 for the traceback).
+else (one line; set ZEROGR_DEBUG=1 for the traceback); 10 `compare --min-overlap`: the quality gate failed.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def _root(
     """Build, inspect and verify per-step constrained-decoding indexes for generative recommenders.
 
     Exit codes: 0 ok; 2 bad input or usage (one line naming file, column, row and item; nothing
-    published); 1 anything else (set ZEROGR_DEBUG=1 for a traceback).
+    published); 1 anything else (set ZEROGR_DEBUG=1 for a traceback); 10 the quality gate of
+    `compare --min-overlap` failed.
     """
 
 

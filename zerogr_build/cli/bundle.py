@@ -42,8 +42,8 @@ def inspect(
     available: AvailableOpt = None,
 ) -> None:
     """Show a bundle's step tables (format, rows, nnz, max_slots, valid share, bytes) and how its index size
-    compares with STATIC's layout for the same catalog; with --available, the prefixes and leaves that keep
-    an available item."""
+    compares with STATIC's layout for the same catalog, and the quality gate's recorded decision per model
+    (filter_first or score_first); with --available, the prefixes and leaves that keep an available item."""
     with cli_errors(), warnings_on_stderr():
         report = inspect_bundle(bundle_path(bundle, config), available)
         if json_out:
@@ -67,6 +67,19 @@ def inspect(
                 f"({human_bytes(static_total)}), ours = {report['ratio_to_static']:.2f}x"
             )
         console.print(line, markup=False)
+        for row in report["quality"]:
+            if "error" in row:
+                line = f"quality gate record {row['file']}: BROKEN, ignored (order='auto' uses filter_first)"
+                stderr_console().print(f"WARNING: {row['error']}", style="bold yellow", markup=False)
+            else:
+                verdict = "passed" if row["passed"] else "FAILED"
+                line = (
+                    f"quality gate, model {row['model_version']}: order {row['order']} ({verdict}: worst "
+                    f"overlap {100 * row['worst_overlap']:.2f}%, min {100 * row['min_overlap']:.2f}%)"
+                )
+            console.print(line, markup=False)
+        if not report["quality"]:
+            console.print("quality gate: no record (order='auto' uses filter_first)", markup=False)
         if "available" in report:
             mask = report["available"]
             totals = [row["rows"] for row in report["steps"][1:]] + [report["distinct_sids"]]

@@ -27,7 +27,13 @@ The model contract (`zerogr compare --model module:function`)::
 
 The function is called once per batch of requests; its weights should not depend on the batch.
 
-Modules: `inputs` (the model function, the requests file, K), `measure` (compare_orders, run_compare, and
+The quality gate (`gate`): `--min-overlap X [--max-recall-gap Y]` turns the report into a decision,
+filter_first when overlap@K >= X at every K (and the recall filter-first loses is at most Y), else
+score_first; `--record` writes it into the bundle as quality/<model tag>.json, which
+`Decoder(order="auto")` follows. A failed gate exits with GATE_FAILED_EXIT (10).
+
+Modules: `inputs` (the model function, the requests files, K), `gate` (thresholds, decision, record),
+`measure` (compare_orders, run_compare, and
 compare_searches for any beam search, e.g. a Hugging Face model's), `metrics` (overlap@K, Recall@K,
 NDCG@K, top-K item lists), `report` (CompareReport). The tables are drawn by the CLI
 (zerogr_build.cli._render).
@@ -36,7 +42,18 @@ NDCG@K, top-K item lists), `report` (CompareReport). The tables are drawn by the
 from __future__ import annotations
 
 from ..runtime.decoder import ORDERS
-from .inputs import DEFAULT_KS, ModelFn, Requests, load_model_fn, parse_ks, read_requests
+from .gate import GATE_FAILED_EXIT, GateDecision, GateThresholds, decide, quality_document, record_quality
+from .inputs import (
+    DEFAULT_KS,
+    ModelFn,
+    Requests,
+    TokenRequests,
+    beam_width_for,
+    load_model_fn,
+    parse_ks,
+    read_requests,
+    read_token_requests,
+)
 from .measure import (
     CONSTRAINED,
     MASS_CHUNK,
@@ -54,20 +71,29 @@ from .report import CompareReport
 __all__ = [
     "CONSTRAINED",
     "DEFAULT_KS",
+    "GATE_FAILED_EXIT",
     "MASS_CHUNK",
     "ORDERS",
     "CompareReport",
+    "GateDecision",
+    "GateThresholds",
     "ModelFn",
     "Requests",
     "Search",
     "StepMass",
+    "TokenRequests",
+    "beam_width_for",
     "compare_orders",
     "compare_searches",
+    "decide",
     "invalid_mass",
     "load_model_fn",
     "model_fn_search",
     "parse_ks",
+    "quality_document",
     "read_requests",
+    "read_token_requests",
+    "record_quality",
     "run_compare",
     "valid_token_mask",
 ]

@@ -1,4 +1,5 @@
-"""compare's inputs: the model function (`module:function`), the requests file, the cutoffs K."""
+"""compare's inputs: the model function (`module:function`), the requests files (request ids, or token ids
+for a Hugging Face model), the cutoffs K."""
 
 from __future__ import annotations
 
@@ -84,9 +85,103 @@ def read_requests(
     return Requests(ids=ids, targets=targets, source=str(path))
 
 
+@dataclass(frozen=True)
+class TokenRequests:
+    """Requests as model inputs (`zerogr compare --hf-model`): row i of the file is request i.
+
+    requests: Requests with ids 0..n-1 (file rows) and the optional targets; input_ids: n lists of token
+    ids (lengths may differ); attention_mask: n lists of 0/1 of the same lengths, or None (all ones).
+    """
+
+    requests: Requests
+    input_ids: list[list[int]]
+    attention_mask: list[list[int]] | None
+
+
+def read_token_requests(
+    path: str | Path,
+    *,
+    input_column: str = "input_ids",
+    mask_column: str = "attention_mask",
+    target_column: str = "target_item",
+    vocab_size: int | None = None,
+) -> TokenRequests:
+    """Read a Parquet file of model inputs: `input_column` (list of integers) required, `mask_column`
+    (list of 0/1, same length per row) and `target_column` (ground-truth next item, nulls allowed) optional.
+
+    Every row needs at least one token and, with a mask, at least one 1; with vocab_size every token id
+    must be in 0..vocab_size-1. InputError naming the file, column and row otherwise.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: requests file not found")
+    try:
+        schema = pq.read_schema(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for non-Parquet input
+        raise InputError(f"{path}: not a Parquet file ({' '.join(str(exc).split())})") from exc
+    if input_column not in schema.names:
+        raise InputError(
+            f"{path}: missing column {input_column!r} (columns: {', '.join(schema.names) or 'none'})"
+        )
+    columns = [c for c in (input_column, mask_column, target_column) if c in schema.names]
+    for name in columns[: 2 if mask_column in schema.names else 1]:
+        kind = schema.field(name).type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(
+            kind.value_type
+        ):
+            raise InputError(f"{path}: column {name!r} must be a list of integers, got {kind}")
+    try:
+        table = pq.read_table(path, columns=columns)
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"{path}: cannot read ({' '.join(str(exc).split())})") from exc
+    if table.num_rows == 0:
+        raise InputError(f"{path}: no requests (0 rows)")
+    input_ids = table.column(input_column).to_pylist()
+    masks = table.column(mask_column).to_pylist() if mask_column in table.column_names else None
+    for i, ids in enumerate(input_ids):
+        where = f"{path}: column {input_column!r} row {i}"
+        if ids is None or not ids:
+            raise InputError(f"{where} is {'null' if ids is None else 'empty'}")
+        if any(v is None for v in ids):
+            raise InputError(f"{where} holds a null token")
+        low, high = min(ids), max(ids)
+        if low < 0 or (vocab_size is not None and high >= vocab_size):
+            bad = low if low < 0 else high
+            limit = f"0..{vocab_size - 1}" if vocab_size is not None else ">= 0"
+            raise InputError(f"{where}: token id {bad} outside the model's vocabulary ({limit})")
+        if masks is not None:
+            mask = masks[i]
+            where = f"{path}: column {mask_column!r} row {i}"
+            if mask is None or len(mask) != len(ids):
+                got = "null" if mask is None else f"{len(mask)} values"
+                raise InputError(f"{where}: {got}, {input_column!r} has {len(ids)} tokens")
+            if any(v not in (0, 1) for v in mask) or 1 not in mask:
+                raise InputError(f"{where}: values must be 0 or 1 with at least one 1")
+    targets = table.column(target_column).to_pylist() if target_column in table.column_names else None
+    requests = Requests(ids=list(range(table.num_rows)), targets=targets, source=str(path))
+    return TokenRequests(requests=requests, input_ids=input_ids, attention_mask=masks)
+
+
 def parse_ks(text: str | Sequence[int]) -> list[int]:
     """ "1,5,10,20" -> [1, 5, 10, 20] (sorted, distinct, each >= 1)."""
     ks = list(parse_int_list(text, "--k")) if isinstance(text, str) else [int(k) for k in text]
     if not ks or min(ks) < 1:
         raise InputError(f"--k {text!r}: need at least one K >= 1")
     return sorted(set(ks))
+
+
+def beam_width_for(ks: Sequence[int], beam_width: int | None) -> int:
+    """The beam width M of a comparison: beam_width, default max(ks). InputError when M < 1 or some K > M
+    (a search keeps M beams per request, so a top-K list with K > M would compare fewer than K items)."""
+    m = int(beam_width) if beam_width is not None else max(ks)
+    if m < 1:
+        raise InputError(f"--beam-width must be >= 1, got {m}")
+    if max(ks) > m:
+        raise InputError(
+            f"--k {max(ks)} is larger than the beam width {m}: a search keeps only {m} beams per request "
+            "(raise --beam-width or lower --k)"
+        )
+    return m

@@ -19,7 +19,15 @@ from ..progress import NULL_PROGRESS, Progress
 from ..runtime.constraints import ItemMask
 from ..runtime.decoder import ORDERS, Decoder
 from ..runtime.weights import normalize_weights
-from .inputs import DEFAULT_KS, ModelFn, Requests, load_model_fn, parse_ks, read_requests
+from .inputs import (
+    DEFAULT_KS,
+    ModelFn,
+    Requests,
+    beam_width_for,
+    load_model_fn,
+    parse_ks,
+    read_requests,
+)
 from .metrics import ndcg_at_k, overlap_at_k, recall_at_k, top_k_items
 from .report import CompareReport
 
@@ -168,8 +176,8 @@ def compare_orders(
     """Decode every request in all three orders and compare (see the module docstring).
     available: decode under this availability mask (the unconstrained order ignores it).
 
-    bundle: an opened Bundle (open_bundle). beam_width: M (default max(ks); with M < K a top-K list holds
-    at most the items of M SIDs). batch_size: requests per model_fn call / search.
+    bundle: an opened Bundle (open_bundle). beam_width: M (default max(ks); every K must be <= M,
+    InputError otherwise). batch_size: requests per model_fn call / search.
     """
     search = model_fn_search(bundle, model_fn, device, available)
     return compare_searches(
@@ -193,9 +201,7 @@ def compare_searches(
     Hugging Face model (decoded with its own KV cache).
     """
     ks = parse_ks(ks)
-    m = int(beam_width) if beam_width is not None else max(ks)
-    if m < 1:
-        raise InputError(f"--beam-width must be >= 1, got {m}")
+    m = beam_width_for(ks, beam_width)
     if batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {batch_size}")
     sizes = tuple(int(v) for v in bundle.index.codebook_sizes)
@@ -295,6 +301,7 @@ def run_compare(
     """`zerogr compare`: open the bundle, resolve the model function, read the requests, compare_orders.
     available: a Parquet availability file (ItemMask.from_parquet): every search decodes under it."""
     ks = parse_ks(ks)
+    beam_width_for(ks, beam_width)
     requests = read_requests(requests_path, request_column=request_column, target_column=target_column)
     model_fn = load_model_fn(model_spec)
     bundle = open_bundle(resolve_bundle(bundle_path))

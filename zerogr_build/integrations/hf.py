@@ -9,15 +9,28 @@
                          logits_processor=LogitsProcessorList([proc]))
     res = zg_hf.generate(model, bundle, input_ids, beam_width=M, order="filter_first", sid_map=sid_map)
     search = zg_hf.hf_search(zg_hf.SidGenerator(model, bundle, sid_map), inputs_of)  # compare_searches
+    report = zg_hf.run_hf_compare(bundle_dir, "ckpt/", "sid_map.json", "requests.parquet")  # zerogr compare
+    gen = zg_hf.SidGenerator(model, bundle, sid_map, order="auto")   # follows the recorded quality gate
 
 Importing this module imports transformers; `import zerogr_build` never does.
 """
 
 from __future__ import annotations
 
-from .hf_compare import hf_search
+from .hf_compare import hf_search, run_hf_compare, token_inputs
 from .hf_generate import SidGenerator, generate
+from .hf_load import load_hf_model, model_hash
 from .hf_processor import SidLogitsProcessor
 from .sid_map import SidMap
 
-__all__ = ["SidGenerator", "SidLogitsProcessor", "SidMap", "generate", "hf_search"]
+__all__ = [
+    "SidGenerator",
+    "SidLogitsProcessor",
+    "SidMap",
+    "generate",
+    "hf_search",
+    "load_hf_model",
+    "model_hash",
+    "run_hf_compare",
+    "token_inputs",
+]

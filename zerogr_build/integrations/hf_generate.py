@@ -1,6 +1,7 @@
 """The zerogr Decoder over a Hugging Face model: constrained beam search with the model's own KV cache.
 
     gen = SidGenerator(model, bundle, sid_map)             # step layers = the head's SID rows, built once
+    gen = SidGenerator(model, bundle, sid_map, order="auto")   # the quality gate's recorded order
     res = gen.generate(input_ids, attention_mask, beam_width=M, order="filter_first")
     res.sids, res.scores, res.leaves                       # the Decoder's SearchResult: [B, M, L], [B, M]
     gen.items(res)                                         # item ids per beam
@@ -26,8 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..bundle.quality import quality_files
 from ..errors import InputError
 from ..runtime.decoder import ORDERS, Decoder, SearchResult
+from .hf_load import model_hash
 from .hf_model import ModelSession, output_layer
 from .sid_map import SidMap, catalog_token_table
 
@@ -38,11 +41,25 @@ class SidGenerator:
     model: a transformers model with a language-model head (encoder-decoder or decoder-only).
     bundle: a Bundle (item ids through `items`) or a SidIndex. sid_map: the SID spelling (SidMap).
     device: where the Decoder runs (default: the head's device). plan, slot_caps: as for Decoder.
+    order: generate's default order, or "auto": the quality gate's decision recorded in the bundle for
+        this model (Decoder(order="auto"); the record is `self.decoder.quality`), filter_first without one.
+    model_version: the tag that record is filed under; default the bundle's model_version, else (when the
+        bundle holds quality records) hf_load.model_hash(model), the name `zerogr compare --hf-model
+        --record` files a record under when neither names the model.
     The head rows are copied here: rebuild the generator after changing the model's weights.
     """
 
     def __init__(
-        self, model, bundle, sid_map: SidMap, *, device=None, plan: Any = None, slot_caps: Any = None
+        self,
+        model,
+        bundle,
+        sid_map: SidMap,
+        *,
+        device=None,
+        plan: Any = None,
+        slot_caps: Any = None,
+        order: str = "filter_first",
+        model_version: str | None = None,
     ) -> None:
         if not isinstance(sid_map, SidMap):
             raise InputError(f"sid_map must be a SidMap, got {type(sid_map).__name__}")
@@ -61,6 +78,8 @@ class SidGenerator:
             device=device if device is not None else weight.device,
             plan=plan,
             slot_caps=slot_caps,
+            order=order,
+            model_version=_record_tag(model, bundle, model_version) if order == "auto" else None,
         )
         self._checked = False
 
@@ -70,18 +89,20 @@ class SidGenerator:
         attention_mask: torch.Tensor | None = None,
         *,
         beam_width: int,
-        order: str = "filter_first",
+        order: str | None = None,
         mode: Any = None,
         observe: Callable[[int, Any, torch.Tensor, torch.Tensor], None] | None = None,
     ) -> SearchResult:
         """Beam search over the catalog: SearchResult with sids [B, M, L] (codes), scores [B, M], leaves.
 
         input_ids int [B, S] (encoder input, or left-padded prompts for decoder-only models).
+        order: None = the generator's order (its `order=`, "auto" resolved at construction).
         mode: the Decoder's scoring mode(s) ("full", "selective", ...; None = plan / heuristic).
         observe(t, state, hidden [R, d], log_normalizer fp32 [R]): called before each step with the beams,
         their head inputs and the logsumexp of their logits over the whole vocabulary (computed for
         every order when observe is given), e.g. compare.StepMass.observe.
         """
+        order = self.decoder.order if order is None else order
         if order not in ORDERS:
             raise InputError(f"unknown order {order!r} ({', '.join(ORDERS)})")
         dec = self.decoder
@@ -126,6 +147,19 @@ def generate(
     """One-off SidGenerator(model, bundle, sid_map).generate(...); build a SidGenerator to call it often."""
     gen = SidGenerator(model, bundle, sid_map, device=device)
     return gen.generate(input_ids, attention_mask, beam_width=beam_width, order=order, mode=mode)
+
+
+def _record_tag(model, bundle, model_version: str | None) -> str | None:
+    """The tag order="auto" looks a record up by: model_version, the bundle's model_version, or the
+    model's hash when the bundle holds quality records (hashing reads every weight, so only then)."""
+    if model_version is not None:
+        return model_version
+    tag = getattr(bundle, "model_version", None)
+    if tag:
+        return tag
+    if hasattr(bundle, "files") and quality_files(bundle):
+        return model_hash(model)
+    return None
 
 
 def _resorted(res: SearchResult, extra: torch.Tensor) -> SearchResult:

@@ -3,20 +3,37 @@
     sid_map = SidMap.from_offsets([o_0, ..., o_{L-1}], eos_token_id=None)   # token = o_t + c (TIGER)
     sid_map = SidMap.from_table({token: (step, code), ...})                 # any explicit spelling
     tokens = sid_map.token_table(codebook_sizes)   # L arrays int64 [V_t]: token of each code, -1 = none
+    sid_map.save("sid_map.json"); sid_map = SidMap.load("sid_map.json")   # the JSON form (below)
 
 Offsets may overlap (one shared code vocabulary for every step): a token is only ever read at a known
 step, so only (step, code) -> token must be one-to-one within a step. `eos_token_id`, when given, is the
 token forced after the last step and must not spell any code.
+
+The JSON form (`zerogr compare --sid-map FILE`) is one object, either
+    {"format": "zerogr-sid-map", "format_version": 1, "offsets": [3, 259, 515], "eos_token_id": 1}
+or
+    {"format": "zerogr-sid-map", "format_version": 1, "table": [[token, step, code], ...]}
+`format` and `format_version` may be left out; when present they must be exactly these. Exactly one of
+`offsets` / `table`; `eos_token_id` optional (null = none); integers are JSON integers (not 1.0, not
+true); any other key is refused, so a misspelt one is not silently ignored. At most 64 MiB.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..errors import InputError
+
+SID_MAP_FORMAT = "zerogr-sid-map"
+SID_MAP_FORMAT_VERSION = 1
+MAX_SID_MAP_BYTES = 64 << 20
+_SID_MAP_KEYS = {"format", "format_version", "offsets", "table", "eos_token_id"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,6 +81,76 @@ class SidMap:
             if (counts > 1).any():
                 raise InputError(f"SidMap table repeats the {what} pair {pairs[counts > 1][0].tolist()}")
         return cls(offsets=None, table=arr, eos_token_id=_optional_token(eos_token_id))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (module docstring): offsets or table rows (token, step, code), and eos_token_id."""
+        out: dict[str, Any] = {"format": SID_MAP_FORMAT, "format_version": SID_MAP_FORMAT_VERSION}
+        if self.offsets is not None:
+            out["offsets"] = list(self.offsets)
+        else:
+            out["table"] = self.table.tolist()
+        out["eos_token_id"] = self.eos_token_id
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "sid map") -> SidMap:
+        """A SidMap from its JSON form, every rule checked; InputError naming `where` and the rule."""
+        if not isinstance(data, Mapping):
+            raise InputError(f"{where}: a sid map must be a JSON object, got {type(data).__name__}")
+        unknown = sorted(set(data) - _SID_MAP_KEYS, key=str)
+        if unknown:
+            raise InputError(
+                f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(_SID_MAP_KEYS))})"
+            )
+        for name, want in (("format", SID_MAP_FORMAT), ("format_version", SID_MAP_FORMAT_VERSION)):
+            if name in data and (type(data[name]) is not type(want) or data[name] != want):
+                raise InputError(f"{where}: {name} must be {want!r}, got {data[name]!r}")
+        if ("offsets" in data) == ("table" in data):
+            raise InputError(f"{where}: needs exactly one of 'offsets' and 'table'")
+        eos = data.get("eos_token_id")
+        if eos is not None and type(eos) is not int:
+            raise InputError(f"{where}: eos_token_id must be an integer or null, got {eos!r}")
+        try:
+            if "offsets" in data:
+                offsets = data["offsets"]
+                if not isinstance(offsets, list) or any(type(o) is not int for o in offsets):
+                    raise InputError(f"offsets must be a list of integers, got {offsets!r}"[:200])
+                return cls.from_offsets(offsets, eos_token_id=eos)
+            table = data["table"]
+            if not isinstance(table, list) or not all(
+                isinstance(row, list) and len(row) == 3 and all(type(v) is int for v in row) for row in table
+            ):
+                raise InputError("table must be a list of [token, step, code] integer rows")
+            return cls.from_table(table, eos_token_id=eos)
+        except InputError as exc:
+            raise InputError(f"{where}: {exc}") from None
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON form to `path` (replaced atomically: a crash leaves the old file or the new)."""
+        path = Path(path)
+        temp = path.with_name(f".{path.name}.tmp")
+        temp.write_text(json.dumps(self.to_dict()) + "\n", encoding="utf-8")
+        temp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> SidMap:
+        """Read a JSON sid map (module docstring); InputError naming the file and the first broken rule."""
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(f"{path}: sid map file not found (or not a regular file)")
+        try:
+            with path.open("rb") as f:
+                raw = f.read(MAX_SID_MAP_BYTES + 1)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read sid map ({exc.strerror or exc})") from None
+        if len(raw) > MAX_SID_MAP_BYTES:
+            raise InputError(f"{path}: sid map larger than {MAX_SID_MAP_BYTES} bytes")
+        try:
+            data = json.loads(raw, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as exc:
+            raise InputError(f"{path}: sid map is not valid JSON ({type(exc).__name__}: {exc})") from None
+        return cls.from_dict(data, str(path))
 
     @property
     def num_steps(self) -> int:
@@ -121,6 +208,10 @@ def catalog_token_table(sid_map: SidMap, index) -> tuple[np.ndarray, ...]:
         if missing.size:
             raise InputError(f"the catalog uses code {int(missing[0])} at step {t}; the SidMap spells none")
     return table
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _pair(value) -> tuple[int, int]:

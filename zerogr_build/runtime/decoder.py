@@ -1,6 +1,7 @@
 """Filter-first constrained beam search over a SidIndex: the Decoder, its BeamState and SearchResult.
 
     dec = Decoder(index_or_bundle, weights, device="cpu", order="filter_first", plan=None)
+    dec = Decoder(bundle, weights, order="auto")  # the quality gate's recorded order (runtime/order.py)
     state = dec.start(batch_size, beam_width)     # R = B beams (one empty prefix per request)
     state = dec.step(state, hidden, mode=None)    # hidden [R, d] -> a NEW state with R = B * M beams
     res = dec.finish(state)                       # sids [B, M, L], scores [B, M], leaves [B, M]
@@ -40,6 +41,7 @@ from .beams import BeamState, SearchResult
 from .device_tables import DeviceStep, index_to_device
 from .item_filter import ConstrainedDecoding, dense_next, mask_children, mask_slots, slot_source
 from .lanes import plan_lanes
+from .order import auto_order
 from .plan import ModeChooser, auto_plan, load_plan
 from .scoring import available_modes, get_mode
 from .scoring.bundle_kernels import load_bundle_kernels
@@ -62,7 +64,12 @@ class Decoder(ConstrainedDecoding):
     weights: L entries, step t's output layer [V_t, d] (tensor / array), a (weight, bias) pair, a
         {"weight", "bias"} dict or an nn.Linear; fp32, fp16 or bf16.
     device: "cpu", "cuda:0", ...; every step table is copied there once, here.
-    order: default order of searches ("filter_first", "score_first", "unconstrained").
+    order: default order of searches ("filter_first", "score_first", "unconstrained"), or "auto": the
+        decision the quality gate recorded in the bundle for `model_version` (order.auto_order; the record
+        found is `self.quality`). With no record (or an index without a bundle) "auto" means
+        filter_first; a broken record is ignored with one warning.
+    model_version: the tag whose quality record order="auto" follows (default: the bundle's own
+        model_version, as `zerogr build --model-version` wrote it). Ignored for other orders.
     plan: None (heuristic), a Plan / plan dict / list of entries / plan file (plan.load_plan), or "auto":
         the bundle's plan for this device (plan.find_plan), else one warning and the heuristic.
     slot_caps: slot cap K of sparse steps: None (p99-based default, see slots.py), an int, a per-step
@@ -88,6 +95,7 @@ class Decoder(ConstrainedDecoding):
         slot_caps: int | Sequence[int | None] | Mapping[int, int] | None = None,
         low_priority: bool = False,
         static_shapes: bool = False,
+        model_version: str | None = None,
     ) -> None:
         if isinstance(index_or_bundle, SidIndex):
             self.bundle = None
@@ -97,8 +105,13 @@ class Decoder(ConstrainedDecoding):
             self.index = index_or_bundle.index
         else:
             raise InputError(f"Decoder needs a SidIndex or a Bundle, got {type(index_or_bundle).__name__}")
+        if model_version is not None and not (isinstance(model_version, str) and model_version):
+            raise InputError(f"model_version must be a non-empty string, got {model_version!r}")
+        self.quality = None  # the quality record order="auto" followed
+        if order == "auto":
+            order, self.quality = auto_order(self.bundle, model_version)
         if order not in ORDERS:
-            raise InputError(f"unknown order {order!r} ({', '.join(ORDERS)})")
+            raise InputError(f"unknown order {order!r} ({', '.join(ORDERS)}, auto)")
         self.device = torch.device(device)
         self.order = order
         self.static_shapes = bool(static_shapes)
