@@ -14,6 +14,7 @@ Exit codes of push and pull, for a scheduler (also in their --help and docs/flee
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from typing import Annotated
