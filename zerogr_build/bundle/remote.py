@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -149,7 +150,8 @@ class S3Store:
             boto3 = _boto3()
             from botocore.config import Config
 
-            config = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=16)
+            attempts = int(os.environ.get("AWS_MAX_ATTEMPTS") or 5)  # the standard variable wins
+            config = Config(retries={"max_attempts": attempts, "mode": "standard"}, max_pool_connections=16)
             client = boto3.session.Session().client("s3", config=config)
         self.client = client
 
