@@ -1,7 +1,8 @@
 """Bundle I/O: the on-disk format v1 (docs/bundle-format.md), publishing, opening, verifying.
 
 format.py (schema, names), files.py + lock.py (durable files, OUT locks), versions.py (the OUT dir's
-versions and LATEST), reader.py (open), publish.py (publish, promote), amend.py (add files), verify.py.
+versions and LATEST), reader.py (open), publish.py (publish, promote), amend.py (add files), verify.py;
+remote.py (an OUT on S3), push.py / pull.py (a version to / from it), status.py (the versions of either).
 """
 
 from .amend import add_bundle_files
