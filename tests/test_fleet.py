@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from zerogr_build.bundle import verify_bundle
-from zerogr_build.bundle.push import promote_remote
-from zerogr_build.bundle.remote import RefusedRemoteVersion, RemoteOut, S3Store
+from zerogr_build.bundle.push import _claim, promote_remote
+from zerogr_build.bundle.remote import RefusedRemoteVersion, RemoteOut, S3Store, list_versions
 from zerogr_build.cli import app
 from zerogr_build.testing import publish_catalog, random_catalog
 
@@ -245,6 +245,38 @@ def test_a_push_killed_mid_upload_leaves_latest_and_the_next_push_succeeds(tmp_p
     status = {v["name"]: v for v in json.loads(out)["versions"]}
     assert status["v000002"]["complete"] is False and "incomplete" in status["v000002"]["error"]
     assert status["v000003"]["latest"] and status["v000003"]["ok"]
+
+
+def test_a_claim_from_a_stale_listing_takes_the_next_free_number(remote):
+    store = S3Store(RemoteOut.parse(remote))
+    stale = list_versions(store)  # empty: both claimers below believe v1 is free
+    assert _claim(store, stale, "a" * 64) == 1
+    assert _claim(store, stale, "b" * 64) == 2  # v1's create-only write lost, so v2
+
+
+class RacingStore(S3Store):
+    """The real store; just before our first conditional write of LATEST, another publisher moves LATEST
+    to `rival` (a real write on the server), so our compare-and-swap holds a stale ETag."""
+
+    def __init__(self, remote: RemoteOut, rival: bytes):
+        super().__init__(remote)
+        self.rival = rival
+
+    def put(self, name, data, **kwargs):
+        if name == "LATEST" and self.rival is not None:
+            super().put("LATEST", self.rival)
+            self.rival = None
+        return super().put(name, data, **kwargs)
+
+
+def test_latest_compare_and_swap_never_loses_a_newer_update(build_out, remote):
+    assert zerogr("push", str(build_out / "v000001"), remote)[0] == 0
+    assert zerogr("push", str(build_out / "v000002"), remote, "--no-promote")[0] == 0
+    publish_catalog(random_catalog(seed=3), build_out)
+    assert zerogr("push", str(build_out / "v000003"), remote, "--no-promote")[0] == 0
+    store = RacingStore(RemoteOut.parse(remote), rival=b"v000003\n")
+    assert promote_remote(store, 2) == (False, "v000003")  # the rival's newer LATEST stands
+    assert remote_keys(remote)["LATEST"] == b"v000003\n"
 
 
 # -------------------------------------------------------------------------------- hostile remotes
