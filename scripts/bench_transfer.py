@@ -9,7 +9,7 @@ child that imports the same modules and opens the same S3 client but pulls nothi
 stay near it whatever the bundle's size, because downloads stream in 1 MiB chunks.
 
     PYTHONPATH=. python scripts/bench_transfer.py                 # 1M and 20M items (int64 ids), and a
-                                                                  # ~1 GB bundle (20M items, 32-char ids)
+                                                                  # ~1 GB bundle (25M items, 32-char ids)
     PYTHONPATH=. python scripts/bench_transfer.py --smoke         # tiny, < 20 s
     PYTHONPATH=. python scripts/bench_transfer.py --work /tmp/zg-bench   # keep catalogs and bundles
 
@@ -107,7 +107,7 @@ def make_bundle(work: Path, name: str, items: int, long_ids: bool, env: dict[str
 
 
 def _long_item_ids(path: Path) -> None:
-    """Replace the item ids by random 32-hex-digit strings (UUID-like SKUs): a bundle of about 1 GB at 20M."""
+    """Replace the item ids by random 32-hex-digit strings (UUID-like SKUs): a bundle of about 1 GB at 25M."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
         env.pop(name, None)
     sizes = [("20k", 20_000, False)] if args.smoke else [
-        ("1M", 1_000_000, False), ("20M", 20_000_000, False), ("20M-long-ids", 20_000_000, True)]  # fmt: skip
+        ("1M", 1_000_000, False), ("20M", 20_000_000, False), ("25M-long-ids", 25_000_000, True)]  # fmt: skip
     server, endpoint = start_server(env)
     env["AWS_ENDPOINT_URL"] = endpoint
     try:
