@@ -393,6 +393,10 @@ COMMANDS = {
              "--weights", "--warmup", "--iters", "--config", "-c", "--json", "--quiet", "-q"),
     "compare": ("BUNDLE", "--model", "--requests", "--beam-width", "--k", "--batch-size", "--device",
                 "--request-column", "--target-column", "--config", "-c", "--json", "--available"),
+    "push": ("VERSION_DIR", "S3_URL", "--promote", "--no-promote", "--keep", "--json", "--quiet", "-q",
+             "--metrics-file"),
+    "pull": ("S3_URL", "OUT", "--version", "--keep", "--verify", "--json", "--quiet", "-q", "--metrics-file"),
+    "status": ("OUT", "--verify", "--config", "-c", "--json"),
 }  # fmt: skip
 
 
