@@ -396,9 +396,7 @@ def test_pull_refuses_when_the_disk_cannot_hold_the_version(tmp_path, build_out,
     assert tree(host) == before
 
 
-def test_an_object_longer_than_declared_is_refused_and_not_written_past_its_size(
-    tmp_path, build_out, remote
-):
+def test_an_object_longer_than_declared_is_refused_and_not_written_past(tmp_path, build_out, remote):
     # Two defences: the announced Content-Length, then a read capped at the declared size + 1 byte.
     assert zerogr("push", str(build_out / "v000001"), remote)[0] == 0
     store = S3Store(RemoteOut.parse(remote))
