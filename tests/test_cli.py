@@ -395,6 +395,10 @@ COMMANDS = {
     "compare": ("BUNDLE", "--model", "--requests", "--beam-width", "--k", "--batch-size", "--device",
                 "--request-column", "--target-column", "--config", "-c", "--json", "--available",
                 "--hf-model", "--sid-map", "--min-overlap", "--max-recall-gap", "--record", "--model-tag"),
+    "push": ("VERSION_DIR", "S3_URL", "--promote", "--no-promote", "--keep", "--json", "--quiet", "-q",
+             "--metrics-file"),
+    "pull": ("S3_URL", "OUT", "--version", "--keep", "--verify", "--json", "--quiet", "-q", "--metrics-file"),
+    "status": ("OUT", "--verify", "--config", "-c", "--json"),
 }  # fmt: skip
 
 

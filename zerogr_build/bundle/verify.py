@@ -21,16 +21,18 @@ from .reader import Bundle, open_bundle
 _KERNEL_NAME = re.compile(r"^kernels/(sm_\d{2,3}[af]?)/[A-Za-z0-9_]+\.(cubin|ptx)$")
 
 
-def verify_bundle(path: str | Path | None = None, catalog: Any = None) -> dict:
+def verify_bundle(path: str | Path | None = None, catalog: Any = None, *, checksums: bool = True) -> dict:
     """Verify a bundle version completely (a version dir, or an OUT dir via LATEST).
 
+    checksums: False skips hashing the files (sizes are still checked), for a caller that has just
+    checked every sha256 itself (`pull` hashes each file as it streams it in).
     catalog: a zerogr_build.catalog.Catalog (.sids [N, L] ints, .item_ids pyarrow Array in catalog row
     order, .codebook_sizes) to compare against, or None.
     Returns {"bundle", "version", "ok": True, "files", "bytes", "steps": [...], "leaves", "items",
     "catalog": None | {...}, "unlisted_files": [...]}.
     """
     # Through open_bundle, so an OUT dir whose LATEST moves on (and prunes) meanwhile is resolved again.
-    bundle = open_bundle(path, verify_checksums=True)
+    bundle = open_bundle(path, verify_checksums=checksums)
     version_dir = bundle.path
     manifest = bundle.manifest
     steps_report = []

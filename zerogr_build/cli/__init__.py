@@ -2,6 +2,7 @@
 
     build.py    build, promote          bundle.py   inspect, verify
     tune.py     tune                    compare.py  compare
+    fleet.py    push, pull, status
     _options.py shared option aliases   _errors.py  exception -> exit code, warnings on stderr
     _progress.py progress renderers     _render.py  rich tables and consoles
 
@@ -22,6 +23,7 @@ from .. import __version__
 from .build import build, promote
 from .bundle import inspect, verify
 from .compare import compare
+from .fleet import pull, push, status
 from .tune import tune
 
 app = typer.Typer(
@@ -61,6 +63,9 @@ app.command()(verify)
 app.command()(promote)
 app.command()(tune)
 app.command()(compare)
+app.command()(push)
+app.command()(pull)
+app.command()(status)
 
 
 def main(argv: list[str] | None = None) -> None:

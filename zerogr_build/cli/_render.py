@@ -123,3 +123,36 @@ def mass_rows(report: CompareReport) -> list[list[str]]:
         rows.append([order, "max"] + [f"{v:.4f}" for v in report.invalid_mass_max[order]])
         rows.append([order, "boost spread (nats)"] + [f"{v:.3f}" for v in report.boost_spread[order]])
     return rows
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def status_table(report: dict[str, Any]) -> Table:
+    """The versions of `zerogr status` (bundle.status.out_status): LATEST marked, age, size, model tag,
+    plans, kernels and the check's outcome. User text (paths, tags, errors) is plain Text."""
+    check = {"full": "verified", "sizes": "sizes ok", "sha256": "sha256 ok"}[report["check"]]
+    title = f"{report['out']}: LATEST -> {report['latest'] or '(none)'}"
+    table = Table(title=Text(title), title_justify="left")
+    for name in ("version", "", "age", "size", "items", "model", "plans", "kernels", "check"):
+        table.add_column(name, justify="right" if name in ("age", "size", "items") else "left", no_wrap=True)
+    for v in report["versions"]:
+        outcome = check if v["ok"] else (v["error"] or "failed")
+        table.add_row(
+            v["name"],
+            "LATEST" if v["latest"] else "",
+            _age(v["age_s"]),
+            human_bytes(v["bytes"]) if v["bytes"] is not None else "-",
+            f"{v['items']:,}" if v["items"] is not None else "-",
+            Text(str(v["model_version"] or "-")),
+            Text(", ".join(v["plans"]) or "-"),
+            Text(", ".join(v["kernels"]) or "-"),
+            Text(outcome, style="green" if v["ok"] else "red"),
+        )
+    return table

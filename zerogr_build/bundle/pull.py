@@ -1,0 +1,338 @@
+"""`pull_version`: install the version a remote OUT's LATEST names (or a given one) into a local OUT, for a
+cron job on every serving host (docs/bundle-format.md, "Remote OUT"; docs/fleet.md).
+
+The remote is untrusted input (the trust rules of docs/bundle-format.md section 12):
+  1. read remote LATEST (at most 4 KiB, a version dir name) and vNNNNNN/manifest.json (at most 64 MiB):
+     the schema, every file name (relative, no '..', no reserved name), `version` = N.
+  2. list the version's objects: every listed file must exist with exactly its declared size (a missing,
+     truncated or half-uploaded version is refused here, before anything is written); the sum of the
+     sizes must fit the local disk's free space with a margin.
+  3. under the OUT lock, claim a temp dir OUT/.tmp-<tag>/ (the local publish protocol, lock.py).
+  4. stream each object into its file there, one chunk at a time, hashing as it goes and never reading
+     past the declared size; then its size and sha256 must equal the manifest's. fsync each file.
+  5. write the remote manifest's exact bytes, open the version (headers against the manifest; with
+     verify=True every invariant, as `zerogr verify`).
+  6. under the OUT lock: rename the temp dir to vNNNNNN, record the counter, replace LATEST, prune.
+Any refusal is one line naming the remote object; the temp dir is removed, so the OUT is as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import BundleError, InputError
+from ..progress import NULL_PROGRESS, Progress
+from .files import atomic_replace_bytes, fsync_dir, read_small_file, write_bytes_durable
+from .format import COUNTER_NAME, MANIFEST_NAME, parse_version_dir, validate_manifest, version_dir_name
+from .lock import BuildClaim, out_lock, remove_stale_temps
+from .reader import MAX_MANIFEST_BYTES, open_bundle
+from .remote import (
+    NothingPublished,
+    RefusedRemoteVersion,
+    RemoteError,
+    RemoteOut,
+    S3Store,
+    read_latest,
+    version_name,
+)
+from .verify import verify_bundle
+from .versions import check_out_dir, next_version, prune_versions, replace_latest
+from .versions import read_latest as read_local_latest
+
+PULL_THREADS = 4
+#: Files one manifest may list (a bundle has a few dozen: steps, leaves, items, plans, kernels).
+MAX_FILES = 10_000
+#: Free space left on the local disk after a pull: max(this, 5 % of the bundle).
+FREE_SPACE_MARGIN = 64 << 20
+
+
+class NotEnoughSpace(RemoteError):
+    """The local OUT's disk cannot hold the version (exit 3: free space, then retry)."""
+
+
+@dataclass
+class PullResult:
+    """What a pull did: the version, whether it was installed now (False: it was already there), whether
+    LATEST was moved to it, and the versions pruned."""
+
+    url: str
+    out: str
+    version: int
+    installed: bool
+    latest_moved: bool
+    files: int
+    bytes: int
+    manifest: dict
+    pruned: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "manifest"} | {
+            "path": str(Path(self.out) / version_dir_name(self.version)),
+            "model_version": self.manifest.get("model_version"),
+        }
+
+
+def pull_version(
+    url: str,
+    out_dir: str | Path,
+    *,
+    version: int | None = None,
+    keep: int | None = None,
+    verify: bool = False,
+    progress: Progress = NULL_PROGRESS,
+    store: S3Store | None = None,
+    timings: dict[str, float] | None = None,
+) -> PullResult:
+    """Install remote version `version` (default: the one remote LATEST names) from `url` into the local
+    OUT `out_dir` and point its LATEST at it; see the module docstring.
+
+    Raises InputError (arguments, an OUT that cannot hold versions or already holds a different vN),
+    NothingPublished (no remote LATEST, no such version), RefusedRemoteVersion (the remote version is
+    incomplete, corrupt or hostile: nothing installed), RemoteError / NotEnoughSpace (retry later)."""
+    if keep is not None and (isinstance(keep, bool) or int(keep) < 1):
+        raise InputError(f"--keep must be >= 1, got {keep}")
+    if version is not None and (isinstance(version, bool) or int(version) < 1):
+        raise InputError(f"--version must be >= 1, got {version}")
+    remote = RemoteOut.parse(url)
+    out = check_out_dir(out_dir)
+    timings = timings if timings is not None else {}
+    store = store or S3Store(remote)
+
+    t0 = time.perf_counter()
+    number = version if version is not None else _remote_latest(store)
+    raw, manifest = _remote_manifest(store, number, named_by_latest=version is None)
+    timings["manifest"] = time.perf_counter() - t0
+    entries = manifest["files"]
+    total = sum(int(e["bytes"]) for e in entries.values())
+    final = out / version_dir_name(number)
+
+    existing = _installed(final, raw)
+    if existing:
+        moved = _point_latest(out, final, keep)
+        return PullResult(
+            remote.url, str(out), number, False, moved[0], len(entries), total, manifest, moved[1]
+        )
+
+    t0 = time.perf_counter()
+    try:
+        _check_objects(store, number, entries)
+    except RefusedRemoteVersion:
+        _latest_moved(store, number, version)
+        raise
+    out.mkdir(parents=True, exist_ok=True)
+    _check_space(out, total)
+    timings["check"] = time.perf_counter() - t0
+
+    with out_lock(out):
+        remove_stale_temps(out)
+        claim = BuildClaim(out)
+    try:
+        t0 = time.perf_counter()
+        progress.stage("download", total)
+        try:
+            _download(store, number, entries, claim.dir, progress)
+        except RefusedRemoteVersion:
+            _latest_moved(store, number, version)
+            raise
+        write_bytes_durable(claim.dir / MANIFEST_NAME, raw)
+        fsync_dir(claim.dir)
+        timings["download"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        _check_installed_copy(store, number, claim.dir, verify)
+        timings["verify"] = time.perf_counter() - t0
+        with out_lock(out):
+            if _installed(final, raw):  # a concurrent pull of the same version won the rename
+                claim.release()
+                moved = _point_latest_locked(out, final, keep)
+                return PullResult(
+                    remote.url, str(out), number, False, moved[0], len(entries), total, manifest, moved[1]
+                )
+            if final.exists() or final.is_symlink():
+                raise InputError(
+                    f"{final}: exists and is not remote {version_dir_name(number)}; not replaced"
+                )
+            counter = max(next_version(out) - 1, number)
+            os.rename(claim.dir, final)
+            fsync_dir(out)
+            atomic_replace_bytes(out / COUNTER_NAME, f"{counter}\n".encode())
+            moved = _point_latest_locked(out, final, keep)
+            claim.release()
+    except BaseException:
+        with out_lock(out):
+            claim.release()
+        raise
+    return PullResult(remote.url, str(out), number, True, moved[0], len(entries), total, manifest, moved[1])
+
+
+def _latest_moved(store: S3Store, number: int, asked: int | None) -> None:
+    """A version that LATEST named and that lost objects during the pull was most likely pruned after a
+    newer one was promoted: that is a retry (RemoteError), not a bad version."""
+    if asked is not None:
+        return
+    try:
+        current = _remote_latest(store)
+    except (RefusedRemoteVersion, NothingPublished):
+        return
+    if current != number:
+        raise RemoteError(
+            f"{store.remote.name_url('LATEST')}: moved from {version_dir_name(number)} to "
+            f"{version_dir_name(current)} during the pull; run it again"
+        )
+
+
+def _remote_latest(store: S3Store) -> int:
+    name, _ = read_latest(store)
+    if name is None:
+        raise NothingPublished(f"{store.remote.name_url('LATEST')}: missing (nothing promoted yet)")
+    number = parse_version_dir(name)
+    if number is None:
+        raise RefusedRemoteVersion(
+            f"{store.remote.name_url('LATEST')}: does not name a version dir (got {name[:80]!r})"
+        )
+    return number
+
+
+def _remote_manifest(store: S3Store, number: int, *, named_by_latest: bool) -> tuple[bytes, dict]:
+    """The remote manifest's bytes and parsed, validated content."""
+    name = version_name(number, MANIFEST_NAME)
+    where = store.remote.name_url(name)
+    got = store.get_small(name, MAX_MANIFEST_BYTES)
+    if got is None:
+        if not named_by_latest and not store.list_under(version_dir_name(number) + "/"):
+            raise NothingPublished(f"{store.remote.name_url(version_dir_name(number))}: no such version")
+        raise RefusedRemoteVersion(
+            f"{where}: missing (the version is incomplete: an upload in progress or killed)"
+        )
+    raw = got[0]
+    try:
+        manifest = json.loads(raw)
+    except RecursionError:
+        raise RefusedRemoteVersion(f"{where}: not readable JSON (nested too deep)") from None
+    except ValueError as exc:
+        raise RefusedRemoteVersion(f"{where}: not readable JSON ({exc})") from None
+    try:
+        validate_manifest(manifest, where)
+    except BundleError as exc:
+        raise RefusedRemoteVersion(str(exc)) from None
+    if manifest["version"] != number:
+        raise RefusedRemoteVersion(
+            f"{where}: version {manifest['version']} does not match {version_dir_name(number)}"
+        )
+    if len(manifest["files"]) > MAX_FILES:
+        raise RefusedRemoteVersion(f"{where}: lists {len(manifest['files'])} files, more than {MAX_FILES}")
+    return raw, manifest
+
+
+def _installed(final: Path, raw: bytes) -> bool:
+    """True when the local version dir already holds exactly this manifest."""
+    try:
+        local = read_small_file(final / MANIFEST_NAME, MAX_MANIFEST_BYTES)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except BundleError:
+        local = b""
+    if hashlib.sha256(local).digest() == hashlib.sha256(raw).digest():
+        return True
+    raise InputError(
+        f"{final}: holds a different version than the remote one (this OUT is not a mirror of the remote; "
+        "pull into an OUT dir that only pull writes)"
+    )
+
+
+def _point_latest(out: Path, final: Path, keep: int | None) -> tuple[bool, list[str]]:
+    with out_lock(out):
+        return _point_latest_locked(out, final, keep)
+
+
+def _point_latest_locked(out: Path, final: Path, keep: int | None) -> tuple[bool, list[str]]:
+    """Point LATEST at `final` unless it names it already; prune. Call under the OUT lock."""
+    moved = False
+    try:
+        current = read_local_latest(out)
+    except BundleError:
+        current = None
+    if current != final.name:
+        replace_latest(out, final.name)
+        moved = True
+    pruned = prune_versions(out, int(keep)) if keep is not None else []
+    return moved, pruned
+
+
+def _check_objects(store: S3Store, number: int, entries: dict) -> None:
+    """Every listed file exists remotely with exactly its declared size (one listing of the version)."""
+    listed = store.list_under(version_dir_name(number) + "/")
+    for name, entry in sorted(entries.items()):
+        obj = listed.get(name)
+        where = store.remote.name_url(version_name(number, name))
+        if obj is None:
+            raise RefusedRemoteVersion(f"{where}: missing (listed in the manifest)")
+        if obj.size != int(entry["bytes"]):
+            raise RefusedRemoteVersion(f"{where}: {obj.size} bytes, the manifest says {entry['bytes']}")
+
+
+def _check_space(out: Path, total: int) -> None:
+    free = shutil.disk_usage(out).free
+    need = total + max(FREE_SPACE_MARGIN, total // 20)
+    if need > free:
+        raise NotEnoughSpace(
+            f"{out}: {free:,} bytes free, the version needs {total:,} (+ a {need - total:,}-byte margin)"
+        )
+
+
+def _download(store: S3Store, number: int, entries: dict, tmp: Path, progress: Progress) -> None:
+    """Stream every file into `tmp` (names already check_relpath'd by validate_manifest), checking each
+    file's size and sha256 as it streams."""
+    root = tmp.resolve()
+    for name in entries:  # parent dirs first, on one thread; never through anything but a fresh dir
+        parent = (tmp / name).parent
+        if not parent.resolve().is_relative_to(root):
+            raise RefusedRemoteVersion(
+                f"{store.remote.name_url(version_name(number, name))}: leaves the version dir"
+            )
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise RefusedRemoteVersion(
+                f"{store.remote.name_url(version_name(number, name))}: its dir clashes with a listed file"
+            ) from None
+
+    def fetch(name: str) -> None:
+        entry = entries[name]
+        where = store.remote.name_url(version_name(number, name))
+        path = tmp / name
+        try:
+            sink = open(path, "xb")  # noqa: SIM115 - closed below
+        except (FileExistsError, IsADirectoryError):
+            raise RefusedRemoteVersion(f"{where}: clashes with another listed file or dir") from None
+        try:
+            digest = store.stream_to(version_name(number, name), sink, int(entry["bytes"]), progress.advance)
+            sink.flush()
+            os.fsync(sink.fileno())
+        finally:
+            sink.close()
+        if digest != entry["sha256"]:
+            raise RefusedRemoteVersion(f"{where}: sha256 mismatch (corrupt or changed)")
+
+    with ThreadPoolExecutor(max_workers=PULL_THREADS) as pool:
+        for future in [pool.submit(fetch, name) for name in sorted(entries)]:
+            future.result()
+
+
+def _check_installed_copy(store: S3Store, number: int, tmp: Path, verify: bool) -> None:
+    """Open the downloaded copy (manifest, sizes, array headers: constant memory) or, with verify, check
+    every invariant; a failure names the remote object."""
+    try:
+        if verify:
+            verify_bundle(tmp, checksums=False)
+        else:
+            open_bundle(tmp, verify_checksums=False)
+    except BundleError as exc:
+        message = str(exc).replace(str(tmp), store.remote.name_url(version_dir_name(number)))
+        raise RefusedRemoteVersion(message) from None

@@ -1,0 +1,306 @@
+"""`push_version`: publish a verified local version to a remote OUT (docs/bundle-format.md, "Remote OUT").
+
+Protocol:
+  1. verify the local version completely (checksums and invariants); a bad one is never uploaded.
+  2. list the remote OUT. A complete remote version whose manifest is this one (its `pushed_from`
+     manifest_sha256, or its own bytes, equal the sha256 of the local manifest.json) means it was pushed
+     before: nothing is uploaded, only steps 6-7 run.
+  3. claim a number: N = 1 + the highest version number in use (listed or named by LATEST); create
+     vN/.claim with If-None-Match: * ; when another publisher created it first, try N+1.
+  4. upload every listed file (multipart, each part's SHA-256 checked by the store on receipt), then read
+     each back in a stream and check its size and sha256 against the manifest.
+  5. upload manifest.json last (create-only), its `version` set to N and `pushed_from` recording the
+     local version and the local manifest's sha256; read it back. The version is now complete.
+  6. with promote: move LATEST to vN by compare-and-swap on its ETag (If-Match; If-None-Match when there
+     is none), re-reading on a lost race; never to a lower number than LATEST already names.
+  7. with keep: delete every complete version but the `keep` highest and the one LATEST names (manifest
+     first, so a half-deleted version is incomplete, never wrong), and claimed-but-incomplete versions
+     older than STALE_CLAIM_S below a higher version (pushes that died).
+A push killed at any point leaves LATEST and every complete version as they were.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import BundleError
+from ..progress import NULL_PROGRESS, Progress
+from .files import _crash_point, read_small_file
+from .format import (
+    LATEST_NAME,
+    MANIFEST_NAME,
+    manifest_bytes,
+    parse_version_dir,
+    validate_manifest,
+    version_dir_name,
+)
+from .reader import MAX_MANIFEST_BYTES
+from .remote import (
+    CLAIM_NAME,
+    PreconditionFailed,
+    RefusedRemoteVersion,
+    RemoteError,
+    RemoteOut,
+    RemoteVersions,
+    S3Store,
+    list_versions,
+    read_latest,
+    version_name,
+)
+from .verify import verify_bundle
+from .versions import resolve_bundle
+
+PUSH_THREADS = 4
+CLAIM_ATTEMPTS = 100
+CAS_ATTEMPTS = 50
+#: A claimed version with no manifest this long after its claim is a push that died; prune may remove it.
+STALE_CLAIM_S = 24 * 3600.0
+
+
+@dataclass
+class PushResult:
+    """What a push did: the remote version, whether it was uploaded now (False: pushed before), whether
+    LATEST names it, what LATEST names after the push, and the versions pruned."""
+
+    url: str
+    version: int
+    uploaded: bool
+    promoted: bool
+    latest: str | None
+    local_version: int
+    files: int
+    bytes: int
+    manifest: dict
+    pruned: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "manifest"} | {
+            "model_version": self.manifest.get("model_version")
+        }
+
+
+def manifest_identity(manifest: dict, raw: bytes) -> set[str]:
+    """The sha256s that identify a remote manifest's source: its own bytes' and its pushed_from's."""
+    ids = {hashlib.sha256(raw).hexdigest()}
+    origin = manifest.get("pushed_from")
+    if isinstance(origin, dict) and isinstance(origin.get("manifest_sha256"), str):
+        ids.add(origin["manifest_sha256"])
+    return ids
+
+
+def push_version(
+    version_dir: str | Path,
+    url: str,
+    *,
+    promote: bool = True,
+    keep: int | None = None,
+    progress: Progress = NULL_PROGRESS,
+    store: S3Store | None = None,
+    timings: dict[str, float] | None = None,
+) -> PushResult:
+    """Publish the local version `version_dir` (or the one an OUT dir's LATEST names) to the remote OUT
+    `url` (s3://bucket/prefix). Returns a PushResult; see the module docstring for the protocol.
+
+    Raises InputError (bad arguments), RefusedRemoteVersion (the local version fails verification, exit 4),
+    RemoteAccessError / RemoteError (the store refused or failed; nothing complete was changed)."""
+    if keep is not None and (isinstance(keep, bool) or int(keep) < 1):
+        from ..errors import InputError
+
+        raise InputError(f"--keep must be >= 1, got {keep}")
+    remote = RemoteOut.parse(url)
+    timings = timings if timings is not None else {}
+    vdir = resolve_bundle(version_dir)
+    t0 = time.perf_counter()
+    progress.stage("verify")
+    try:
+        verify_bundle(vdir)
+    except BundleError as exc:
+        raise RefusedRemoteVersion(f"not pushed: {exc}") from None
+    raw_local = read_small_file(vdir / MANIFEST_NAME, MAX_MANIFEST_BYTES)
+    local = json.loads(raw_local)
+    local_sha = hashlib.sha256(raw_local).hexdigest()
+    timings["verify"] = time.perf_counter() - t0
+
+    store = store or S3Store(remote)
+    t0 = time.perf_counter()
+    state = list_versions(store)
+    number = _pushed_before(store, state, local_sha)
+    uploaded = number is None
+    if number is None:
+        number = _claim(store, state, local_sha)
+        manifest = _upload_version(store, vdir, local, local_sha, number, progress)
+    else:
+        got = store.get_small(version_name(number, MANIFEST_NAME), MAX_MANIFEST_BYTES)
+        manifest = json.loads(got[0]) if got else local
+    timings["upload"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    promoted, latest = False, None
+    if promote:
+        promoted, latest = promote_remote(store, number)
+    else:
+        latest = read_latest(store)[0]
+    timings["promote"] = time.perf_counter() - t0
+    pruned: list[str] = []
+    if keep is not None:
+        t0 = time.perf_counter()
+        pruned = prune_remote(store, int(keep))
+        timings["prune"] = time.perf_counter() - t0
+    files = manifest["files"]
+    return PushResult(
+        url=remote.url,
+        version=number,
+        uploaded=uploaded,
+        promoted=promoted,
+        latest=latest,
+        local_version=int(local["version"]),
+        files=len(files),
+        bytes=sum(int(e["bytes"]) for e in files.values()),
+        manifest=manifest,
+        pruned=pruned,
+    )
+
+
+def _pushed_before(store: S3Store, state: RemoteVersions, local_sha: str) -> int | None:
+    """The complete remote version that holds this local manifest, or None (newest first)."""
+    for number in reversed(state.complete()):
+        got = store.get_small(version_name(number, MANIFEST_NAME), MAX_MANIFEST_BYTES)
+        if got is None:
+            continue
+        try:
+            manifest = json.loads(got[0])
+        except ValueError:
+            continue
+        if isinstance(manifest, dict) and local_sha in manifest_identity(manifest, got[0]):
+            return number
+    return None
+
+
+def _claim(store: S3Store, state: RemoteVersions, local_sha: str) -> int:
+    """Reserve the next free version number with a create-only write of vN/.claim."""
+    used = list(state.objects)
+    if state.latest_number() is not None:
+        used.append(state.latest_number())
+    number = max(used, default=0) + 1
+    body = json.dumps(
+        {
+            "claimed_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "manifest_sha256": local_sha,
+        }
+    ).encode()
+    for _ in range(CLAIM_ATTEMPTS):
+        try:
+            store.put(version_name(number, CLAIM_NAME), body, if_none_match=True)
+            return number
+        except PreconditionFailed:
+            number += 1
+    raise RemoteError(f"{store.remote.url}: could not claim a version number in {CLAIM_ATTEMPTS} tries")
+
+
+def _upload_version(
+    store: S3Store, vdir: Path, local: dict, local_sha: str, number: int, progress: Progress
+) -> dict:
+    """Upload and check every file of the version as remote vNNNNNN, then its manifest (last)."""
+    entries = local["files"]
+    total = sum(int(e["bytes"]) for e in entries.values())
+    progress.stage("upload", total)
+    _crash_point("push_claimed")
+
+    def upload(name: str) -> None:
+        store.upload_file(str(vdir / name), version_name(number, name), on_bytes=progress.advance)
+        _crash_point("push_file_uploaded")
+
+    with ThreadPoolExecutor(max_workers=PUSH_THREADS) as pool:
+        list(pool.map(upload, sorted(entries)))
+
+    progress.stage("check", total)
+
+    def check(name: str) -> None:
+        expected = entries[name]
+        digest = store.stream_to(
+            version_name(number, name), None, int(expected["bytes"]), on_chunk=progress.advance
+        )
+        if digest != expected["sha256"]:
+            raise RemoteError(
+                f"{store.remote.name_url(version_name(number, name))}: sha256 after upload differs"
+            )
+
+    with ThreadPoolExecutor(max_workers=PUSH_THREADS) as pool:
+        list(pool.map(check, sorted(entries)))
+
+    manifest = dict(local)
+    manifest["version"] = number
+    manifest["pushed_from"] = {
+        "version": int(local["version"]),
+        "manifest_sha256": local_sha,
+        "pushed_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+    }
+    validate_manifest(manifest, "manifest being pushed")
+    body = manifest_bytes(manifest)
+    name = version_name(number, MANIFEST_NAME)
+    store.put(name, body, if_none_match=True)
+    got = store.get_small(name, MAX_MANIFEST_BYTES)
+    if got is None or got[0] != body:
+        raise RemoteError(f"{store.remote.name_url(name)}: reads back different from what was written")
+    _crash_point("push_manifest_uploaded")
+    return manifest
+
+
+def promote_remote(store: S3Store, number: int) -> tuple[bool, str | None]:
+    """Point remote LATEST at vNNNNNN by compare-and-swap; never backwards. Returns (LATEST names it
+    now, what LATEST names). The version must be complete (its manifest is checked first)."""
+    target = version_dir_name(number)
+    if store.head(version_name(number, MANIFEST_NAME)) is None:
+        raise RefusedRemoteVersion(f"{store.remote.name_url(target)}: has no {MANIFEST_NAME}; not promoted")
+    for _ in range(CAS_ATTEMPTS):
+        current, etag = read_latest(store)
+        current_number = parse_version_dir(current) if current else None
+        if current_number is not None and current_number >= number:
+            return current_number == number, current
+        try:
+            if etag is None:
+                store.put(LATEST_NAME, f"{target}\n".encode(), if_none_match=True)
+            else:
+                store.put(LATEST_NAME, f"{target}\n".encode(), if_match=etag)
+        except PreconditionFailed:
+            continue  # another publisher moved LATEST: read it again
+        _crash_point("push_latest_moved")
+        return True, target
+    raise RemoteError(f"{store.remote.name_url(LATEST_NAME)}: changed {CAS_ATTEMPTS} times while promoting")
+
+
+def prune_remote(store: S3Store, keep: int, now: float | None = None) -> list[str]:
+    """Delete all but the `keep` highest complete versions, never the one LATEST names, and stale
+    incomplete versions (claimed over STALE_CLAIM_S ago, below a higher-numbered version). Returns the
+    names removed."""
+    state = list_versions(store)
+    latest = state.latest_number()
+    complete = state.complete()
+    doomed = [n for n in complete[: max(len(complete) - keep, 0)] if n != latest]
+    now = time.time() if now is None else now
+    highest = max(state.objects, default=0)
+    for number, objects in state.objects.items():
+        if MANIFEST_NAME in objects or number in (highest, latest):
+            continue
+        newest = max(obj.modified.timestamp() for obj in objects.values())
+        if now - newest > STALE_CLAIM_S:
+            doomed.append(number)
+    removed = []
+    for number in sorted(doomed):
+        names = [version_name(number, n) for n in state.objects[number]]
+        manifest = version_name(number, MANIFEST_NAME)
+        if manifest in names:  # first: from here on the version is incomplete, so nobody pulls it
+            store.delete([manifest])
+        store.delete([n for n in names if n != manifest])
+        removed.append(version_dir_name(number))
+    return removed

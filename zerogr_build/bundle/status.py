@@ -1,0 +1,183 @@
+"""`out_status`: the versions of a local or remote OUT, for `zerogr status`: which one LATEST names, each
+version's age, size, model tag, plans and kernels, and whether it passes its check.
+
+Checks: a local version is verified completely (`verify_bundle`: every sha256 and invariant). A remote
+version gets a cheap check by default: its manifest is valid and names its own number, and every listed
+file exists with exactly its declared size (one listing, no download); `verify=True` also streams every
+object and checks its sha256 (the whole bundle is read, memory stays at one chunk per stream).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ..errors import BundleError, InputError, ZerogrError, one_line
+from .format import MANIFEST_NAME, validate_manifest, version_dir_name
+from .reader import MAX_MANIFEST_BYTES, load_manifest
+from .remote import CLAIM_NAME, RemoteOut, S3Store, is_remote, list_versions, version_name
+from .verify import verify_bundle
+from .versions import read_latest, version_dirs
+
+
+def out_status(target: str | Path, *, verify: bool = False, store: S3Store | None = None) -> dict:
+    """{"out", "remote", "check", "latest", "ok", "versions": [...]} for a local OUT dir or an s3:// URL.
+
+    Each version: {"version", "name", "latest", "complete", "created_at", "age_s", "bytes", "files",
+    "model_version", "items", "plans", "kernels", "ok", "error"}. "ok" (top level) is True when LATEST
+    names a complete version that passes its check and no complete version fails it."""
+    if is_remote(str(target)):
+        return _remote_status(RemoteOut.parse(str(target)), verify, store)
+    return _local_status(Path(target))
+
+
+def _summary(manifest: dict) -> dict[str, Any]:
+    files = manifest["files"]
+    created = manifest.get("created_at")
+    age = None
+    if isinstance(created, str):
+        try:
+            age = max(time.time() - datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp(), 0.0)
+        except ValueError:
+            age = None
+    return {
+        "created_at": created,
+        "age_s": age,
+        "bytes": sum(int(e["bytes"]) for e in files.values()),
+        "files": len(files),
+        "model_version": manifest.get("model_version"),
+        "items": manifest["leaves"]["items"],
+        "plans": sorted(
+            n[len("plans/") : -len(".json")] for n in files if n.startswith("plans/") and n.endswith(".json")
+        ),
+        "kernels": sorted({n.split("/")[1] for n in files if n.startswith("kernels/") and n.count("/") >= 2}),
+    }
+
+
+def _empty(number: int, latest: str | None) -> dict[str, Any]:
+    name = version_dir_name(number)
+    return {
+        "version": number,
+        "name": name,
+        "latest": name == latest,
+        "complete": False,
+        "created_at": None,
+        "age_s": None,
+        "bytes": None,
+        "files": None,
+        "model_version": None,
+        "items": None,
+        "plans": [],
+        "kernels": [],
+        "ok": False,
+        "error": None,
+    }
+
+
+def _overall(versions: list[dict]) -> bool:
+    named = [v for v in versions if v["latest"]]
+    return bool(named) and named[0]["ok"] and all(v["ok"] for v in versions if v["complete"])
+
+
+def _local_status(out: Path) -> dict:
+    if not out.is_dir():
+        raise InputError(f"{out}: no such OUT dir")
+    if (out / MANIFEST_NAME).exists():
+        raise InputError(f"{out}: is a version dir; pass its OUT dir")
+    try:
+        latest = read_latest(out)
+    except BundleError as exc:
+        latest = f"<unreadable: {one_line(exc)}>"
+    versions = []
+    for number, path in version_dirs(out):
+        entry = _empty(number, latest)
+        if path.name != entry["name"]:  # v0000007 (7 digits, zero-padded) is not v000007
+            continue
+        try:
+            entry.update(_summary(load_manifest(path)))
+            entry["complete"] = True
+            verify_bundle(path)
+            entry["ok"] = True
+        except ZerogrError as exc:
+            entry["error"] = one_line(exc)
+            entry["complete"] = entry["complete"] or (path / MANIFEST_NAME).is_file()
+        versions.append(entry)
+    return {
+        "out": str(out),
+        "remote": False,
+        "check": "full",
+        "latest": latest,
+        "ok": _overall(versions),
+        "versions": versions,
+    }
+
+
+def _remote_status(remote: RemoteOut, verify: bool, store: S3Store | None) -> dict:
+    store = store or S3Store(remote)
+    state = list_versions(store)
+    latest = state.latest
+    versions = []
+    for number in sorted(state.objects):
+        objects = state.objects[number]
+        entry = _empty(number, latest)
+        if MANIFEST_NAME not in objects:
+            newest = max(obj.modified.timestamp() for obj in objects.values())
+            entry["age_s"] = max(time.time() - newest, 0.0)
+            entry["error"] = (
+                "incomplete: no manifest.json (an upload in progress, or a push that died)"
+                if CLAIM_NAME in objects
+                else "incomplete: no manifest.json"
+            )
+            versions.append(entry)
+            continue
+        entry["complete"] = True
+        try:
+            manifest = _remote_manifest(store, number)
+            entry.update(_summary(manifest))
+            _check_remote_files(store, number, manifest, objects, verify)
+            entry["ok"] = True
+        except ZerogrError as exc:
+            entry["error"] = one_line(exc)
+        versions.append(entry)
+    return {
+        "out": remote.url,
+        "remote": True,
+        "check": "sha256" if verify else "sizes",
+        "latest": latest,
+        "ok": _overall(versions),
+        "versions": versions,
+    }
+
+
+def _remote_manifest(store: S3Store, number: int) -> dict:
+    name = version_name(number, MANIFEST_NAME)
+    where = store.remote.name_url(name)
+    got = store.get_small(name, MAX_MANIFEST_BYTES)
+    if got is None:
+        raise BundleError(f"{where}: missing")
+    try:
+        manifest = json.loads(got[0])
+    except (ValueError, RecursionError) as exc:
+        raise BundleError(f"{where}: not readable JSON ({type(exc).__name__})") from None
+    validate_manifest(manifest, where)
+    if manifest["version"] != number:
+        raise BundleError(f"{where}: version {manifest['version']} does not match {version_dir_name(number)}")
+    return manifest
+
+
+def _check_remote_files(store: S3Store, number: int, manifest: dict, objects: dict, verify: bool) -> None:
+    for name, entry in sorted(manifest["files"].items()):
+        where = store.remote.name_url(version_name(number, name))
+        obj = objects.get(name)
+        if obj is None:
+            raise BundleError(f"{where}: missing (listed in the manifest)")
+        if obj.size != int(entry["bytes"]):
+            raise BundleError(f"{where}: {obj.size} bytes, the manifest says {entry['bytes']}")
+        if (
+            verify
+            and store.stream_to(version_name(number, name), None, int(entry["bytes"])) != entry["sha256"]
+        ):
+            raise BundleError(f"{where}: sha256 mismatch (corrupt or changed)")

@@ -1,0 +1,241 @@
+"""`zerogr push` (a local version to a remote OUT), `zerogr pull` (the remote LATEST into a local OUT) and
+`zerogr status` (the versions of a local or remote OUT): the path from the build box to the serving fleet.
+
+Exit codes of push and pull, for a scheduler (also in their --help and docs/fleet.md):
+    0  done, or nothing to do (the version was there already)
+    2  bad usage or configuration (arguments, no credentials, access denied, no such bucket, an OUT that
+       is not a mirror of the remote): fix it, do not retry
+    3  the store could not be reached or failed, or the local disk is too small: retry later
+    4  refused: the version is incomplete, corrupt or hostile (pull), or the local version fails
+       verification (push); nothing was installed or published
+    5  pull only: nothing published yet (no remote LATEST) or no such --version
+    1  anything else
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from ..bundle.pull import pull_version
+from ..bundle.push import push_version
+from ..bundle.status import out_status
+from ._errors import cli_errors
+from ._metrics import job_metrics
+from ._options import ConfigOpt, JsonOpt, MetricsFileOpt, bundle_path
+from ._progress import progress_for
+from ._render import human_bytes, status_table, stdout_console
+
+EXIT_CODES = (
+    "Exit codes: 0 done, or nothing to do; 2 bad usage or configuration (arguments, credentials, access, "
+    "bucket): fix, do not retry; 3 the store could not be reached or failed, or the local disk is too "
+    "small: retry later; 4 refused: {refused}; nothing was changed; {five}1 anything else."
+)
+KeepOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--keep",
+        help="Then keep only the newest N versions (never the one LATEST names).",
+        show_default=False,
+    ),
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the version path/URL.")]
+
+
+def push(
+    version_dir: Annotated[
+        str,
+        typer.Argument(
+            help="A local version dir, or an OUT dir (the version its LATEST names).",
+            metavar="VERSION_DIR",
+            show_default=False,
+        ),
+    ],
+    dest: Annotated[
+        str, typer.Argument(help="The remote OUT: s3://bucket/prefix", metavar="S3_URL", show_default=False)
+    ],
+    promote: Annotated[
+        bool,
+        typer.Option(
+            "--promote/--no-promote",
+            help="Move the remote LATEST to the pushed version (never to an older one than it names).",
+        ),
+    ] = True,
+    keep: KeepOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+    metrics_file: MetricsFileOpt = None,
+) -> None:
+    """Publish a verified local version to a remote OUT with the same layout (prefix/vNNNNNN/, prefix/LATEST).
+
+    The version is verified (every sha256 and invariant) first. A new remote number is claimed with a
+    create-only write, every file is uploaded and read back (size and sha256), the manifest goes last,
+    and LATEST moves by compare-and-swap. Pushing a version pushed before uploads nothing. Credentials:
+    the standard AWS_* environment (AWS_ENDPOINT_URL for an S3-compatible server); needs zerogr[s3].
+    """
+    with job_metrics("push", metrics_file) as metrics, cli_errors():
+        timings: dict[str, float] = {}
+        try:
+            with progress_for(quiet or json_out) as progress:
+                result = push_version(
+                    version_dir, dest, promote=promote, keep=keep, progress=progress, timings=timings
+                )
+        finally:
+            for stage, seconds in timings.items():
+                metrics.add_stage(stage, seconds)
+        manifest = result.manifest
+        metrics.bundle(
+            items=manifest["leaves"]["items"],
+            distinct_sids=manifest["leaves"]["count"],
+            index_bytes=manifest.get("index_bytes"),
+            version=result.version,
+        )
+        url = f"{result.url}/v{result.version:06d}"
+        if json_out:
+            sys.stdout.write(json.dumps(result.as_dict(), default=str) + "\n")
+            return
+        if quiet:
+            sys.stdout.write(url + "\n")
+            return
+        what = "uploaded" if result.uploaded else "already there (pushed before), nothing uploaded"
+        lines = [f"{url}: {what}; {result.files} files, {human_bytes(result.bytes)}"]
+        if result.promoted:
+            lines.append(f"LATEST -> v{result.version:06d}")
+        elif promote:
+            lines.append(f"LATEST left at {result.latest} (newer than v{result.version:06d})")
+        if result.pruned:
+            lines.append(f"pruned {', '.join(result.pruned)}")
+        sys.stdout.write("\n".join(lines) + "\n")
+
+
+push.__doc__ = (
+    inspect.cleandoc(push.__doc__ or "")
+    + "\n\n"
+    + EXIT_CODES.format(refused="the local version fails verification", five="")
+)
+
+
+def pull(
+    source: Annotated[
+        str, typer.Argument(help="The remote OUT: s3://bucket/prefix", metavar="S3_URL", show_default=False)
+    ],
+    out: Annotated[
+        str,
+        typer.Argument(
+            help="The local OUT dir to install into (only pull should write it).",
+            metavar="OUT",
+            show_default=False,
+        ),
+    ],
+    version: Annotated[
+        int | None,
+        typer.Option("--version", help="Pull this version instead of the one remote LATEST names."),
+    ] = None,
+    keep: KeepOpt = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Also check every invariant (as `zerogr verify`) before installing; memory then grows "
+            "with the bundle. Without it: sizes, sha256s and array headers.",
+        ),
+    ] = False,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+    metrics_file: MetricsFileOpt = None,
+) -> None:
+    """Install the version the remote LATEST names (or --version N) into OUT and point OUT/LATEST at it.
+
+    For a cron job on every serving host. Each file streams to a temp dir under OUT, its size and sha256
+    checked as it arrives (memory does not grow with the bundle); the version appears by one rename under
+    OUT's lock, as a local publish. Already there: nothing is downloaded (exit 0). A truncated, corrupt,
+    incomplete or hostile remote version is refused with one line naming the object, and OUT stays as it
+    was. Credentials: the standard AWS_* environment; needs zerogr[s3].
+    """
+    with job_metrics("pull", metrics_file) as metrics, cli_errors():
+        timings: dict[str, float] = {}
+        try:
+            with progress_for(quiet or json_out) as progress:
+                result = pull_version(
+                    source, out, version=version, keep=keep, verify=verify, progress=progress, timings=timings
+                )
+        finally:
+            for stage, seconds in timings.items():
+                metrics.add_stage(stage, seconds)
+        manifest = result.manifest
+        metrics.bundle(
+            items=manifest["leaves"]["items"],
+            distinct_sids=manifest["leaves"]["count"],
+            index_bytes=manifest.get("index_bytes"),
+            version=result.version,
+        )
+        info = result.as_dict()
+        if json_out:
+            sys.stdout.write(json.dumps(info, default=str) + "\n")
+            return
+        if quiet:
+            sys.stdout.write(info["path"] + "\n")
+            return
+        if result.installed:
+            size = human_bytes(result.bytes)
+            line = f"{info['path']}: installed from {result.url}; {result.files} files, {size}"
+        else:
+            line = f"{info['path']}: already there, nothing downloaded"
+        lines = [line]
+        if result.latest_moved:
+            lines.append(f"LATEST -> v{result.version:06d}")
+        if result.pruned:
+            lines.append(f"pruned {', '.join(result.pruned)}")
+        sys.stdout.write("\n".join(lines) + "\n")
+
+
+pull.__doc__ = (
+    inspect.cleandoc(pull.__doc__ or "")
+    + "\n\n"
+    + EXIT_CODES.format(
+        refused="the remote version is incomplete, corrupt or hostile",
+        five="5 nothing published yet (no remote LATEST) or no such --version; ",
+    )
+)
+
+
+def status(
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            help="A local OUT dir or a remote s3://bucket/prefix. Default: the configured OUT (bundles).",
+            metavar="OUT",
+            show_default=False,
+        ),
+    ] = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify", help="Remote: also stream every object and check its sha256 (reads the whole OUT)."
+        ),
+    ] = False,
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List the versions of an OUT: which one LATEST names, each one's age, size, model tag, plans and
+    kernels, and whether it passes its check.
+
+    Local versions are verified completely (every sha256 and invariant, as `zerogr verify`). Remote ones
+    get a cheap check: a valid manifest and every listed object present with its exact size; --verify also
+    downloads and hashes every object. Exit codes: 0 LATEST names a version that passes and no complete
+    version fails; 4 otherwise (a failing version, or no usable LATEST); 2 bad usage or configuration;
+    3 the store could not be reached; 1 anything else.
+    """
+    with cli_errors():
+        where = target if target is not None else bundle_path(None, config)
+        report = out_status(where, verify=verify)
+        if json_out:
+            sys.stdout.write(json.dumps(report, default=str) + "\n")
+        else:
+            stdout_console().print(status_table(report))
+        if not report["ok"]:
+            raise typer.Exit(4)
