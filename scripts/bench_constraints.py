@@ -32,8 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from zerogr_build.index import build_index  # noqa: E402
-from zerogr_build.runtime.constraints import ItemMask, ItemSets  # noqa: E402
 from zerogr_build.runtime.decoder import Decoder  # noqa: E402
+from zerogr_build.runtime.items.constraints import ItemMask, ItemSets  # noqa: E402
 from zerogr_build.synthetic import generate_sids  # noqa: E402
 from zerogr_build.testing import SeededModel  # noqa: E402
 from zerogr_build.tune.timing import timer  # noqa: E402

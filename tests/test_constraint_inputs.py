@@ -24,10 +24,10 @@ from zerogr_build.bundle import open_bundle, publish_bundle
 from zerogr_build.cli import app
 from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
-from zerogr_build.runtime import item_space
-from zerogr_build.runtime.constraints import ItemMask, ItemSets
 from zerogr_build.runtime.decoder import Decoder
-from zerogr_build.runtime.item_space import SetBits, check_set_memory
+from zerogr_build.runtime.items import space
+from zerogr_build.runtime.items.constraints import ItemMask, ItemSets
+from zerogr_build.runtime.items.space import SetBits, check_set_memory
 from zerogr_build.testing import SeededModel, stderr_lines
 
 SIZES = (4, 4, 2)
@@ -290,7 +290,7 @@ def test_set_words_that_cannot_fit_are_refused():
     with pytest.raises(InputError, match="128,000 item sets over 1,000,000 items need 14.9 GiB"):
         check_set_memory(1_000_000, 2000 * 8, 128_000, limit=8 * 2**30)
     check_set_memory(1_000, 2000 * 8, 128_000, limit=8 * 2**30)
-    assert item_space.physical_memory_bytes() is None or item_space.physical_memory_bytes() > 2**20
+    assert space.physical_memory_bytes() is None or space.physical_memory_bytes() > 2**20
 
 
 # ------------------------------------------------------------------------------ G2 / G14: files
@@ -419,7 +419,7 @@ def test_torch_is_not_needed_to_build_masks(bundles):
 def test_hotswap_builds_each_versions_constraints_before_it_goes_live(bundles):
     """G5: HotSwap does not carry a mask to the next version (it would be refused there); on_load builds
     that version's own mask from ids before the swap, so requests never see the new version unmasked."""
-    from zerogr_build.runtime.hotswap import HotSwap
+    from zerogr_build.runtime.serving.hotswap import HotSwap
 
     in_stock = [110, 111]
     seen = []

@@ -21,8 +21,8 @@ from zerogr_build.bundle import open_bundle, publish_bundle
 from zerogr_build.cli import app
 from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
-from zerogr_build.runtime.constraints import ItemMask, ItemSets, row_item_bounds
 from zerogr_build.runtime.decoder import Decoder
+from zerogr_build.runtime.items.constraints import ItemMask, ItemSets, row_item_bounds
 from zerogr_build.testing import SeededModel, replay_without_host_reads
 
 BATCH = 3

@@ -19,8 +19,8 @@ import zerogr_build as zg
 from zerogr_build.bundle import open_bundle, promote_bundle, publish_bundle
 from zerogr_build.index import build_index
 from zerogr_build.runtime.decoder import Decoder
-from zerogr_build.runtime.follow import Follower, follow
-from zerogr_build.runtime.hotswap import HotSwap
+from zerogr_build.runtime.serving.follow import Follower, follow
+from zerogr_build.runtime.serving.hotswap import HotSwap
 from zerogr_build.testing import SeededModel
 
 SIZES = (16, 16, 16)

@@ -83,7 +83,7 @@ def test_corrupt_cubin_steps_down_to_ptx_and_no_kernels_to_nvrtc(built, tmp_path
 
 
 def test_hot_swap_orders_the_load_before_serving(built):
-    from zerogr_build.runtime.hotswap import HotSwap
+    from zerogr_build.runtime.serving.hotswap import HotSwap
     from zerogr_build.runtime.stream import CudaLoadMarker
 
     sizes = (64, 64, 64)

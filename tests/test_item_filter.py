@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from tests.test_constraints import BATCH, allowed_rows, random_case
 from zerogr_build.index import build_index
-from zerogr_build.runtime.constraints import ItemIds, ItemMask, ItemSets, row_item_bounds
 from zerogr_build.runtime.decoder import Decoder
+from zerogr_build.runtime.items.constraints import ItemIds, ItemMask, ItemSets, row_item_bounds
 from zerogr_build.testing import SeededModel
 
 
@@ -115,7 +115,7 @@ def test_kills_are_exactly_the_rows_exclusions_empty(seed, length, num_sets, for
 @pytest.mark.parametrize("formats", ["sparse", "dense", "auto"])
 def test_device_path_of_the_kill_lookups_equals_the_numpy_one(monkeypatch, static, formats):
     """On the CPU the kill lookups run in numpy; the torch path (what CUDA runs) must decode the same."""
-    from zerogr_build.runtime import item_filter
+    from zerogr_build.runtime.items import filter as items_filter
 
     for seed in range(6):
         sids, sizes, available, sets, include, exclude = random_case(seed, 3, 9)
@@ -126,7 +126,7 @@ def test_device_path_of_the_kill_lookups_equals_the_numpy_one(monkeypatch, stati
         dec.set_item_sets(ItemSets.from_mapping(index, sets))
         results = []
         for numpy_path in (True, False):
-            monkeypatch.setattr(item_filter, "NUMPY_ON_CPU", numpy_path)
+            monkeypatch.setattr(items_filter, "NUMPY_ON_CPU", numpy_path)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 results.append(dec.search(model.step_fn, BATCH, 6, include=include, exclude=exclude))

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zerogr_build.runtime.hotswap import HotSwap
+from zerogr_build.runtime.serving.hotswap import HotSwap
 from zerogr_build.runtime.stream import load_arrays_to_device
 from zerogr_build.testing import FakeDeviceSink
 
@@ -197,7 +197,7 @@ def test_swap_cannot_publish_before_the_loads_device_work_completes():
 def test_a_decoder_carries_its_load_marker():
     """What HotSwap.for_decoder waits on: a Decoder's `loaded` (None on the CPU, where nothing is async)."""
     from zerogr_build.runtime.decoder import Decoder
-    from zerogr_build.runtime.hotswap import wait_loaded
+    from zerogr_build.runtime.serving.hotswap import wait_loaded
     from zerogr_build.testing import random_catalog
 
     catalog = random_catalog(n=50, sizes=(3, 5))
@@ -237,7 +237,7 @@ def test_swap_records_the_serving_stream_on_every_cuda_table(monkeypatch):
     """Tables freed after a swap must not be reused while the serving stream still reads them: swap() calls
     record_stream(current stream) on every CUDA step tensor of the version it publishes (CPU tensors and
     missing tables are skipped)."""
-    import zerogr_build.runtime.hotswap as hotswap_module
+    import zerogr_build.runtime.serving.hotswap as hotswap_module
 
     class Step:
         def __init__(self, *tensors):

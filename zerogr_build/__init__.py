@@ -21,9 +21,9 @@ from .bundle import Bundle, open_bundle, promote_bundle, publish_bundle, verify_
 from .catalog import Catalog, read_catalog
 from .errors import BundleError, InputError, ZerogrError
 from .index import SidIndex, build_index
-from .runtime.constraints import ItemMask, ItemSets
-from .runtime.follow import Follower, follow
-from .runtime.hotswap import HotSwap
+from .runtime.items.constraints import ItemMask, ItemSets
+from .runtime.serving.follow import Follower, follow
+from .runtime.serving.hotswap import HotSwap
 
 __version__ = "0.1.0"
 

@@ -280,7 +280,7 @@ def inspect_bundle(path: str | Path | None = None, available: str | Path | None 
     }
     report["quality"] = quality_rows(opened)
     if available is not None:
-        from .runtime.constraints import ItemMask, valid_rows_per_step
+        from .runtime.items.constraints import ItemMask, valid_rows_per_step
 
         mask = ItemMask.from_parquet(opened, available)
         report["available"] = {

@@ -16,8 +16,8 @@ from ..bundle import open_bundle, resolve_bundle
 from ..errors import InputError
 from ..index.tables import csr_gather
 from ..progress import NULL_PROGRESS, Progress
-from ..runtime.constraints import ItemMask
 from ..runtime.decoder import ORDERS, Decoder
+from ..runtime.items.constraints import ItemMask
 from ..runtime.weights import normalize_weights
 from .inputs import (
     DEFAULT_KS,

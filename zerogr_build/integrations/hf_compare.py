@@ -23,7 +23,7 @@ from ..compare.inputs import DEFAULT_KS, TokenRequests, beam_width_for, parse_ks
 from ..compare.measure import CONSTRAINED, Search, StepMass, compare_searches
 from ..compare.report import CompareReport
 from ..progress import NULL_PROGRESS, Progress
-from ..runtime.constraints import ItemMask
+from ..runtime.items.constraints import ItemMask
 from .hf_generate import SidGenerator
 from .hf_load import load_hf_model, model_hash
 from .sid_map import SidMap

@@ -1,15 +1,14 @@
 """The serving side: filter-first constrained beam search over a bundle's step tables.
 
-    decoder.py      Decoder, BeamState, SearchResult (zerogr_build.Decoder loads it on first use)
-    constraints.py  ItemMask, ItemSets (torch-free; ids checked in item_ids.py, files read by item_files.py);
-                    item_space.py (per mask / sets), item_requests.py + item_kills.py (per search),
-                    item_filter.py (per step): how the Decoder applies them
+    decoder.py      Decoder (zerogr_build.Decoder loads it on first use); beams.py: BeamState, SearchResult
+    items/          item constraints: ItemMask, ItemSets (items/constraints.py), how the Decoder applies them
+    serving/        live versions: HotSwap (serving/hotswap.py), follow() and Follower (serving/follow.py)
     slots.py        slot caps and candidate slots per beam; lanes.py: overflow lanes of heavy beams
+    device_tables.py  step tables on the decoder's device; stream.py: double-buffered loading onto a device
     scoring/        scoring modes (full, selective, selective_cuda) and the CUDA kernels
-    plan.py         tuned plans (plans/<device>.json) and the mode heuristic
+    plan.py         tuned plans (plans/<device>.json) and the mode heuristic; order.py: order="auto"
     weights.py      per-step output layers
     device.py       device strings and identity; dtypes.py: dtype names
-    stream.py, hotswap.py   loading tables onto a device, swapping versions
 
 This package imports nothing itself, so `import zerogr_build.runtime.device` does not pay for torch.
 """

@@ -7,7 +7,7 @@
     res = dec.finish(state)                       # sids [B, M, L], scores [B, M], leaves [B, M]
     res = dec.search(step_fn, batch_size, beam_width, mode=None)   # step_fn(step, prefixes, batch) -> hidden
     dec.items(res)                                # item ids per (request, beam)
-    dec.set_availability(ItemMask); dec.set_item_sets(ItemSets)   # item constraints (constraints.py)
+    dec.set_availability(ItemMask); dec.set_item_sets(ItemSets)   # item constraints (items/constraints.py)
     dec.search(..., include=[["comedy"], None], exclude=[[seen ids], []])   # per request (also on start)
 
 One step, four stages, all on the decoder's device (see slots.py for slots, the slot cap and overflow lanes):
@@ -39,7 +39,7 @@ from ..errors import InputError
 from ..index import SidIndex
 from .beams import BeamState, SearchResult
 from .device_tables import DeviceStep, index_to_device
-from .item_filter import ConstrainedDecoding, dense_next, mask_children, mask_slots, slot_source
+from .items.filter import ConstrainedDecoding, dense_next, mask_children, mask_slots, slot_source
 from .lanes import plan_lanes
 from .order import auto_order
 from .plan import ModeChooser, auto_plan, load_plan
@@ -75,7 +75,7 @@ class Decoder(ConstrainedDecoding):
     slot_caps: slot cap K of sparse steps: None (p99-based default, see slots.py), an int, a per-step
         sequence or {step: K}.
     low_priority: on CUDA, stream the tables on low-priority copy streams (loading a new version beside
-        a live one, see hotswap.py). With plan="auto" on CUDA the bundle's compiled kernels for this
+        a live one, see serving/hotswap.py). With plan="auto" on CUDA the bundle's compiled kernels for this
         architecture (written by tune) are loaded instead of compiling with NVRTC.
     static_shapes: give every beam its own max_slots-wide overflow lane at sparse steps whose largest row
         exceeds the cap, instead of sizing lanes from the heavy beams present. Every tensor shape then

@@ -1,7 +1,7 @@
-"""One search's include / exclude arguments compiled against the Decoder's Resident (item_space.py): the
+"""One search's include / exclude arguments compiled against the Decoder's Resident (space.py): the
 per-request set words (set_mask), and per step the few rows that the requests' exclusions empty (Kills,
-computed by item_kills.killed_rows, where the exactness argument is), laid out for the lookups the steps
-make (item_filter.py). Host work per search: one id lookup and a few sorts over the batch's excluded items,
+computed by kills.killed_rows, where the exactness argument is), laid out for the lookups the steps
+make (filter.py). Host work per search: one id lookup and a few sorts over the batch's excluded items,
 vectorised across requests; nothing per catalog item, and no step reads a value back to the host.
 """
 
@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import InputError
-from ..index import SidIndex
+from ...errors import InputError
+from ...index import SidIndex
 from .constraints import POSITIONS, ItemIds
-from .item_ids import IdValues, as_ids
-from .item_kills import expand_sets, killed_rows, unique_counts
-from .item_space import Resident, signed_words
+from .ids import IdValues, as_ids
+from .kills import expand_sets, killed_rows, unique_counts
+from .space import Resident, signed_words
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,7 +108,7 @@ def _per_request(arg: Any, batch_size: int, what: str) -> list[Any]:
 
 def _kills_on_device(resident: Resident, step: int, b: np.ndarray, r: np.ndarray, batch_size: int,
                      static: bool) -> Kills | None:  # fmt: skip
-    """Kills of step `step` (request b, row r int64 [k]) as the lookups item_filter.py makes (see Kills)."""
+    """Kills of step `step` (request b, row r int64 [k]) as the lookups filter.py makes (see Kills)."""
     if b.size == 0:
         return None
     space = resident.space

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
-from ..index import SidIndex
+from ...errors import InputError
+from ...index import SidIndex
 
 INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 #: Floats hold every integer exactly only up to here; a float id beyond it may already be another id.

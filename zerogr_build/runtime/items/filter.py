@@ -2,7 +2,7 @@
 docs/constraints.md).
 
 A candidate slot of step table t is valid for request b iff its child row (a row of step t+1) holds an item
-b may return. Three parts, each exact (the proofs are in item_space.py and item_kills.py):
+b may return. Three parts, each exact (the proofs are in space.py and kills.py):
   1. availability: the step fills its slots from the resident copy of its table in which children without
      an available item are -1 (`slot_source` / `dense_next`) - free at search time;
   2. include sets (when some request of the search names sets): (row_bits[child] & set_mask[b]) != 0, the
@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..index import SidIndex
+from ...index import SidIndex
 from .constraints import ItemMask, ItemSets, item_ids
-from .item_requests import Kills, RequestConstraints, request_constraints
-from .item_space import ItemSpace, Resident, SetBits, check_binding, make_resident
+from .requests import Kills, RequestConstraints, request_constraints
+from .space import ItemSpace, Resident, SetBits, check_binding, make_resident
 
 INT32_MAX = 2**31 - 1
 # The kill lookups in numpy on the CPU outside static shapes (a dozen tiny ops: numpy dispatches them ~5x
@@ -58,7 +58,7 @@ def include_ok(constraints: RequestConstraints, step: int, rows: torch.Tensor,
                request: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """bool, the broadcast shape of rows and request: row rows[...] (>= 0) of step `step` (1..L) has an
     available item in the union of request[...]'s sets, or any available item when it names none
-    ((row word & request word) != 0, item_space.SetBits)."""
+    ((row word & request word) != 0, space.SetBits)."""
     assert constraints.set_mask is not None
     ok = (constraints.resident.row_bits[step - 1][rows] & constraints.set_mask[request]) != 0
     return ok.any(dim=-1) if ok.ndim > max(rows.ndim, request.ndim) else ok  # past 63 sets: any word
@@ -233,7 +233,7 @@ class ConstrainedDecoding:
             self._resident = make_resident(self._space(), mask, sets, reuse=current)
 
     def set_item_sets(self, sets: ItemSets | None) -> None:
-        """Attach the named item sets that `include=` refers to (compiled once, see item_space.SetBits);
+        """Attach the named item sets that `include=` refers to (compiled once, see space.SetBits);
         serialised with set_availability like it."""
         with self._setter_lock():
             current, space = self._resident, self._space()

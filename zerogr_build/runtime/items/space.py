@@ -1,7 +1,7 @@
 """The Decoder's resident item-constraint state: what set_availability and set_item_sets compute once, so a
 search pays nothing for the availability mask and O(1) per candidate slot for include sets
-(docs/constraints.md). Pure functions of the index geometry and the mask / sets; item_requests.py and
-item_kills.py compile one search's lists against this, item_filter.py applies both in the steps.
+(docs/constraints.md). Pure functions of the index geometry and the mask / sets; requests.py and
+kills.py compile one search's lists against this, filter.py applies both in the steps.
 
 Geometry (ItemSpace, once per decoder). Row j of step s (1..L; the rows of step L are the leaves) is the j-th
 distinct length-s prefix in lexicographic order, so it covers the contiguous run [bounds[s-1][j],
@@ -12,7 +12,7 @@ Availability (per mask). cum = the mask's prefix sum, so row j of step s has cum
 items; it is valid iff that is > 0. For every step table t the children of *unavailable* rows of step t+1 are
 written as -1 into a copy of its tokens (sparse) / next (dense): `masked_tables`. A search then fills its
 slots from that copy and a slot is in the catalog *and* has an available item in one read - no step-time
-cost at all. cum stays on the host for the per-request exclusion counts (item_kills.py).
+cost at all. cum stays on the host for the per-request exclusion counts (kills.py).
 
 Item sets (per sets, then per mask). Set i is bit i of a word (uint8/16/32/64, or W uint64 words past 63
 sets), plus one bit ANY that every item has. item_bits[p] = ANY and the sets item p belongs to (once per
@@ -21,7 +21,7 @@ row_bits[j] is set iff row j has an available item of set i, so for a request na
 available item in the union of S" is exactly (row_bits[j] & word(S)) != 0 - an OR of per-set existence bits
 is the existence of the union (an item in two sets is one item either way; no counts are added up). A
 request naming no set has word(ANY): "row j has an available item". Exclusions are handled per set in
-item_kills.py, where counts are needed.
+kills.py, where counts are needed.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ...errors import InputError
 from .constraints import ItemMask, ItemSets, index_of, row_item_bounds
-from .item_ids import accepted_bindings, binding_of
+from .ids import accepted_bindings, binding_of
 
 
 class ItemSpace:
@@ -221,7 +221,7 @@ class Resident:
     (torch view of SetBits' word type, [rows_s + pad] or [rows_s + pad, words]; pad = max_slots of step
     table s-1, zero words, so every slot window start + width of that table lies inside); set_keys: int64
     host, ascending, i * (items + 1) + p for the available positions p of set i (per-set counts of
-    item_requests.py); dense_bits[t]: for a dense step table t (one-word sets), [rows_t, V] the row words of
+    requests.py); dense_bits[t]: for a dense step table t (one-word sets), [rows_t, V] the row words of
     its children laid out like next (0 where no child), so a dense step reads a beam's words in one
     contiguous row (None for sparse tables or no sets); mask: the ItemMask `available` came from (None:
     all available)."""

@@ -10,14 +10,14 @@ Why it is cheap: row r of step s is the r-th distinct length-s prefix in lexicog
 contiguous run of leaves, and so a contiguous run [lo, hi) of the leaf-ordered items table. A mask swap
 writes the children without an available item as -1 into a copy of each step table (prefix sums, O(items +
 rows); free at search time), item sets become per-row words of set bits (one AND per slot), and a search's
-exclusions become the few rows they empty, found at start() (item_space.py, item_filter.py,
-item_requests.py, item_kills.py).
+exclusions become the few rows they empty, found at start() (space.py, filter.py,
+requests.py, kills.py).
 
 Item positions: everything here is in *leaf order* - position p is row p of a bundle's items table
 (`bundle.items()`), or of an in-memory index's `item_order` (catalog row item_order[p]).
 Masks are not part of the bundle: they change by the minute and live only in the Decoder. A mask or sets
-object is bound to the item order it was built for (item_ids.binding_of) and copied read-only; ids are
-checked and compared by value in the catalog's type (item_ids.py); files are read by item_files.py.
+object is bound to the item order it was built for (ids.binding_of) and copied read-only; ids are
+checked and compared by value in the catalog's type (ids.py); files are read by files.py.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
-from ..index import SidIndex
-from .item_ids import (
+from ...errors import InputError
+from ...index import SidIndex
+from .ids import (
     POSITIONS,
     ItemIds,
     SourceBinding,
@@ -123,7 +123,7 @@ class ItemMask:
         """A Parquet file of item ids (first column unless `item_column`), optionally with a flag column
         (`flag_column`, or the first boolean column) saying which of them are available. A bad file
         (missing, not Parquet, no rows, a null or mistyped id or flag) raises InputError naming it."""
-        from .item_files import read_available_ids
+        from .files import read_available_ids
 
         ids, what = read_available_ids(path, item_column, flag_column)
         lookup = item_ids(source)
@@ -195,7 +195,7 @@ class ItemSets:
     ) -> ItemSets:
         """A Parquet file with one (set name, item id) row per membership. A bad file (missing, not
         Parquet, no rows, a null or mistyped name or id) raises InputError naming it."""
-        from .item_files import read_set_memberships
+        from .files import read_set_memberships
 
         names, ids, what = read_set_memberships(path, set_column, item_column)
         lookup = item_ids(source)

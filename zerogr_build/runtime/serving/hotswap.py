@@ -106,8 +106,8 @@ class HotSwap:
         decoder_kwargs.setdefault("plan", "auto")
 
         def load(path: Path, *, low_priority: bool, weights: Any = None) -> tuple[Any, Any]:
-            from ..bundle import open_bundle, verify_bundle
-            from .decoder import Decoder
+            from ...bundle import open_bundle, verify_bundle
+            from ..decoder import Decoder
 
             if verify:
                 verify_bundle(path)  # checksums and invariants; the open below need not hash again

@@ -1,9 +1,9 @@
 """The rows one search's exclusions empty ("kills"), per step: pure index math on the host (numpy in,
-arrays out), run once per search by item_requests.request_constraints.
+arrays out), run once per search by requests.request_constraints.
 
 Allowed items of request b: A_b = (available and in the union of its sets S_b, when it names any) minus its
 excluded items E_b. Row R is valid for b iff A_b meets R. Without E_b that is the resident availability
-(item_space.masked_tables) and, with sets, (row_bits[R] & word(S_b)) != 0. An exclusion can only turn a
+(space.masked_tables) and, with sets, (row_bits[R] & word(S_b)) != 0. An exclusion can only turn a
 valid row invalid, and only a row that holds one of b's excluded available items. For such a row:
 
   - no sets: A_b misses R iff avail(R) == |E_b ∩ avail ∩ R| (avail(R) from the mask's prefix sum);
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .item_space import Resident
+from .space import Resident
 
 
 def unique_counts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -103,7 +103,7 @@ def killed_rows(resident: Resident, req: np.ndarray, pos: np.ndarray, set_req: n
     that request's exclusions empty (module docstring).
 
     Args:
-        resident: availability, sets and geometry (item_space.Resident).
+        resident: availability, sets and geometry (space.Resident).
         req, pos: int64 [n], excluded *available* positions of requests without sets (unique per request).
         set_req, set_id, set_pos: int64 [m], (request, set i, position) for each excluded position of a
             request with sets that is an available member of set i in S_b (unique triples).
