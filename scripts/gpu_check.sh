@@ -133,7 +133,7 @@ else
     run_part decode "${ZG_T_DECODE:-140}" "$PY" scripts/bench_decode.py "${decode_args[@]}"
 fi
 
-# ---- item-constraint benchmark (issue 11) ---------------------------------------------------------------
+# ---- item-constraint benchmark ------------------------------------------------------------------------
 if [[ ! -f scripts/bench_constraints.py ]]; then
     skip_part constraints "scripts/bench_constraints.py not in this checkout"
 elif ((ENV_OK != 0)); then
