@@ -33,7 +33,6 @@ def _help_text(args: list[str]) -> str:
 def command_paths() -> list[list[str]]:
     """Every command of the app as its argument path (["build"], ["bundle", "push"] for a group's command),
     in the order `zerogr --help` lists them; a group comes before its commands."""
-    import click
     import typer
 
     from zerogr_build.cli import app
@@ -41,14 +40,12 @@ def command_paths() -> list[list[str]]:
     root = typer.main.get_command(app)
     paths: list[list[str]] = []
 
-    def walk(group: click.Group, prefix: list[str]) -> None:
-        ctx = click.Context(group, info_name="zerogr")
-        for name in group.list_commands(ctx):
-            command = group.get_command(ctx, name)
-            if command is None or command.hidden:
+    def walk(group: typer.core.TyperGroup, prefix: list[str]) -> None:
+        for name, command in group.commands.items():
+            if command.hidden:
                 continue
             paths.append([*prefix, name])
-            if isinstance(command, click.Group):
+            if isinstance(command, typer.core.TyperGroup):
                 walk(command, [*prefix, name])
 
     walk(root, [])

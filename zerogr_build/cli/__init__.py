@@ -3,6 +3,7 @@
     build.py    build, promote          bundle.py   inspect, verify
     tune.py     tune                    compare.py  compare
     _options.py shared option aliases   _errors.py  exception -> exit code, warnings on stderr
+    _usage.py   plain usage lines
     _progress.py progress renderers     _render.py  rich tables and consoles
 
 Each command parses its options and calls the library inside `with cli_errors():`. Output discipline:
@@ -19,6 +20,7 @@ from typing import Annotated
 import typer
 
 from .. import __version__
+from ._usage import UsageGroup
 from .build import build, promote
 from .bundle import inspect, verify
 from .compare import compare
@@ -26,6 +28,7 @@ from .tune import tune
 
 app = typer.Typer(
     name="zerogr",
+    cls=UsageGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

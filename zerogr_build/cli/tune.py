@@ -10,9 +10,14 @@ from typing import Annotated
 import typer
 
 from ._errors import cli_errors
-from ._options import BundleArg, ConfigOpt, JsonOpt, bundle_path
+from ._options import BundleArg, ConfigOpt, JsonOpt, bundle_path, with_help
 from ._progress import progress_for
 from ._render import plan_table, stderr_console, stdout_console
+
+TuneConfigOpt = with_help(
+    ConfigOpt,
+    "TOML file with a [tune] table (see configs/default.toml); its [build] out is the default BUNDLE.",
+)
 
 
 def tune(
@@ -46,7 +51,7 @@ def tune(
     iters: Annotated[
         int | None, typer.Option("--iters", help="Timed calls per mode, median kept [config: 10]")
     ] = None,
-    config: ConfigOpt = None,
+    config: TuneConfigOpt = None,
     json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the plan path")] = False,
 ) -> None:
