@@ -408,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         help="with bare --scale: catalog size of the cold first-run row (0 skips it)",
     )
     args = parser.parse_args(argv)
+    if args.workdir is not None:
+        args.workdir = args.workdir.resolve()  # the timed builds run in another working dir
     scale_rows = args.scale == "rows"
     args.scale = 1.0 if scale_rows else float(args.scale)
 
