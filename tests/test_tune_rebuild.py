@@ -29,7 +29,9 @@ def catalog(tmp_path):
 
 
 def _run(*args, cwd, env=None):
-    full_env = {**os.environ, "PYTHON": sys.executable, **(env or {})}
+    # This checkout's zerogr, not whichever `zerogr` is first on PATH (another install would be tested).
+    this_checkout = {"ZEROGR": f"{sys.executable} {SCRIPT.parent.parent / 'cli.py'}"}
+    full_env = {**os.environ, "PYTHON": sys.executable, **this_checkout, **(env or {})}
     return subprocess.run(
         ["bash", str(SCRIPT), *map(str, args)],
         cwd=cwd,
