@@ -15,18 +15,18 @@ In one run, on catalogs from zerogr_build.synthetic (scripts/make_catalog.py; sk
    runs in a subprocess (after a small warm-up build, so the numba cache on disk is warm): wall time,
    items/s and the child's peak RSS (os.wait4 rusage).
 
-Targets (issue 2, 2-core machine): build >= 5x faster than the baseline and index <= 0.40x its bytes on
+Targets (2-core machine): build >= 5x faster than the baseline and index <= 0.40x its bytes on
 both catalogs; end to end >= 3M items/s and peak RSS <= 80 bytes/item.
 
     python scripts/bench_build.py                 # full sizes (needs ~6 GB RAM, a few minutes)
     python scripts/bench_build.py --scale 0.05    # quick run (targets still printed, marked scaled)
     python scripts/bench_build.py --skip-e2e      # in-memory comparison only
-    python scripts/bench_build.py --scale         # also end to end at 50M and 100M items (issue 14; needs
+    python scripts/bench_build.py --scale         # also end to end at 50M and 100M items (needs
                                                   # ~3 GB of disk per catalog, written once to --workdir)
 
 With a bare `--scale`, the table "end to end at scale" adds one row per size in --scale-items (time,
 items/s, peak bytes/item, index bytes, leaf-map bytes as bundle format 2 stores it, and the CLI's own
-stage timings: startup is wall minus their sum). Targets (issue 14): at 100M items, peak RSS <= 32
+stage timings: startup is wall minus their sum). Targets: at 100M items, peak RSS <= 32
 bytes/item and >= 7M items/s with the numba cache warm. Then the cold first run: the README's 1M-item
 build with an empty numba cache, next to the same build warm (--cold-items; 0 skips it).
 """
@@ -408,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         help="with bare --scale: catalog size of the cold first-run row (0 skips it)",
     )
     args = parser.parse_args(argv)
+    if args.workdir is not None:
+        args.workdir = args.workdir.resolve()  # the timed builds run in another working dir
     scale_rows = args.scale == "rows"
     args.scale = 1.0 if scale_rows else float(args.scale)
 

@@ -13,7 +13,7 @@ Rows (same index, weights, step function, order and mode in every search row; me
   + include 2 of 20 sets        each request also names 2 of 20 overlapping item sets (category-only)
   start() of that search        the host-side compile of the include/exclude lists (included above)
 The min column is there for shared machines (other jobs only ever add time).
-Target (issue 11): the last search row <= 1.3x the baseline on CPU. Then set_availability on the same
+Target: the last search row <= 1.3x the baseline on CPU. Then set_availability on the same
 decoder (sets attached: their per-row words are recomputed too), the device bytes of one mask + sets
 (O(rows)), and set_availability on a bundle of --swap-items items without sets (target <= 100 ms on CPU).
 """

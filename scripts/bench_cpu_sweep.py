@@ -11,7 +11,7 @@ batch x beam beams, V=--codebook tokens, d=--dim, from the same beam state for e
   --children  two-step catalogs (--rows first tokens, then ~m children per row drawn without repeats
               from V; step 1 forced sparse) for every m: a search's middle step, density set directly;
   --items     make_catalog.py's skewed catalogs (zerogr_build.synthetic) of L=3, step 1 forced sparse:
-              the issue's "catalogs from 100k to 20M items"; density grows with the catalog.
+              catalogs from 100k to 20M items; density grows with the catalog.
 
 Columns: mean children of the table's rows and of the rows the beams are on, the slot cap K, the median
 ms of each mode over --repeats interleaved rounds (round 0 warms up), full / selective_numba, and the

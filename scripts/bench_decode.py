@@ -18,7 +18,7 @@ Rows of the main table (same index, weights and step function in every row):
   STATIC torch search    STATIC's own beam search (decoding_pt.py `sparse_transition_torch`, ported in
                          benchmarks/static_search.py) on STATIC's own index (benchmarks/static_baseline.py),
                          same weights and step function; whole search only (needs one V for all steps)
-Targets on CPU (issue 15): the middle steps with the default choice (filter_first/auto) >= 2x faster than
+Targets on CPU: the middle steps with the default choice (filter_first/auto) >= 2x faster than
 filter_first/full; the last step >= 30x faster than score_first/full; the whole filter_first/auto search
 >= 3x faster than the STATIC torch search and than score_first/full; naive slower than filter_first/auto.
 Each number is the median of `--repeats` interleaved rounds (round 0 warms up, incl. numba's compile).
@@ -221,7 +221,7 @@ def warm_up_kernels(device: torch.device, dtype: str) -> str:
 
 
 def target_lines(results: dict, num_steps: int) -> list[str]:
-    """The issue-15 targets, each with its ratio from this run and PASS / FAIL."""
+    """The CPU decoding targets, each with its ratio from this run and PASS / FAIL."""
     auto, ff_full, sf_full = (
         results["filter_first/auto"],
         results["filter_first/full"],

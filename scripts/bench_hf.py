@@ -15,7 +15,7 @@ tenants' load. Both paths always run with the same setting.
 "constraint ms/step" is the time inside the constraint processor (timed by a wrapper around it, the same for
 both), per generation step; "generate ms" is the whole call, median over repeats after one warm-up.
 Target: the processor's constraint time >= 20x lower than prefix_allowed_tokens_fn's.
-The catalog comes from scripts/make_catalog.py's skewed generator (`synthetic_sids`, the one import of it).
+The catalog comes from zerogr_build.synthetic's skewed generator (the one scripts/make_catalog.py writes).
 """
 
 from __future__ import annotations
@@ -37,16 +37,9 @@ from transformers import LogitsProcessor, LogitsProcessorList, PrefixConstrained
 
 from zerogr_build.index import build_index  # noqa: E402
 from zerogr_build.integrations import hf as zg_hf  # noqa: E402
+from zerogr_build.synthetic import generate_sids  # noqa: E402
 
 SPECIAL = 3  # 0 pad, 1 eos, 2 bos / decoder start; SID tokens follow
-
-
-def synthetic_sids(items: int, sizes: list[int], seed: int) -> np.ndarray:
-    """The one import of the synthetic catalog generator (may move to zerogr_build.synthetic)."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    from make_catalog import generate_sids
-
-    return generate_sids(items, sizes, seed=seed, mode="skewed")
 
 
 class Timed(LogitsProcessor):
@@ -134,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     sizes = [args.codebook] * args.steps
-    sids = synthetic_sids(args.items, sizes, args.seed)
+    sids = generate_sids(args.items, sizes, seed=args.seed, mode="skewed")
     start = time.perf_counter()
     index = build_index(sids, sizes)
     index_s = time.perf_counter() - start

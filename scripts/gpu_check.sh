@@ -133,7 +133,7 @@ else
     run_part decode "${ZG_T_DECODE:-140}" "$PY" scripts/bench_decode.py "${decode_args[@]}"
 fi
 
-# ---- item-constraint benchmark (issue 11) ---------------------------------------------------------------
+# ---- item-constraint benchmark ------------------------------------------------------------------------
 if [[ ! -f scripts/bench_constraints.py ]]; then
     skip_part constraints "scripts/bench_constraints.py not in this checkout"
 elif ((ENV_OK != 0)); then
@@ -176,7 +176,7 @@ else
             run_part catalog 60 "$PY" scripts/make_catalog.py -n 200000 -V 1024,1024,1024 --seed 1 \
                 "$WORK/catalog.parquet" &&
                 run_part bundle "${ZG_T_BUNDLE:-60}" "${ZEROGR[@]}" build "$WORK/catalog.parquet" \
-                    --out "$WORK/bundles" --quiet &&
+                    --out "$WORK/bundles" --codebook-sizes 1024,1024,1024 --quiet &&
                 BUNDLE="$WORK/bundles"
         else
             skip_part bundle "no ZG_BUNDLE and no scripts/make_catalog.py to make a small one"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Does filter-first decoding change a TIGER-style T5's top-K on MovieLens-1M? (issue 13)
+"""Does filter-first decoding change a TIGER-style T5's top-K on MovieLens-1M?
 
     python scripts/quality_ml1m.py [--epochs 10] [--checkpoints 3,6] [--json FILE] [--threads 1]
 

@@ -200,12 +200,36 @@ def test_missing_path(tmp_path):
 def test_missing_columns(tmp_path):
     sids, ids = random_catalog(5)
     path = write(tmp_path / "c.parquet", sids, ids)
-    with raises_input(r"c\.parquet: column 'sids' not found \(columns: item_id, sid\)"):
+    # issue 21: each says which option names the right column
+    with raises_input(
+        r"c\.parquet: column 'sids' not found \(columns: item_id, sid\); .*--sid-column .*--sid-columns"
+    ):
         read_catalog(path, sid_column="sids")
-    with raises_input(r"c\.parquet: column 'pid' not found"):
+    with raises_input(r"c\.parquet: column 'pid' not found .*; name the right one with --item-column$"):
         read_catalog(path, item_column="pid")
-    with raises_input(r"c\.parquet: column 'c0' not found"):
+    with raises_input(r"c\.parquet: column 'c0' not found .*; name the right one with --sid-columns$"):
         read_catalog(path, sid_columns=["c0", "c1"])
+
+
+def test_a_csv_file_is_refused_with_the_command_that_converts_it(tmp_path):
+    import subprocess
+
+    csv = tmp_path / "cat.csv"
+    csv.write_text("item_id,c0,c1\n1,3,4\n2,5,6\n")
+    with pytest.raises(InputError) as caught:
+        read_catalog(csv, sid_columns=["c0", "c1"])
+    message = str(caught.value)
+    assert "\n" not in message and "not a readable Parquet file" in message
+    command = message.split("convert it with: ", 1)[1].split(" (SID tokens", 1)[0]
+    subprocess.run(
+        command, shell=True, check=True, cwd=tmp_path, executable="/bin/bash"
+    )  # it works as written
+    converted = read_catalog(tmp_path / "cat.parquet", sid_columns=["c0", "c1"])
+    assert converted.rows == 2 and converted.sids.tolist() == [[3, 4], [5, 6]]
+    (tmp_path / "garbage.parquet").write_bytes(b"not parquet")
+    with pytest.raises(InputError) as caught:
+        read_catalog(tmp_path / "garbage.parquet")
+    assert "convert it" not in str(caught.value)  # the hint is for text tables only
 
 
 def test_non_integer_types(tmp_path):

@@ -153,12 +153,68 @@ def test_manifest_records_settings_catalog_and_model_version(tmp_path):
     assert [s["format"] for s in manifest["steps"]] == ["dense", "sparse", "dense"]
 
 
-def test_inferred_codebook_sizes_warn_loudly(tmp_path):
+def test_missing_codebook_sizes_exit_2_and_say_what_to_pass(tmp_path):
+    """issue 21: a forgotten --codebook-sizes cannot slip through a cron job: exit 2, one line, nothing
+    published, and the line names both ways out."""
     make_catalog(tmp_path / "cat.parquet")
     res = invoke("build", str(tmp_path / "cat.parquet"), "--out", str(tmp_path / "b"), "--json")
+    assert res.exit_code == 2, res.output
+    lines = stderr_lines(res)
+    assert len(lines) == 1 and "--codebook-sizes" in lines[0] and "--infer-codebook-sizes" in lines[0]
+    assert 'codebook_sizes = "infer"' in lines[0]
+    assert res.stdout == "" and not (tmp_path / "b").exists()
+
+
+def test_inferred_codebook_sizes_are_an_explicit_choice(tmp_path):
+    make_catalog(tmp_path / "cat.parquet")
+    res = invoke(
+        "build",
+        str(tmp_path / "cat.parquet"),
+        "--out",
+        str(tmp_path / "b"),
+        "--json",
+        "--infer-codebook-sizes",
+    )
     assert res.exit_code == 0, res.output
-    assert "WARNING" in res.stderr and "inferred 12,12,12" in res.stderr
-    assert json.loads(res.stdout)["codebook_inferred"] is True
+    assert "WARNING" in res.stderr and "12,12,12" in res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["codebook_inferred"] is True and summary["codebook_sizes"] == [12, 12, 12]
+    # interactive use: the summary itself shows the sizes it inferred
+    res = invoke(
+        "build", str(tmp_path / "cat.parquet"), "--out", str(tmp_path / "b"), "--infer-codebook-sizes"
+    )
+    assert res.exit_code == 0, res.output
+    assert "codebook sizes inferred from the data: 12,12,12" in res.stdout
+    # ... and a build with sizes given says nothing about inference
+    assert "codebook sizes inferred" not in build(tmp_path, tmp_path / "b").stdout
+
+
+def test_infer_codebook_sizes_from_the_config(tmp_path):
+    make_catalog(tmp_path / "cat.parquet")
+    config = tmp_path / "z.toml"
+    config.write_text(f'[build]\nout = "{tmp_path / "b"}"\ncodebook_sizes = "infer"\n')
+    res = invoke("build", str(tmp_path / "cat.parquet"), "--config", str(config), "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["codebook_sizes"] == [12, 12, 12]
+    # the command line's sizes beat the config's "infer"
+    res = invoke(
+        "build", str(tmp_path / "cat.parquet"), "-c", str(config), "--codebook-sizes", "16,16,16", "--json"
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["codebook_sizes"] == [16, 16, 16]
+    config.write_text('[build]\ncodebook_sizes = "guess"\n')
+    res = invoke("build", str(tmp_path / "cat.parquet"), "--config", str(config))
+    assert res.exit_code == 2 and '"infer"' in res.stderr
+
+
+def test_codebook_sizes_and_infer_are_exclusive(tmp_path):
+    make_catalog(tmp_path / "cat.parquet")
+    res = invoke(
+        "build", str(tmp_path / "cat.parquet"), "--out", str(tmp_path / "b"), "--codebook-sizes", "12,12,12",
+        "--infer-codebook-sizes",
+    )  # fmt: skip
+    assert res.exit_code == 2 and "mutually exclusive" in res.stderr
+    assert not (tmp_path / "b").exists()
 
 
 def test_build_bundle_is_a_library_call(tmp_path):
@@ -166,8 +222,12 @@ def test_build_bundle_is_a_library_call(tmp_path):
     from zerogr_build.pipeline import CodebookInferredWarning, build_bundle
 
     make_catalog(tmp_path / "cat.parquet")
-    with pytest.warns(CodebookInferredWarning, match="inferred 12,12,12"):
-        summary = build_bundle(str(tmp_path / "cat.parquet"), BuildSettings(out=str(tmp_path / "b")))
+    with pytest.raises(InputError, match="codebook sizes not given"):
+        build_bundle(str(tmp_path / "cat.parquet"), BuildSettings(out=str(tmp_path / "b")))
+    with pytest.warns(CodebookInferredWarning, match="12,12,12"):
+        summary = build_bundle(
+            str(tmp_path / "cat.parquet"), BuildSettings(out=str(tmp_path / "b"), codebook_sizes="infer")
+        )
     bundle = open_bundle(tmp_path / "b")
     assert summary["bundle"] == str(bundle.path) and summary["version"] == bundle.version == 1
     assert summary["items"] == bundle.index.num_items == 400 and summary["codebook_inferred"]
@@ -229,7 +289,7 @@ def test_bad_input_exits_2_with_one_line_and_publishes_nothing(tmp_path, case, m
     args = ["--codebook-sizes", "12,12,12"]
     if case == "negative":
         pq.write_table(pa.table({"item_id": [1, 2, 3], "sid": [[1, 2, 3], [3, 4, 5], [5, -1, 0]]}), path)
-        args = []
+        args = ["--infer-codebook-sizes"]
     elif case == "duplicate":
         pq.write_table(pa.table({"item_id": [1, 2, 2], "sid": [[1, 2, 3], [3, 4, 5], [5, 1, 0]]}), path)
     elif case == "garbage":
@@ -382,7 +442,8 @@ def test_missing_bundle_is_an_error_not_a_traceback(tmp_path):
 
 #: Every command with its argument and every option flag: the CLI's contract.
 COMMANDS = {
-    "build": ("CATALOG", "--out", "-o", "--config", "-c", "--codebook-sizes", "--sid-column", "--sid-columns",
+    "build": ("CATALOG", "--out", "-o", "--config", "-c", "--codebook-sizes", "--infer-codebook-sizes",
+              "--sid-column", "--sid-columns",
               "--item-column", "--workers", "-j", "--step-formats", "--device", "--model-version", "--keep",
               "--promote", "--no-promote", "--kernel-archs", "--json", "--quiet", "-q", "--metrics-file"),
     "inspect": ("BUNDLE", "--config", "-c", "--json", "--available"),
@@ -427,12 +488,28 @@ def test_help_on_every_command():
                 assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", res.stdout), (command, name)
 
 
+def test_usage_lines_name_arguments_bare():
+    """issue 21: `zerogr build [OPTIONS] CATALOG`, not Typer's `{CATALOG}`, for every command."""
+    import typer
+
+    group = typer.main.get_command(app)
+    for command in group.list_commands(None):
+        usage = invoke(command, "--help").stdout.splitlines()[0]
+        assert "{" not in usage and "}" not in usage, usage
+    assert invoke("build", "--help").stdout.startswith("Usage: zerogr build [OPTIONS] CATALOG\n")
+    assert invoke("promote", "--help").stdout.startswith("Usage: zerogr promote [OPTIONS] VERSION_DIR\n")
+
+
+def test_tune_config_help_names_the_tune_table():
+    assert "[tune] table" in " ".join(invoke("tune", "--help").stdout.split())
+
+
 def test_repo_shim_runs_as_a_subprocess(tmp_path):
     make_catalog(tmp_path / "cat.parquet", n=50)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     shim = [sys.executable, str(REPO / "cli.py"), "build"]
     proc = subprocess.run(
-        [*shim, str(tmp_path / "nope.parquet"), "-o", str(tmp_path / "b")],
+        [*shim, str(tmp_path / "nope.parquet"), "-o", str(tmp_path / "b"), "--codebook-sizes", "12,12,12"],
         capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "nope.parquet" in proc.stderr

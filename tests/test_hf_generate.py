@@ -228,7 +228,7 @@ def test_unconstrained_generate_equals_exhaustive_scoring_of_every_code_tuple(
     )
 
 
-# ---------------------------------------------------------------- items, errors, the README example
+# ---------------------------------------------------------------- items, errors, the docs example
 def test_items_of_each_beam_are_the_catalog_items_with_that_sid(tiny_hf_models) -> None:
     sids = np.array([[0, 1], [1, 1], [0, 1], [2, 0], [1, 2]])
     item_ids = ["a", "b", "c", "d", "e"]
@@ -261,10 +261,13 @@ def test_models_that_transform_logits_after_the_head_are_refused() -> None:
         )
 
 
-def test_readme_example_runs(capsys) -> None:
-    """The README's "With Hugging Face models" example runs."""
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## With Hugging Face models") :]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(code, "hf-readme-example", "exec"), {"__name__": "hf_readme_example"})
-    assert "catalog SIDs" in capsys.readouterr().out
+def test_docs_example_runs_and_is_seeded(capsys) -> None:
+    """docs/huggingface.md's example runs, and prints the same thing twice (it is seeded)."""
+    page = (REPO / "docs" / "huggingface.md").read_text()
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    outputs = []
+    for _ in range(2):
+        exec(compile(code, "hf-docs-example", "exec"), {"__name__": "hf_docs_example"})
+        outputs.append(capsys.readouterr().out)
+    assert "catalog SIDs" in outputs[0]
+    assert outputs[0] == outputs[1]

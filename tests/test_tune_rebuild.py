@@ -68,9 +68,12 @@ def test_rebuild_prints_the_tuned_verified_version(catalog, tmp_path):
 
 def test_rebuild_exit_codes(catalog, tmp_path):
     out = tmp_path / "bundles"
-    assert _run(tmp_path / "missing.parquet", "--out", out, cwd=tmp_path).returncode == 2
+    sizes = ("--codebook-sizes", "16,16,16")
+    assert _run(tmp_path / "missing.parquet", "--out", out, *sizes, cwd=tmp_path).returncode == 2
     assert not out.exists() or not any(out.glob("v*"))
-    bad_tune = _run(catalog, "--out", out, "--device", "cpu", "--tune-args", "--iters 0", cwd=tmp_path)
+    bad_tune = _run(
+        catalog, "--out", out, *sizes, "--device", "cpu", "--tune-args", "--iters 0", cwd=tmp_path
+    )
     assert bad_tune.returncode == 5  # exit 5 prints the (valid, promoted) version too
     assert bad_tune.stdout == f"{(out / 'v000001').resolve()}\n"
     assert (out / "v000001" / "manifest.json").is_file()  # published and verified, just not tuned
@@ -94,7 +97,8 @@ def test_failed_verify_never_moves_latest(catalog, tmp_path):
         '    printf x >> "$newest/items.parquet"\n'
         "fi\n"
     )
-    args = [catalog, "--out", out, "--device", "cpu", "--keep", "1", "--tune-args", TUNE_ARGS]
+    args = [catalog, "--out", out, "--codebook-sizes", "16,16,16", "--device", "cpu", "--keep", "1"]
+    args += ["--tune-args", TUNE_ARGS]
     bad_env = {"ZEROGR": f"bash {corrupting}"}
 
     first_bad = _run(*args, cwd=tmp_path, env=bad_env)

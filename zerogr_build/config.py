@@ -3,8 +3,9 @@ overrides.
 
 Precedence: dataclass defaults < `[build]` / `[tune]` table of the config file < CLI flags.
 configs/default.toml lists every key with its default (a test keeps the two in step). TOML has no null, so
-"not set" is spelled as an empty value: sid_columns = [] (use sid_column), codebook_sizes = [] (infer),
-workers = 0 (all cores), keep = 0 (keep every version), model_version = "", device = "" (tune).
+"not set" is spelled as an empty value: sid_columns = [] (use sid_column), codebook_sizes = [] (not set: a
+build refuses to run; "infer" asks for max token + 1 per step), workers = 0 (all cores), keep = 0 (keep
+every version), model_version = "", device = "" (tune).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 KNOWN_TABLES = frozenset({"build", "tune"})
 MAX_CONFIG_BYTES = 1 << 20
 _INT_RE = re.compile(r"[+-]?[0-9]+")
+#: codebook_sizes = "infer" (or `zerogr build --infer-codebook-sizes`): max token + 1 per step, by choice.
+INFER_CODEBOOK_SIZES = "infer"
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,9 @@ class BuildSettings:
     """L integer columns holding the SID tokens instead (empty: use sid_column)."""
     item_column: str = "item_id"
     """Item id column (integer or string; kept as its type)."""
-    codebook_sizes: tuple[int, ...] = ()
-    """V_t per step; empty infers max token + 1 per step (with a loud warning)."""
+    codebook_sizes: tuple[int, ...] | str = ()
+    """V_t per step, or "infer" (max token + 1 per step, an explicit choice); empty: not set, and a build
+    refuses to run (pipeline.build_bundle), so a forgotten option cannot slip through."""
     workers: int = 0
     """CPU threads for the index build (0: all cores)."""
     step_formats: str = "auto"
@@ -83,6 +87,8 @@ def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
         value = float(value) if ok else value
     elif isinstance(default, str):
         ok = isinstance(value, str)
+    elif key == "codebook_sizes" and value == INFER_CODEBOOK_SIZES:
+        ok = True
     elif isinstance(default, tuple):
         item_type = int if key == "codebook_sizes" else str
         if isinstance(value, str) and key == "sid_columns":
@@ -104,7 +110,11 @@ def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
 
 def _type_name(default: Any, key: str) -> str:
     if isinstance(default, tuple):
-        return "a list of integers" if key == "codebook_sizes" else "a list of strings"
+        return (
+            f'a list of integers or "{INFER_CODEBOOK_SIZES}"'
+            if key == "codebook_sizes"
+            else "a list of strings"
+        )
     return type(default).__name__
 
 
@@ -119,7 +129,7 @@ def _check_values(s: BuildSettings, where: str) -> None:
         raise InputError(f"{where}: dense_min_share must be in 0..1, got {s.dense_min_share}")
     if s.dense_max_bytes < 0:
         raise InputError(f"{where}: dense_max_bytes must be >= 0, got {s.dense_max_bytes}")
-    if any(v < 1 for v in s.codebook_sizes):
+    if isinstance(s.codebook_sizes, tuple) and any(v < 1 for v in s.codebook_sizes):
         raise InputError(f"{where}: codebook sizes must be >= 1, got {list(s.codebook_sizes)}")
     parse_device(s.device, f"{where}: device")
     parse_kernel_archs(s.kernel_archs, f"{where}: kernel_archs")

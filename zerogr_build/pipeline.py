@@ -18,7 +18,8 @@ import numpy as np
 
 from ._compile_notice import on_first_compile
 from ._memlimit import memory_limit, physical_memory_bytes  # noqa: F401 - physical_memory_bytes: public here
-from .config import BuildSettings, load_settings
+from .config import INFER_CODEBOOK_SIZES, BuildSettings, load_settings
+from .errors import InputError
 from .kernel_build import bundle_kernel_files
 from .progress import NULL_PROGRESS, Progress
 from .runtime.device import check_device
@@ -102,6 +103,21 @@ def _read_catalog(
     )
 
 
+def check_codebook_sizes_given(settings: BuildSettings) -> tuple[int, ...] | None:
+    """The codebook sizes a build reads the catalog with: the sizes given, or None when inference was asked
+    for (codebook_sizes = "infer"). Not set at all raises InputError saying what to pass, so a cron job that
+    forgot --codebook-sizes fails (exit 2) instead of building with sizes guessed from the data."""
+    if settings.codebook_sizes == INFER_CODEBOOK_SIZES:
+        return None
+    if not settings.codebook_sizes:
+        raise InputError(
+            "codebook sizes not given: pass --codebook-sizes V0,V1,... (your model's output layer size per "
+            "step), or --infer-codebook-sizes (config: codebook_sizes = "
+            f'"{INFER_CODEBOOK_SIZES}") to use max token + 1 per step'
+        )
+    return tuple(settings.codebook_sizes)
+
+
 def build_bundle(
     catalog_path: str, settings: BuildSettings, *, progress: Progress = NULL_PROGRESS
 ) -> dict[str, Any]:
@@ -121,8 +137,9 @@ def _build_bundle(
     Returns the JSON-ready summary `zerogr build --json` prints: bundle, version, promoted, items,
     distinct_sids, leaf_sharing counts, index_bytes, seconds, items_per_second, timings per stage,
     codebook_sizes, codebook_inferred, catalog, model_version, steps (step_rows), device_load (None on cpu).
-    Bad input raises InputError before anything is published; inferred codebook sizes warn with
-    CodebookInferredWarning.
+    Bad input raises InputError before anything is published. settings.codebook_sizes must be given: the
+    sizes, or "infer" (then the sizes inferred from the data warn with CodebookInferredWarning); not set
+    raises InputError before the catalog is read.
     """
     from .bundle import publish_bundle
     from .index import FormatPolicy, build_index, check_step_formats, parse_step_formats
@@ -130,17 +147,18 @@ def _build_bundle(
 
     check_device(settings.device)
     check_step_formats(settings.step_formats)  # a bad --step-formats fails before the read
-    if settings.codebook_sizes:  # its steps' range too when L is already known
-        parse_step_formats(settings.step_formats, len(settings.codebook_sizes))
+    given_sizes = check_codebook_sizes_given(settings)
+    if given_sizes:  # its steps' range too when L is already known
+        parse_step_formats(settings.step_formats, len(given_sizes))
     started = time.perf_counter()
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    catalog = _read_catalog(catalog_path, settings, settings.codebook_sizes or None, progress, pack=True)
+    catalog = _read_catalog(catalog_path, settings, given_sizes, progress, pack=True)
     timings["read"] = time.perf_counter() - t
     if catalog.codebook_inferred:
         sizes = ",".join(map(str, catalog.codebook_sizes))
         warnings.warn(
-            f"codebook sizes were not given; inferred {sizes} from the data (max token + 1 per step). If the "
+            f"codebook sizes inferred from the data as asked: {sizes} (max token + 1 per step). If the "
             "model's output layers are larger, dense steps will not line up with them: pass --codebook-sizes "
             "or set codebook_sizes in the config.",
             CodebookInferredWarning,

@@ -326,7 +326,7 @@ class SeededModel:
         return {tuple(int(x) for x in leaf): float(v) for leaf, v in zip(leaves, total, strict=True)}
 
 
-# --- GPU kernels (issue 10) ------------------------------------------------------------------------------
+# --- GPU kernels ------------------------------------------------------------------------------------------
 
 
 class FakeDriverError(RuntimeError):

@@ -3,6 +3,7 @@ live, and the one item-id type shared by all files."""
 
 from __future__ import annotations
 
+import re
 import weakref
 from dataclasses import dataclass
 
@@ -40,7 +41,9 @@ def open_parquet(name: str) -> pq.ParquetFile:
     except (pa.ArrowException, OSError, ValueError) as exc:
         if handle is not None:
             handle.close()
-        raise InputError(f"{name}: not a readable Parquet file ({one_line(exc)})") from None
+        raise InputError(
+            f"{name}: not a readable Parquet file ({one_line(exc)}){_convert_hint(name)}"
+        ) from None
 
 
 def parquet_file(opened: OpenFile, metadata: pq.FileMetaData | None = None) -> pq.ParquetFile:
@@ -50,17 +53,42 @@ def parquet_file(opened: OpenFile, metadata: pq.FileMetaData | None = None) -> p
     try:
         return pq.ParquetFile(opened.handle, metadata=metadata)
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"{opened.name}: not a readable Parquet file ({redact(one_line(exc))})") from None
+        raise InputError(
+            f"{opened.name}: not a readable Parquet file ({redact(one_line(exc))}){_convert_hint(opened.name)}"
+        ) from None
 
 
-def _field(name: str, schema: pa.Schema, column: str) -> pa.Field:
+#: Suffixes of text tables a catalog is sometimes exported as (refused with a one-line conversion hint).
+_TEXT_TABLES = (".csv", ".tsv", ".csv.gz", ".tsv.gz", ".txt")
+
+
+def _convert_hint(name: str) -> str:
+    """For a CSV/TSV file: the one-line pyarrow command that converts it to Parquet ("" otherwise)."""
+    lower = name.lower()
+    if not lower.endswith(_TEXT_TABLES):
+        return ""
+    options = "" if ".csv" in lower else ", parse_options=c.ParseOptions(delimiter='\\t')"
+    out = re.sub(r"\.(csv|tsv|txt)(\.gz)?$", ".parquet", name, flags=re.IGNORECASE)
+    return (
+        f'; convert it with: python -c "import pyarrow.csv as c, pyarrow.parquet as p; '
+        f"p.write_table(c.read_csv('{name}'{options}), '{out}')\" (SID tokens as columns: --sid-columns)"
+    )
+
+
+#: The option that names each kind of catalog column, for a "column not found" error.
+COLUMN_OPTIONS = {"sid": "--sid-column (or --sid-columns c0,c1,...)", "sid_columns": "--sid-columns",
+                  "item": "--item-column"}  # fmt: skip
+
+
+def _field(name: str, schema: pa.Schema, column: str, kind: str | None = None) -> pa.Field:
     copies = len(schema.get_all_field_indices(column))
     if copies > 1:
         raise InputError(f"{name}: column {column!r} appears {copies} times")
     index = schema.get_field_index(column)
     if index < 0:
         have = ", ".join(schema.names) or "none"
-        raise InputError(f"{name}: column {column!r} not found (columns: {have})")
+        hint = f"; name the right one with {COLUMN_OPTIONS[kind]}" if kind else ""
+        raise InputError(f"{name}: column {column!r} not found (columns: {have}){hint}")
     return schema.field(index)
 
 
@@ -71,7 +99,7 @@ def _is_list(tp: pa.DataType) -> bool:
 def check_sid_schema(name: str, schema: pa.Schema, layout: SidLayout) -> None:
     """The SID column(s) of `layout` exist in `schema` with integer (list) types; InputError otherwise."""
     if layout.list_column is not None:
-        tp = _field(name, schema, layout.list_column).type
+        tp = _field(name, schema, layout.list_column, "sid").type
         if not (_is_list(tp) and pa.types.is_integer(tp.value_type)):
             hint = (
                 " (use --sid-columns for SIDs stored as separate columns)" if pa.types.is_integer(tp) else ""
@@ -82,14 +110,14 @@ def check_sid_schema(name: str, schema: pa.Schema, layout: SidLayout) -> None:
             )
         return
     for column in layout.columns:
-        tp = _field(name, schema, column).type
+        tp = _field(name, schema, column, "sid_columns").type
         if not pa.types.is_integer(tp):
             raise InputError(f"{name}: column {column!r} has type {tp}; SID token columns must be integers")
 
 
 def item_id_type(name: str, schema: pa.Schema, column: str) -> pa.DataType:
     """The type of the item-id column (integer or string); InputError for any other."""
-    tp = _field(name, schema, column).type
+    tp = _field(name, schema, column, "item").type
     if pa.types.is_integer(tp) or pa.types.is_string(tp) or pa.types.is_large_string(tp):
         return tp
     raise InputError(f"{name}: column {column!r} has type {tp}; item ids must be integers or strings")

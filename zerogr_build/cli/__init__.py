@@ -4,6 +4,7 @@
     tune.py     tune                    compare.py  compare
     fleet.py    push, pull, status
     _options.py shared option aliases   _errors.py  exception -> exit code, warnings on stderr
+    _usage.py   plain usage lines
     _progress.py progress renderers     _render.py  rich tables and consoles
 
 Each command parses its options and calls the library inside `with cli_errors():`. Output discipline:
@@ -20,6 +21,7 @@ from typing import Annotated
 import typer
 
 from .. import __version__
+from ._usage import UsageGroup
 from .build import build, promote
 from .bundle import inspect, verify
 from .compare import compare
@@ -28,6 +30,7 @@ from .tune import tune
 
 app = typer.Typer(
     name="zerogr",
+    cls=UsageGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -11,7 +11,8 @@ import typer
 from ..bundle import promote_bundle
 from ..bundle.format import parse_version_dir
 from ..bundle.versions import check_out_dir
-from ..config import load_settings, parse_int_list
+from ..config import INFER_CODEBOOK_SIZES, load_settings, parse_int_list
+from ..errors import InputError
 from ..pipeline import build_bundle
 from ._errors import cli_errors, warnings_on_stderr
 from ._metrics import job_metrics
@@ -47,11 +48,19 @@ def build(
         str | None,
         typer.Option(
             "--codebook-sizes",
-            help="V per step, e.g. 2048,2048,2048. Omitted: inferred as max token + 1 (warns: a wrong V "
-            "misaligns dense steps with the model's output layer).",
+            help="V per step: your model's output layer size at each step, e.g. 2048,2048,2048. Required "
+            "(here or as codebook_sizes in the config), unless --infer-codebook-sizes.",
             show_default=False,
         ),
     ] = None,
+    infer_codebook_sizes: Annotated[
+        bool,
+        typer.Option(
+            "--infer-codebook-sizes",
+            help='Use max token + 1 per step as V (config: codebook_sizes = "infer"). A V smaller than the '
+            "model's output layer misaligns dense steps with it; the summary shows the sizes inferred.",
+        ),
+    ] = False,
     sid_column: SidColumnOpt = None,
     sid_columns: SidColumnsOpt = None,
     item_column: ItemColumnOpt = None,
@@ -123,8 +132,12 @@ def build(
             "promote": promote,
             "kernel_archs": kernel_archs,
         }
+        if codebook_sizes is not None and infer_codebook_sizes:
+            raise InputError("--codebook-sizes and --infer-codebook-sizes are mutually exclusive")
         if codebook_sizes is not None:
             overrides["codebook_sizes"] = parse_int_list(codebook_sizes, "--codebook-sizes")
+        elif infer_codebook_sizes:
+            overrides["codebook_sizes"] = INFER_CODEBOOK_SIZES
         settings = load_settings(config, overrides)
         check_out_dir(settings.out)  # an OUT that cannot hold versions is a usage error, before the read
         with progress_for(quiet) as progress, warnings_on_stderr():
@@ -153,6 +166,13 @@ def _print_build_summary(summary: dict[str, Any], *, json_out: bool, quiet: bool
         f"({summary['items_per_second'] or 0:,} items/s)",
         markup=False,
     )
+    if summary["codebook_inferred"]:
+        sizes = ",".join(map(str, summary["codebook_sizes"]))
+        console.print(
+            f"codebook sizes inferred from the data: {sizes} (max token + 1 per step; pass --codebook-sizes "
+            f"{sizes} to pin them)",
+            markup=False,
+        )
     if summary["collisions"]:
         console.print(
             f"{summary['items_in_shared_sids']:,} items share {summary['shared_sids']:,} SIDs with other "

@@ -11,9 +11,14 @@ import typer
 
 from ._errors import cli_errors
 from ._metrics import job_metrics
-from ._options import BundleArg, ConfigOpt, JsonOpt, MetricsFileOpt, bundle_path
+from ._options import BundleArg, ConfigOpt, JsonOpt, MetricsFileOpt, bundle_path, with_help
 from ._progress import progress_for
 from ._render import plan_table, stderr_console, stdout_console
+
+TuneConfigOpt = with_help(
+    ConfigOpt,
+    "TOML file with a [tune] table (see configs/default.toml); its [build] out is the default BUNDLE.",
+)
 
 
 def tune(
@@ -61,7 +66,7 @@ def tune(
     retune: Annotated[
         bool, typer.Option("--retune", help="Measure even when --reuse-from's plan could be reused.")
     ] = False,
-    config: ConfigOpt = None,
+    config: TuneConfigOpt = None,
     json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the plan path")] = False,
     metrics_file: MetricsFileOpt = None,

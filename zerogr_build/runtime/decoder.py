@@ -291,7 +291,7 @@ class Decoder(ConstrainedDecoding):
     def items(
         self, res: SearchResult, items: Sequence[Any] | np.ndarray | None = None
     ) -> list[list[list[Any]]]:
-        """Item ids of every result beam: [B][M] lists (several items may share a SID; [] at padding).
+        """Item ids of every result beam: `[B][M]` lists (several items may share a SID; [] at padding).
 
         Through the index's leaf map (SidIndex.leaf_items): leaf j owns a run of positions of the
         leaf-ordered items table. What a position resolves to:
