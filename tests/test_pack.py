@@ -111,7 +111,8 @@ def test_items_written_a_row_group_at_a_time_equal_a_whole_take(tmp_path_factory
     assert written.read().column("item_id").to_pylist() == ids.take(pa.array(order)).to_pylist()
     assert written.schema_arrow.field("item_id").type == ids.type
     assert [written.metadata.row_group(g).num_rows for g in range(written.num_row_groups)] == (
-        [min(group, n - s) for s in range(0, n, group)] or [0])
+        [min(group, n - s) for s in range(0, n, group)] or [0]
+    )
 
 
 def test_items_file_is_the_one_a_whole_table_write_makes(tmp_path):
@@ -121,6 +122,10 @@ def test_items_file_is_the_one_a_whole_table_write_makes(tmp_path):
     ids = pa.array(np.arange(n, dtype=np.int64) * 3)
     order = np.random.default_rng(0).permutation(n).astype(np.int32)
     write_items_in_leaf_order(str(tmp_path / "a.parquet"), ids, order)
-    pq.write_table(pa.table({"item_id": ids.take(pa.array(order))}), tmp_path / "b.parquet",
-                   use_dictionary=False, compression="snappy")
+    pq.write_table(
+        pa.table({"item_id": ids.take(pa.array(order))}),
+        tmp_path / "b.parquet",
+        use_dictionary=False,
+        compression="snappy",
+    )
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()

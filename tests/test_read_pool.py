@@ -43,11 +43,14 @@ def _write(tmp, rows, group, strings, fixed, bad, seed):
     for k, n in enumerate(rows):
         part = slice(start, start + n)
         sid_type = pa.list_(pa.int16(), 3) if fixed else pa.list_(pa.int16())
-        table = pa.table({
-            "item_id": pa.array([f"i{v}" for v in ids[part]], pa.string()) if strings
-            else pa.array(ids[part], pa.int64()),
-            "sid": pa.array(sids[part].tolist(), sid_type),
-        })
+        table = pa.table(
+            {
+                "item_id": pa.array([f"i{v}" for v in ids[part]], pa.string())
+                if strings
+                else pa.array(ids[part], pa.int64()),
+                "sid": pa.array(sids[part].tolist(), sid_type),
+            }
+        )
         pq.write_table(table, tmp / f"part-{k}.parquet", row_group_size=group)
         start += n
     return tmp
@@ -79,10 +82,12 @@ def test_pooled_packed_read_equals_the_in_order_read(tmp_path_factory, case):
 def test_pool_reports_the_lowest_bad_row_of_many(tmp_path):
     """Bad tokens in the last and an early row group: the error names the early one, as the in-order read."""
     rows = 400
-    table = pa.table({
-        "item_id": pa.array(np.arange(rows), pa.int64()),
-        "sid": pa.array([[1, 1, 1]] * rows, pa.list_(pa.int64())),
-    })
+    table = pa.table(
+        {
+            "item_id": pa.array(np.arange(rows), pa.int64()),
+            "sid": pa.array([[1, 1, 1]] * rows, pa.list_(pa.int64())),
+        }
+    )
     sids = table.column("sid").to_pylist()
     sids[390], sids[57] = [1, 9, 1], [4, 1, 8]
     table = table.set_column(1, "sid", pa.array(sids, pa.list_(pa.int64())))
@@ -129,9 +134,16 @@ def test_pool_reads_files_without_row_groups(tmp_path):
     """A Parquet file closed without any write has no row group at all; it is read as 0 rows."""
     schema = pa.schema([("item_id", pa.int64()), ("sid", pa.list_(pa.int16()))])
     pq.ParquetWriter(tmp_path / "a.parquet", schema).close()
-    pq.write_table(pa.table({"item_id": pa.array([5, 6, 7], pa.int64()),
-                             "sid": pa.array([[1, 2, 0], [0, 0, 1], [4, 6, 2]], pa.list_(pa.int16()))}),
-                   tmp_path / "b.parquet", row_group_size=1)
+    pq.write_table(
+        pa.table(
+            {
+                "item_id": pa.array([5, 6, 7], pa.int64()),
+                "sid": pa.array([[1, 2, 0], [0, 0, 1], [4, 6, 2]], pa.list_(pa.int16())),
+            }
+        ),
+        tmp_path / "b.parquet",
+        row_group_size=1,
+    )
     in_order, pooled = _read(tmp_path, 1), _read(tmp_path, 3)
     assert in_order[1] is None and pooled[1] is None
     np.testing.assert_array_equal(pooled[0].packed.words, in_order[0].packed.words)
@@ -142,8 +154,9 @@ def test_pool_fixes_the_sid_length_from_the_first_rows_even_after_an_empty_file(
     """An empty first file (one row group of 0 rows), then 4-token SIDs where 3 codebooks are given: the
     pooled read refuses it with the in-order read's words, not with a length taken from a later row."""
     sid_type = pa.list_(pa.int16())
-    pq.write_table(pa.table({"item_id": pa.array([], pa.int64()), "sid": pa.array([], sid_type)}),
-                   tmp_path / "a.parquet")
+    pq.write_table(
+        pa.table({"item_id": pa.array([], pa.int64()), "sid": pa.array([], sid_type)}), tmp_path / "a.parquet"
+    )
     sids = [[1, 1, 1, 1]] * 200 + [[1, 1, 1]] * 2
     table = pa.table({"item_id": pa.array(np.arange(202), pa.int64()), "sid": pa.array(sids, sid_type)})
     pq.write_table(table, tmp_path / "b.parquet", row_group_size=10)
@@ -161,8 +174,12 @@ def test_pool_reads_row_groups_large_enough_for_the_numba_range_check(tmp_path):
     rng = np.random.default_rng(1)
     sids = np.stack([rng.integers(0, v, rows) for v in SIZES], axis=1).astype(np.int16)
     sids[rows - 5, 1] = 7  # out of range in the last group: the error names it on both paths
-    table = pa.table({"item_id": pa.array(np.arange(rows), pa.int64()),
-                      "sid": pa.FixedSizeListArray.from_arrays(pa.array(sids.reshape(-1)), 3)})
+    table = pa.table(
+        {
+            "item_id": pa.array(np.arange(rows), pa.int64()),
+            "sid": pa.FixedSizeListArray.from_arrays(pa.array(sids.reshape(-1)), 3),
+        }
+    )
     pq.write_table(table, tmp_path / "c.parquet", row_group_size=NUMBA_MIN_ROWS)
     assert _read(tmp_path / "c.parquet", 3)[1] == _read(tmp_path / "c.parquet", 1)[1]
     assert f"row {rows - 5} " in _read(tmp_path / "c.parquet", 3)[1]
@@ -180,8 +197,12 @@ def test_pool_reads_row_groups_large_enough_for_the_numba_range_check(tmp_path):
 def _catalog_table(rows, seed):
     rng = np.random.default_rng(seed)
     sids = np.stack([rng.integers(0, v, rows) for v in SIZES], axis=1).astype(np.int16)
-    return pa.table({"item_id": pa.array(np.arange(rows) + 100_000 * seed, pa.int64()),
-                     "sid": pa.FixedSizeListArray.from_arrays(pa.array(sids.reshape(-1)), 3)})
+    return pa.table(
+        {
+            "item_id": pa.array(np.arange(rows) + 100_000 * seed, pa.int64()),
+            "sid": pa.FixedSizeListArray.from_arrays(pa.array(sids.reshape(-1)), 3),
+        }
+    )
 
 
 class _OnStage:
@@ -262,8 +283,7 @@ def test_g3_a_catalog_rewritten_in_place_while_read_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [1, 3])
-def test_g9_each_footer_is_parsed_once_and_each_file_opened_once_for_its_data(tmp_path, monkeypatch,
-                                                                               workers):
+def test_g9_each_footer_is_parsed_once_and_each_file_opened_once_for_its_data(tmp_path, monkeypatch, workers):
     """A file of 400 row groups: the footer (which lists all 400) is parsed once, in the footer pass, and
     the data pass opens the file once. Before, every pooled task reopened the file and parsed the whole
     footer again: quadratic in the row groups (20,000 groups did not finish in 300 s)."""
@@ -296,7 +316,11 @@ def test_bench_catalog_read_smoke():
     from pathlib import Path
 
     repo = Path(__file__).resolve().parent.parent
-    res = subprocess.run([sys.executable, str(repo / "scripts" / "bench_catalog_read.py"), "--smoke"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, str(repo / "scripts" / "bench_catalog_read.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert "| 200 row groups of 10 rows" in res.stdout and "pooled / in order" in res.stdout

@@ -53,9 +53,9 @@ def parquet_file(opened: OpenFile, metadata: pq.FileMetaData | None = None) -> p
     try:
         return pq.ParquetFile(opened.handle, metadata=metadata)
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(
-            f"{opened.name}: not a readable Parquet file ({redact(one_line(exc))}){_convert_hint(opened.name)}"
-        ) from None
+        reason = redact(one_line(exc))
+        hint = _convert_hint(opened.name)
+        raise InputError(f"{opened.name}: not a readable Parquet file ({reason}){hint}") from None
 
 
 #: Suffixes of text tables a catalog is sometimes exported as (refused with a one-line conversion hint).
