@@ -73,7 +73,13 @@ def test_g19_step_formats_syntax_is_refused_before_the_read_without_codebook_siz
 
 def test_g19_a_step_out_of_range_is_still_found_once_the_length_is_known(tmp_path):
     res = invoke(
-        "build", small_catalog(tmp_path / "cat.parquet"), "-o", tmp_path / "OUT", "--step-formats", "5=dense"
+        "build",
+        small_catalog(tmp_path / "cat.parquet"),
+        "-o",
+        tmp_path / "OUT",
+        "--step-formats",
+        "5=dense",
+        "--infer-codebook-sizes",
     )
     lines = stderr_lines(res.stderr)
     assert res.exit_code == 2 and lines[-1] == "error: --step-formats: step 5 out of range 0..2", res.stderr

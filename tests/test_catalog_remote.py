@@ -169,11 +169,15 @@ def test_bad_remote_input_is_exit_2_with_one_line_naming_the_uri(
 def test_a_missing_bucket_and_a_directory_of_markers_only_are_one_line(s3_bucket, s3_env, tmp_path):
     import boto3
 
-    res = invoke("build", "s3://zerogr-no-such-bucket/x/", "-o", tmp_path / "OUT")
+    res = invoke(
+        "build", "s3://zerogr-no-such-bucket/x/", "-o", tmp_path / "OUT", "--codebook-sizes", "6,6,6"
+    )
     line = one_error_line(res)
     assert "s3://zerogr-no-such-bucket/x/" in line
     boto3.client("s3").put_object(Bucket=s3_bucket, Key="only/_SUCCESS", Body=b"")
-    line = one_error_line(invoke("build", f"s3://{s3_bucket}/only/", "-o", tmp_path / "OUT"))
+    line = one_error_line(
+        invoke("build", f"s3://{s3_bucket}/only/", "-o", tmp_path / "OUT", "--codebook-sizes", "6,6,6")
+    )
     assert line.endswith(f"s3://{s3_bucket}/only/: directory holds no data files")
 
 
