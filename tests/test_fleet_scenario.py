@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -130,8 +129,8 @@ def test_build_push_pull_follow_and_refuse_a_bad_version_on_two_hosts(tmp_path, 
         catalog = tmp_path / f"catalog-{seed}.parquet"
         write_catalog(catalog, seed)
         sizes = ",".join(map(str, SIZES))
-        path = ok("build", str(catalog), "--codebook-sizes", sizes, "--out", str(build), "--model-version", tag,
-                  "--kernel-archs", "", "--quiet", "--metrics-file", str(m / "build.prom")).strip()  # fmt: skip
+        built = ["--codebook-sizes", sizes, "--out", str(build), "--model-version", tag, "--kernel-archs", ""]
+        path = ok("build", str(catalog), *built, "--quiet", "--metrics-file", str(m / "build.prom")).strip()
         ok("verify", path, "--catalog", str(catalog), "--metrics-file", str(m / "verify.prom"))
         return ok("push", path, remote, "--quiet", "--metrics-file", str(m / "push.prom")).strip()
 
