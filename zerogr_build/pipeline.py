@@ -313,7 +313,7 @@ def quality_rows(opened: Any) -> list[dict[str, Any]]:
     """The quality gate's decisions recorded in an opened bundle, one row per quality/<key>.json: {file,
     model_version, order, passed, min_overlap, max_recall_gap, worst_overlap}, or {file, error} for a
     record that breaks the format (order="auto" ignores such a record: filter_first)."""
-    from .bundle.quality import load_quality, quality_files
+    from .bundle.quality import load_quality, quality_files, quality_row
     from .errors import BundleError
 
     rows: list[dict[str, Any]] = []
@@ -323,17 +323,7 @@ def quality_rows(opened: Any) -> list[dict[str, Any]]:
         except BundleError as exc:
             rows.append({"file": name, "error": str(exc)})
             continue
-        rows.append(
-            {
-                "file": name,
-                "model_version": record.model_version,
-                "order": record.order,
-                "passed": record.passed,
-                "min_overlap": record.min_overlap,
-                "max_recall_gap": record.max_recall_gap,
-                "worst_overlap": min(record.overlap.values()),
-            }
-        )
+        rows.append(quality_row(name, record))
     return rows
 
 

@@ -87,14 +87,44 @@ def load_quality(path: str | Path, *, expect_key: str | None = None) -> QualityR
             raw = f.read(MAX_QUALITY_BYTES + 1)
     except OSError as exc:
         raise BundleError(f"{path}: cannot read quality record ({exc})") from exc
+    record = parse_quality(raw, str(path), expect_key=expect_key)
+    return replace(record, path=path)
+
+
+def parse_quality(raw: bytes, where: str, *, expect_key: str | None = None) -> QualityRecord:
+    """A validated QualityRecord from a record's bytes (a local file's or a remote object's), by the
+    same rules as load_quality: over MAX_QUALITY_BYTES, not JSON (NaN/Infinity included) or breaking the
+    format raises BundleError naming `where`."""
     if len(raw) > MAX_QUALITY_BYTES:
-        raise BundleError(f"{path}: quality record larger than {MAX_QUALITY_BYTES} bytes")
+        raise BundleError(f"{where}: quality record larger than {MAX_QUALITY_BYTES} bytes")
     try:
         data = json.loads(raw, parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise BundleError(f"{path}: quality record is not valid JSON ({type(exc).__name__}: {exc})") from None
-    record = validate_quality(data, str(path), expect_key=expect_key)
-    return replace(record, path=path)
+        problem = f"{type(exc).__name__}: {exc}"
+        raise BundleError(f"{where}: quality record is not valid JSON ({problem})") from None
+    return validate_quality(data, where, expect_key=expect_key)
+
+
+def quality_row(name: str, record: QualityRecord) -> dict[str, Any]:
+    """What inspect and status show of one record: {file, model_version, order, passed, min_overlap,
+    max_recall_gap, worst_overlap}."""
+    return {
+        "file": name,
+        "model_version": record.model_version,
+        "order": record.order,
+        "passed": record.passed,
+        "min_overlap": record.min_overlap,
+        "max_recall_gap": record.max_recall_gap,
+        "worst_overlap": min(record.overlap.values()),
+    }
+
+
+def quality_key_of(name: str) -> str | None:
+    """The key of a manifest file name that is a quality record ("quality/<key>.json"), else None."""
+    if not (name.startswith(QUALITY_DIR) and name.endswith(".json")):
+        return None
+    stem = name[len(QUALITY_DIR) : -len(".json")]
+    return stem if stem and "/" not in stem else None
 
 
 def quality_files(bundle: Any) -> dict[str, str]:
@@ -193,9 +223,12 @@ __all__ = [
     "QualityRecord",
     "find_quality",
     "load_quality",
+    "parse_quality",
     "quality_bytes",
     "quality_file_name",
     "quality_files",
     "quality_key",
+    "quality_key_of",
+    "quality_row",
     "validate_quality",
 ]

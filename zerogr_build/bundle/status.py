@@ -1,14 +1,20 @@
 """`out_status`: the versions of a local or remote OUT, for `zerogr status`: which one LATEST names, each
-version's age, size, model tag, plans and kernels, and whether it passes its check.
+version's age, size, model tag, plans and kernels, the quality gate's recorded decision per model tag, and
+whether it passes its check.
 
 Checks: a local version is verified completely (`verify_bundle`: every sha256 and invariant). A remote
 version gets a cheap check by default: its manifest is valid and names its own number, and every listed
 file exists with exactly its declared size (one listing, no download); `verify=True` also streams every
 object and checks its sha256 (the whole bundle is read, memory stays at one chunk per stream).
+
+Quality records (quality/<key>.json, a few KiB each) are read on both sides by the same rules as
+`load_quality`; a remote one is also checked against the manifest's size and sha256. One that breaks a
+rule is shown as {"file", "error"}, never as a decision, and fails its version's check.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from datetime import datetime
@@ -17,6 +23,7 @@ from typing import Any
 
 from ..errors import BundleError, InputError, ZerogrError, one_line
 from .format import MANIFEST_NAME, validate_manifest, version_dir_name
+from .quality import MAX_QUALITY_BYTES, load_quality, parse_quality, quality_key_of, quality_row
 from .reader import MAX_MANIFEST_BYTES, load_manifest
 from .remote import CLAIM_NAME, RemoteOut, S3Store, is_remote, list_versions, version_name
 from .verify import verify_bundle
@@ -27,8 +34,10 @@ def out_status(target: str | Path, *, verify: bool = False, store: S3Store | Non
     """{"out", "remote", "check", "latest", "ok", "versions": [...]} for a local OUT dir or an s3:// URL.
 
     Each version: {"version", "name", "latest", "complete", "created_at", "age_s", "bytes", "files",
-    "model_version", "items", "plans", "kernels", "ok", "error"}. "ok" (top level) is True when LATEST
-    names a complete version that passes its check and no complete version fails it."""
+    "model_version", "items", "plans", "kernels", "quality", "ok", "error"}; "quality" lists the gate's
+    recorded decisions, one {"file", "model_version", "order", "passed", "min_overlap", "max_recall_gap",
+    "worst_overlap"} per record, or {"file", "error"} for one that breaks the format. "ok" (top level) is
+    True when LATEST names a complete version that passes its check and no complete version fails it."""
     if is_remote(str(target)):
         return _remote_status(RemoteOut.parse(str(target)), verify, store)
     return _local_status(Path(target))
@@ -72,6 +81,7 @@ def _empty(number: int, latest: str | None) -> dict[str, Any]:
         "items": None,
         "plans": [],
         "kernels": [],
+        "quality": [],
         "ok": False,
         "error": None,
     }
@@ -97,8 +107,10 @@ def _local_status(out: Path) -> dict:
         if path.name != entry["name"]:  # v0000007 (7 digits, zero-padded) is not v000007
             continue
         try:
-            entry.update(_summary(load_manifest(path)))
+            manifest = load_manifest(path)
+            entry.update(_summary(manifest))
             entry["complete"] = True
+            entry["quality"] = _local_quality(path, manifest)
             verify_bundle(path)
             entry["ok"] = True
         except ZerogrError as exc:
@@ -137,7 +149,11 @@ def _remote_status(remote: RemoteOut, verify: bool, store: S3Store | None) -> di
         try:
             manifest = _remote_manifest(store, number)
             entry.update(_summary(manifest))
+            entry["quality"] = _remote_quality(store, number, manifest)
             _check_remote_files(store, number, manifest, objects, verify)
+            broken = [row["error"] for row in entry["quality"] if "error" in row]
+            if broken:
+                raise BundleError(broken[0])
             entry["ok"] = True
         except ZerogrError as exc:
             entry["error"] = one_line(exc)
@@ -150,6 +166,44 @@ def _remote_status(remote: RemoteOut, verify: bool, store: S3Store | None) -> di
         "ok": _overall(versions),
         "versions": versions,
     }
+
+
+def _quality_names(manifest: dict) -> list[tuple[str, str]]:
+    """[(file name, key)] of the quality records a manifest lists."""
+    return sorted((name, key) for name in manifest["files"] if (key := quality_key_of(name)) is not None)
+
+
+def _local_quality(path: Path, manifest: dict) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for name, key in _quality_names(manifest):
+        try:
+            rows.append(quality_row(name, load_quality(path / name, expect_key=key)))
+        except BundleError as exc:
+            rows.append({"file": name, "error": one_line(exc)})
+    return rows
+
+
+def _remote_quality(store: S3Store, number: int, manifest: dict) -> list[dict[str, Any]]:
+    """The quality records of a remote version, each read whole (at most MAX_QUALITY_BYTES), checked
+    against the manifest's size and sha256 and then against the format."""
+    rows: list[dict[str, Any]] = []
+    for name, key in _quality_names(manifest):
+        object_name = version_name(number, name)
+        where = store.remote.name_url(object_name)
+        declared = manifest["files"][name]
+        try:
+            got = store.get_small(object_name, MAX_QUALITY_BYTES)
+            if got is None:
+                raise BundleError(f"{where}: missing (listed in the manifest)")
+            raw = got[0]
+            if len(raw) != int(declared["bytes"]):
+                raise BundleError(f"{where}: {len(raw)} bytes, the manifest says {declared['bytes']}")
+            if hashlib.sha256(raw).hexdigest() != declared["sha256"]:
+                raise BundleError(f"{where}: sha256 mismatch (corrupt or changed)")
+            rows.append(quality_row(name, parse_quality(raw, where, expect_key=key)))
+        except BundleError as exc:  # RefusedRemoteVersion (too big) is a BundleError too
+            rows.append({"file": name, "error": one_line(exc)})
+    return rows
 
 
 def _remote_manifest(store: S3Store, number: int) -> dict:

@@ -134,14 +134,24 @@ def _age(seconds: float | None) -> str:
     return f"{seconds:.0f} s"
 
 
+def _gate(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(
+        f"BROKEN {r['file']}" if "error" in r else f"{r['model_version']}: {r['order']}" for r in rows
+    )
+
+
 def status_table(report: dict[str, Any]) -> Table:
     """The versions of `zerogr status` (bundle.status.out_status): LATEST marked, age, size, model tag,
-    plans, kernels and the check's outcome. User text (paths, tags, errors) is plain Text."""
+    plans, kernels, the quality gate's decision per model tag ("tag: filter_first"; "BROKEN <file>" for a
+    record that breaks the format) and the check's outcome. User text (paths, tags, errors) is plain Text."""
     check = {"full": "verified", "sizes": "sizes ok", "sha256": "sha256 ok"}[report["check"]]
     title = f"{report['out']}: LATEST -> {report['latest'] or '(none)'}"
     table = Table(title=Text(title), title_justify="left")
-    for name in ("version", "", "age", "size", "items", "model", "plans", "kernels", "check"):
-        table.add_column(name, justify="right" if name in ("age", "size", "items") else "left", no_wrap=True)
+    for name in ("version", "", "age", "size", "items", "model", "plans", "kernels", "gate", "check"):
+        # Only the check column wraps: a long error there must not squeeze the other columns to nothing.
+        table.add_column(
+            name, justify="right" if name in ("age", "size", "items") else "left", no_wrap=name != "check"
+        )
     for v in report["versions"]:
         outcome = check if v["ok"] else (v["error"] or "failed")
         table.add_row(
@@ -153,6 +163,7 @@ def status_table(report: dict[str, Any]) -> Table:
             Text(str(v["model_version"] or "-")),
             Text(", ".join(v["plans"]) or "-"),
             Text(", ".join(v["kernels"]) or "-"),
+            Text(_gate(v.get("quality", [])) or "-"),
             Text(outcome, style="green" if v["ok"] else "red"),
         )
     return table

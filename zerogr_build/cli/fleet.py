@@ -222,7 +222,7 @@ def status(
     json_out: JsonOpt = False,
 ) -> None:
     """List the versions of an OUT: which one LATEST names, each one's age, size, model tag, plans and
-    kernels, and whether it passes its check.
+    kernels, the quality gate's recorded decision per model tag, and whether it passes its check.
 
     Local versions are verified completely (every sha256 and invariant, as `zerogr verify`). Remote ones
     get a cheap check: a valid manifest and every listed object present with its exact size; --verify also
