@@ -461,3 +461,28 @@ def test_cli_hf_model_that_cannot_load_exits_2(hf_setup):
         ])  # fmt: skip
         lines = stderr_lines(res.stderr)
         assert res.exit_code == 2 and len(lines) == 1 and words in lines[0], res.output
+
+
+def test_an_untagged_bundle_serves_the_order_its_records_decided(tmp_path):
+    """rebuild.sh without --model-version files the record under --model-tag or the model's hash; a
+    Decoder(order="auto") given no model version must still follow it (before: filter_first after a
+    failed gate), and of records that disagree the exact order wins."""
+    rng = np.random.default_rng(7)
+    codes = np.array(np.unravel_index(rng.choice(np.prod(SIZES), 20, replace=False), SIZES)).T
+    index = build_index(codes, SIZES, step_formats="0=dense,1=sparse,2=sparse")
+    untagged = publish_bundle(index, pa.array(100 + np.arange(20), type=pa.int64()), tmp_path / "u").path
+    model = SeededModel(SIZES, 1, batch_size=2)
+
+    def auto_order():
+        return Decoder(open_bundle(untagged), model.layers(), order="auto").order
+
+    req = _requests(tmp_path)
+    assert auto_order() == "filter_first"  # no record: the documented default
+    res = _compare(untagged, req, "--min-overlap", "1.0", "--model-tag", "ckpt-a", "--record")
+    assert res.exit_code == GATE_FAILED_EXIT, res.output
+    assert auto_order() == "score_first"
+    res = _compare(untagged, req, "--min-overlap", "0", "--model-tag", "ckpt-b", "--record")
+    assert res.exit_code == 0, res.output
+    assert auto_order() == "score_first"  # ckpt-a says score_first: exact for every model
+    tagged = Decoder(open_bundle(untagged), model.layers(), order="auto", model_version="ckpt-b")
+    assert tagged.order == "filter_first"  # a named model version still gets its own record

@@ -3,9 +3,12 @@
     order, record = auto_order(bundle, model_version)   # ("filter_first" | "score_first", record or None)
 
 The record is quality/<key>.json (docs/bundle-format.md, section 11.3), written by `zerogr compare
---record`. With no bundle, no model version or no record, "auto" means filter_first (no warning: that is
-the documented default). A record that breaks the format is ignored with one warning naming the file, and
-the default applies - never an error, as for plans.
+--record`. With no bundle or no record, "auto" means filter_first (no warning: that is the documented
+default). With no model version at all (none given, none in the bundle's manifest), the records the bundle
+holds decide: the gate filed them under the model's tag or hash, and an untagged bundle was gated for the
+model that serves it, so one record (or several that agree) is followed, and records that disagree give
+score_first, which is exact for every model. A record that breaks the format is ignored with one warning
+naming the file, and the default applies - never an error, as for plans.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ..bundle.quality import QualityRecord, find_quality
+from ..bundle.quality import QualityRecord, find_quality, load_quality, quality_files, quality_key_of
 from ..errors import BundleError
 
 DEFAULT_ORDER = "filter_first"
@@ -25,10 +28,8 @@ def auto_order(bundle: Any, model_version: str | None) -> tuple[str, QualityReco
     if bundle is None or not hasattr(bundle, "files"):
         return DEFAULT_ORDER, None
     tag = model_version if model_version is not None else bundle.model_version
-    if not tag:
-        return DEFAULT_ORDER, None
     try:
-        record = find_quality(bundle, tag)
+        record = find_quality(bundle, tag) if tag else _untagged_record(bundle)
     except BundleError as exc:
         message = f"order='auto': ignoring a broken quality record: {exc}; using {DEFAULT_ORDER}"
         warnings.warn(message, stacklevel=3)
@@ -36,6 +37,25 @@ def auto_order(bundle: Any, model_version: str | None) -> tuple[str, QualityReco
     if record is None:
         return DEFAULT_ORDER, None
     return record.order, record
+
+
+def _untagged_record(bundle: Any) -> QualityRecord | None:
+    """For a bundle without a model version: its only record, or the most cautious of several (a
+    score_first record wins, since score-first is exact whatever the model). None when it holds none."""
+    records = [find_quality(bundle, load_key) for load_key in _record_tags(bundle)]
+    records = [r for r in records if r is not None]
+    if not records:
+        return None
+    cautious = [r for r in records if r.order == "score_first"]
+    return cautious[0] if cautious else records[0]
+
+
+def _record_tags(bundle: Any) -> list[str]:
+    """The model versions of every quality record the bundle lists (each file read and validated)."""
+    tags = []
+    for name in sorted(quality_files(bundle).values()):
+        tags.append(load_quality(bundle.file(name), expect_key=quality_key_of(name)).model_version)
+    return tags
 
 
 __all__ = ["DEFAULT_ORDER", "auto_order"]
