@@ -525,3 +525,16 @@ def test_bench_transfer_smoke(s3_env):
     )
     assert proc.returncode == 0, proc.stderr
     assert "peak RSS" in proc.stdout and "MB/s" in proc.stdout
+
+
+def test_an_upload_the_store_refuses_is_a_zerogr_error_not_a_crash(s3_env, tmp_path):
+    """boto3's upload_file wraps the store's error in S3UploadFailedError, which is no botocore error: it
+    used to escape as exit 1 ("anything else") instead of the store error's own exit code."""
+    from zerogr_build.bundle.remote import RemoteAccessError
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * 100)
+    store = S3Store(RemoteOut.parse("s3://zerogr-no-such-bucket-here/p"))
+    with pytest.raises(RemoteAccessError, match="NoSuchBucket") as caught:
+        store.upload_file(str(path), "v000001/f.bin")
+    assert caught.value.exit_code == 2

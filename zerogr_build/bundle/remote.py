@@ -51,6 +51,18 @@ _CONFIG_CODES = frozenset(
 )
 
 
+def _client_error(where: str, exc: Any) -> ZerogrError:
+    """The zerogr error for a botocore ClientError: a failed condition, a configuration problem (exit 2)
+    or a store failure to retry (exit 3)."""
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+        return PreconditionFailed(where)
+    if code in _CONFIG_CODES:
+        return RemoteAccessError(f"{where}: {code} ({error.get('Message', '')})")
+    return RemoteError(f"{where}: {code or 'error'} ({error.get('Message', '')})")
+
+
 class RemoteError(ZerogrError):
     """The object store could not be reached or failed a request (network, throttling, 5xx): retry later."""
 
@@ -170,14 +182,19 @@ class S3Store:
                 f"{where}: no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile)"
             ) from None
         except bx.ClientError as exc:
-            error = exc.response.get("Error", {})
-            code = str(error.get("Code", ""))
-            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
-                raise PreconditionFailed(where) from None
-            if code in _CONFIG_CODES:
-                raise RemoteAccessError(f"{where}: {code} ({error.get('Message', '')})") from None
-            raise RemoteError(f"{where}: {code or 'error'} ({error.get('Message', '')})") from None
+            raise _client_error(where, exc) from None
         except (bx.BotoCoreError, ConnectionError, TimeoutError) as exc:
+            raise RemoteError(f"{where}: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+        except Exception as exc:
+            # boto3's transfer manager (upload_file) wraps the store's answer in its own Boto3Error
+            # (S3UploadFailedError), which is neither of the above: map the error it wraps.
+            from boto3.exceptions import Boto3Error
+
+            if not isinstance(exc, Boto3Error):
+                raise
+            wrapped = exc.__cause__ or exc.__context__
+            if isinstance(wrapped, bx.ClientError):
+                raise _client_error(where, wrapped) from None
             raise RemoteError(f"{where}: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
 
     # -- reads
