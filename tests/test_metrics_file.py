@@ -44,3 +44,15 @@ def test_an_exception_counts_as_exit_1_and_a_never_successful_job_has_no_success
     got = samples(path)
     assert got[("zerogr_job_exit_status", (("job", "tune"),))] == 1
     assert not [k for k in got if k[0] == "zerogr_job_last_success_timestamp_seconds"]
+
+
+def test_a_bundle_fact_that_is_not_a_number_is_left_out_not_an_error(tmp_path):
+    """pull records facts from a remote manifest: a hostile `"index_bytes": "abc"` used to raise
+    ValueError after the version was installed (exit 1)."""
+    path = tmp_path / "pull.prom"
+    with job_metrics("pull", path) as metrics:
+        metrics.bundle(items=5, index_bytes="abc", distinct_sids=True, version=float("nan"))
+    got = samples(path)
+    assert got[("zerogr_bundle_items", (("job", "pull"),))] == 5
+    assert not [k for k in got if k[0] in ("zerogr_bundle_index_bytes", "zerogr_bundle_distinct_sids")]
+    assert got[("zerogr_job_exit_status", (("job", "pull"),))] == 0

@@ -67,11 +67,14 @@ class JobMetrics:
         self.stages[name] = self.stages.get(name, 0.0) + float(seconds)
 
     def bundle(self, **values: float | int | None) -> None:
-        """Record bundle facts: any of items, distinct_sids, index_bytes, version (None = unknown)."""
+        """Record bundle facts: any of items, distinct_sids, index_bytes, version (None, or anything that
+        is not a finite number, = unknown)."""
         for name, value in values.items():
             if name not in BUNDLE_GAUGES:
                 raise ValueError(f"unknown bundle metric {name!r}; known: {', '.join(BUNDLE_GAUGES)}")
-            if value is not None:
+            # Values can come from a manifest read off a remote store: anything but a finite real number
+            # is left out, never allowed to fail the command it only describes.
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 self.values[name] = float(value)
 
     def write(self, exit_status: int) -> None:
