@@ -538,3 +538,28 @@ def test_an_upload_the_store_refuses_is_a_zerogr_error_not_a_crash(s3_env, tmp_p
     with pytest.raises(RemoteAccessError, match="NoSuchBucket") as caught:
         store.upload_file(str(path), "v000001/f.bin")
     assert caught.value.exit_code == 2
+
+
+class PruningStore(S3Store):
+    """The real store; just before pull's GET of v1's manifest, a publisher promotes v2 and prunes v1 (real
+    writes on the server): the ordinary race of a pull with a `push --keep 1`."""
+
+    def get_small(self, name, limit):
+        if name == "v000001/manifest.json":
+            super().put("LATEST", b"v000002\n")
+            self.delete([f"v000001/{n}" for n in self.list_under("v000001/")])
+        return super().get_small(name, limit)
+
+
+def test_a_version_pruned_before_its_manifest_is_read_is_a_retry_not_a_refusal(tmp_path, build_out, remote):
+    """Exit 3 (retry) rather than 4 (refused: alert a human): LATEST moved on while the pull started."""
+    from zerogr_build.bundle.pull import pull_version
+    from zerogr_build.bundle.remote import RemoteError
+
+    assert zerogr("push", str(build_out / "v000001"), remote)[0] == 0
+    assert zerogr("push", str(build_out / "v000002"), remote, "--no-promote")[0] == 0
+    host = tmp_path / "host"
+    with pytest.raises(RemoteError, match="moved from v000001 to v000002"):
+        pull_version(remote, host, store=PruningStore(RemoteOut.parse(remote)))
+    assert not host.exists() or not any(host.glob("v*"))
+    assert pull_version(remote, host).version == 2  # the retry gets the new version

@@ -107,7 +107,11 @@ def pull_version(
 
     t0 = time.perf_counter()
     number = version if version is not None else _remote_latest(store)
-    raw, manifest = _remote_manifest(store, number, named_by_latest=version is None)
+    try:
+        raw, manifest = _remote_manifest(store, number, named_by_latest=version is None)
+    except RefusedRemoteVersion:  # pruned between the read of LATEST and the manifest's GET: a retry
+        _latest_moved(store, number, version)
+        raise
     timings["manifest"] = time.perf_counter() - t0
     entries = manifest["files"]
     total = sum(int(e["bytes"]) for e in entries.values())
