@@ -163,8 +163,27 @@ def test_keep_prunes_remote_versions_but_never_the_one_latest_names(build_out, r
     code, out, _ = zerogr("push", str(build_out / "v000003"), remote, "--no-promote", "--keep", "1")
     assert code == 0, out
     names = {k.split("/")[0] for k in remote_keys(remote)}
-    assert names == {"LATEST", "v000001", "v000003"}  # v1: LATEST names it; v3: the newest
-    assert "pruned v000002" in out
+    # v1: LATEST names it; v2 and v3 are newer, so a concurrent push may promote them: kept
+    assert names == {"LATEST", "v000001", "v000002", "v000003"} and "pruned" not in out
+    publish_catalog(random_catalog(seed=4), build_out)
+    code, out, _ = zerogr("push", str(build_out / "v000004"), remote, "--keep", "1")
+    assert code == 0, out
+    assert {k.split("/")[0] for k in remote_keys(remote)} == {"LATEST", "v000004"}
+    assert "pruned v000001, v000002, v000003" in out
+
+
+def test_prune_never_deletes_a_version_a_concurrent_push_is_promoting(build_out, remote):
+    """LATEST = v1; v2 complete but not promoted. A `--no-promote --keep 1` push used to delete v2 while
+    another push was promoting it, leaving LATEST naming nothing: versions above LATEST are never pruned."""
+    from zerogr_build.bundle.push import prune_remote
+
+    assert zerogr("push", str(build_out / "v000001"), remote)[0] == 0
+    assert zerogr("push", str(build_out / "v000002"), remote, "--no-promote")[0] == 0
+    store = S3Store(RemoteOut.parse(remote))
+    assert prune_remote(store, keep=1) == []  # v2 is newer than LATEST's v1, v1 is LATEST's
+    store.put("LATEST", b"v000002\n")  # the other push promotes v2
+    assert remote_keys(remote)["v000002/manifest.json"]
+    assert prune_remote(store, keep=1) == ["v000001"]
 
 
 def test_latest_never_moves_backwards(build_out, remote):

@@ -280,13 +280,18 @@ def promote_remote(store: S3Store, number: int) -> tuple[bool, str | None]:
 
 
 def prune_remote(store: S3Store, keep: int, now: float | None = None) -> list[str]:
-    """Delete all but the `keep` highest complete versions, never the one LATEST names, and stale
-    incomplete versions (claimed over STALE_CLAIM_S ago, below a higher-numbered version). Returns the
-    names removed."""
+    """Delete all but the `keep` highest complete versions, and stale incomplete versions (claimed over
+    STALE_CLAIM_S ago, below a higher-numbered version). Returns the names removed.
+
+    Only complete versions numbered below the one LATEST names are ever deleted: LATEST never moves
+    backwards, so none of them can become LATEST again, while a version above it may be promoted by a
+    concurrent push at any moment (deleting it then would leave LATEST naming nothing). With no LATEST,
+    no complete version is deleted."""
     state = list_versions(store)
     latest = state.latest_number()
     complete = state.complete()
-    doomed = [n for n in complete[: max(len(complete) - keep, 0)] if n != latest]
+    oldest = complete[: max(len(complete) - keep, 0)]
+    doomed = [n for n in oldest if latest is not None and n < latest]
     now = time.time() if now is None else now
     highest = max(state.objects, default=0)
     for number, objects in state.objects.items():
