@@ -179,8 +179,10 @@ def test_prune_never_deletes_a_version_a_concurrent_push_is_promoting(build_out,
 
     assert zerogr("push", str(build_out / "v000001"), remote)[0] == 0
     assert zerogr("push", str(build_out / "v000002"), remote, "--no-promote")[0] == 0
+    publish_catalog(random_catalog(seed=3), build_out)
+    assert zerogr("push", str(build_out / "v000003"), remote, "--no-promote")[0] == 0
     store = S3Store(RemoteOut.parse(remote))
-    assert prune_remote(store, keep=1) == []  # v2 is newer than LATEST's v1, v1 is LATEST's
+    assert prune_remote(store, keep=1) == []  # v2, v3 are newer than LATEST's v1, v1 is LATEST's
     store.put("LATEST", b"v000002\n")  # the other push promotes v2
     assert remote_keys(remote)["v000002/manifest.json"]
     assert prune_remote(store, keep=1) == ["v000001"]
