@@ -584,3 +584,19 @@ def test_a_version_pruned_before_its_manifest_is_read_is_a_retry_not_a_refusal(t
         pull_version(remote, host, store=PruningStore(RemoteOut.parse(remote)))
     assert not host.exists() or not any(host.glob("v*"))
     assert pull_version(remote, host).version == 2  # the retry gets the new version
+
+
+def test_a_failed_transfer_cancels_the_files_not_started_yet():
+    """The first failing object ends the transfer: the rest of the bundle is not moved first."""
+    from zerogr_build.bundle.remote import RemoteError, for_each_on_threads
+
+    done = []
+
+    def work(name):
+        if name == "a":
+            raise RemoteError("a: refused")
+        done.append(name)
+
+    with pytest.raises(RemoteError, match="a: refused"):
+        for_each_on_threads(work, [chr(c) for c in range(ord("a"), ord("z") + 1)], threads=1)
+    assert done == []

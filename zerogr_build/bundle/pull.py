@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from .remote import (
     RemoteError,
     RemoteOut,
     S3Store,
+    for_each_on_threads,
     read_latest,
     version_name,
 )
@@ -324,9 +324,7 @@ def _download(store: S3Store, number: int, entries: dict, tmp: Path, progress: P
         if digest != entry["sha256"]:
             raise RefusedRemoteVersion(f"{where}: sha256 mismatch (corrupt or changed)")
 
-    with ThreadPoolExecutor(max_workers=PULL_THREADS) as pool:
-        for future in [pool.submit(fetch, name) for name in sorted(entries)]:
-            future.result()
+    for_each_on_threads(fetch, sorted(entries), PULL_THREADS)
 
 
 def _check_installed_copy(store: S3Store, number: int, tmp: Path, verify: bool) -> None:

@@ -26,7 +26,6 @@ import json
 import os
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,6 +50,7 @@ from .remote import (
     RemoteOut,
     RemoteVersions,
     S3Store,
+    for_each_on_threads,
     list_versions,
     read_latest,
     version_name,
@@ -220,8 +220,7 @@ def _upload_version(
         store.upload_file(str(vdir / name), version_name(number, name), on_bytes=progress.advance)
         _crash_point("push_file_uploaded")
 
-    with ThreadPoolExecutor(max_workers=PUSH_THREADS) as pool:
-        list(pool.map(upload, sorted(entries)))
+    for_each_on_threads(upload, sorted(entries), PUSH_THREADS)
 
     progress.stage("check", total)
 
@@ -235,8 +234,7 @@ def _upload_version(
                 f"{store.remote.name_url(version_name(number, name))}: sha256 after upload differs"
             )
 
-    with ThreadPoolExecutor(max_workers=PUSH_THREADS) as pool:
-        list(pool.map(check, sorted(entries)))
+    for_each_on_threads(check, sorted(entries), PUSH_THREADS)
 
     manifest = dict(local)
     manifest["version"] = number

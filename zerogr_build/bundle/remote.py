@@ -402,3 +402,19 @@ def list_versions(store: S3Store) -> RemoteVersions:
             by_version.setdefault(number, {})[rest] = obj
     latest, etag = read_latest(store)
     return RemoteVersions(by_version, latest, etag)
+
+
+def for_each_on_threads(work: Callable[[str], None], names: list[str], threads: int) -> None:
+    """work(name) for every name on a pool of `threads`; the first error is raised once the transfers
+    already running have ended, and the names not started yet are cancelled (a bad first object does not
+    move the rest of the bundle first)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=threads)
+    try:
+        for future in [pool.submit(work, name) for name in names]:
+            future.result()
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
