@@ -28,8 +28,9 @@
 # and step formats are the same and every step's rows, nnz and max_slots are within 10%
 # (docs/operations.md). --retune always measures. Tune's progress and decision go to stderr.
 # --metrics-file PATH: Prometheus text format for node_exporter's textfile collector, written atomically
-# when the script ends, whatever the exit code: job "rebuild", exit status, last success, duration per
-# stage (build, verify, tune, gate, promote) and the bundle's items, distinct SIDs, index bytes and version.
+# when the script ends, whatever the exit code (once its options parse): job "rebuild", exit status, last
+# success, duration per stage (build, verify, tune, gate, promote) and the bundle's items, distinct SIDs,
+# index bytes and version.
 #
 # stdout: exactly one line on exit 0, 5 and 10: the new version dir (absolute path). Progress, logs: stderr.
 # Exit codes (what a scheduler should do):
@@ -89,11 +90,6 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-if [[ -n $GATE_MODEL$GATE_SID_MAP$GATE_REQUESTS && ( -z $GATE_MODEL || -z $GATE_SID_MAP || -z $GATE_REQUESTS ) ]]; then
-    log "the quality gate needs --gate-model, --gate-sid-map and --gate-requests together"
-    exit 2
-fi
-
 HERE=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)  # this checkout, even through symlinks
 PY=${PYTHON:-python}
 STARTED=$(now)
@@ -128,6 +124,11 @@ on_exit() {
     exit "$status"
 }
 trap on_exit EXIT
+
+if [[ -n $GATE_MODEL$GATE_SID_MAP$GATE_REQUESTS && ( -z $GATE_MODEL || -z $GATE_SID_MAP || -z $GATE_REQUESTS ) ]]; then
+    log "the quality gate needs --gate-model, --gate-sid-map and --gate-requests together"
+    exit 2
+fi
 
 # run_stage NAME COMMAND...: run COMMAND, recording NAME's start and end time; returns its exit status.
 run_stage() {

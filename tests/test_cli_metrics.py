@@ -152,6 +152,10 @@ def test_rebuild_metrics_progress_plan_reuse_and_exit_5(tmp_path):
     common = [catalog, "--out", out, "--codebook-sizes", "16,16,16", "--device", "cpu"]
     common += ["--metrics-file", prom]
 
+    usage = rebuild(catalog, *common[1:], "--gate-model", tmp_path, cwd=tmp_path)  # gate files missing
+    assert usage.returncode == 2 and "--gate-sid-map" in usage.stderr
+    assert value(metrics(prom), "job_exit_status", "rebuild") == 2  # a usage error is reported too
+    prom.unlink()
     bad = rebuild(tmp_path / "missing.parquet", *common[1:], cwd=tmp_path)
     assert bad.returncode == 2 and bad.stdout == ""
     got = metrics(prom)
