@@ -66,40 +66,91 @@ MIN_DELTA = 1e-4
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--family", choices=FAMILIES, default="t5",
-                   help="t5: encoder-decoder; decoder: decoder-only GPT-2 (%(default)s)")
+    p.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default="t5",
+        help="t5: encoder-decoder; decoder: decoder-only GPT-2 (%(default)s)",
+    )
     p.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR), help="wheel cache (%(default)s)")
-    p.add_argument("--work-dir", default=None,
-                   help="catalog, bundle, training checkpoint and best model (default: CACHE/ml1m-run)")
-    p.add_argument("--codebooks", default="64,64,64",
-                   help="residual k-means codebook sizes, one per level before the collision token")
-    p.add_argument("--max-epochs", type=int, default=None,
-                   help="stop after this many epochs at the latest (default: t5 60, decoder 12)")
-    p.add_argument("--patience", type=int, default=PATIENCE,
-                   help="stop after this many epochs without a validation-loss improvement (%(default)s; "
-                        "0: never stop early)")
-    p.add_argument("--min-delta", type=float, default=MIN_DELTA,
-                   help="an improvement must beat the best validation loss by more than this (%(default)s nats)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the work dir's checkpoint (a fresh start when there is none)")
-    p.add_argument("--eval-every", type=int, default=1,
-                   help="evaluate the curve after every N-th epoch (%(default)s; 0: only after the last)")
-    p.add_argument("--checkpoint-users", type=int, default=1000,
-                   help="seeded subset of test users for the curve's evaluations (%(default)s)")
-    p.add_argument("--users", type=int, default=None,
-                   help="test users at the final evaluation of the best model (default all)")
+    p.add_argument(
+        "--work-dir",
+        default=None,
+        help="catalog, bundle, training checkpoint and best model (default: CACHE/ml1m-run)",
+    )
+    p.add_argument(
+        "--codebooks",
+        default="64,64,64",
+        help="residual k-means codebook sizes, one per level before the collision token",
+    )
+    p.add_argument(
+        "--max-epochs",
+        type=int,
+        default=None,
+        help="stop after this many epochs at the latest (default: t5 60, decoder 12)",
+    )
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=PATIENCE,
+        help="stop after this many epochs without a validation-loss improvement (%(default)s; "
+        "0: never stop early)",
+    )
+    p.add_argument(
+        "--min-delta",
+        type=float,
+        default=MIN_DELTA,
+        help="an improvement must beat the best validation loss by more than this (%(default)s nats)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the work dir's checkpoint (a fresh start when there is none)",
+    )
+    p.add_argument(
+        "--checkpoint-minutes",
+        type=float,
+        default=5.0,
+        help="also checkpoint inside an epoch this often (%(default)s minutes)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=1,
+        help="evaluate the curve after every N-th epoch (%(default)s; 0: only after the last)",
+    )
+    p.add_argument(
+        "--checkpoint-users",
+        type=int,
+        default=1000,
+        help="seeded subset of test users for the curve's evaluations (%(default)s)",
+    )
+    p.add_argument(
+        "--users",
+        type=int,
+        default=None,
+        help="test users at the final evaluation of the best model (default all)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seeds SIDs, training and user subsets (%(default)s)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (%(default)s; fixed: results depend on it)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (%(default)s; fixed: results depend on it)"
+    )
     p.add_argument("--beam-width", type=int, default=20, help="beam width M (%(default)s)")
     p.add_argument("--k", default="1,5,10,20", help="cutoffs K (%(default)s)")
     p.add_argument("--batch-size", type=int, default=64, help="requests per beam search (%(default)s)")
     p.add_argument("--d-model", type=int, default=None, help="model width (default: the family's)")
-    p.add_argument("--layers", type=int, default=None,
-                   help="layers (T5: encoder = decoder layers; default: the family's)")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="layers (T5: encoder = decoder layers; default: the family's)",
+    )
     p.add_argument("--json", default=None, help="also write the report as JSON (rewritten per evaluation)")
-    p.add_argument("--smoke", action="store_true",
-                   help="a tiny generated dataset and a tiny model (seconds; no download)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny generated dataset and a tiny model (seconds; no download)",
+    )
     return p.parse_args(argv)  # fmt: skip
 
 
@@ -146,8 +197,10 @@ def checkpoint_table(run: Ml1mRun) -> Table:
     for metric in ("recall", "ndcg"):
         for order in ("filter_first", "score_first"):
             if 10 in first.ks and getattr(first, metric):
-                rows.append([f"{'Recall' if metric == 'recall' else 'NDCG'}@10 {order}"]
-                            + [f"{getattr(r, metric)[order][10]:.4f}" for r in reports])
+                rows.append(
+                    [f"{'Recall' if metric == 'recall' else 'NDCG'}@10 {order}"]
+                    + [f"{getattr(r, metric)[order][10]:.4f}" for r in reports]
+                )
     for row in rows:
         table.add_row(*row)
     return table  # fmt: skip
@@ -238,6 +291,7 @@ def run_script(args: argparse.Namespace, argv: list[str] | None, err: Console) -
         run, stop=stop, work_dir=work, resume=args.resume, eval_every=args.eval_every,
         checkpoint_users=args.checkpoint_users, final_users=args.users, beam_width=args.beam_width, ks=ks,
         batch_size=args.batch_size, log=err.print, on_report=write,
+        checkpoint_seconds=60.0 * args.checkpoint_minutes,
     )  # fmt: skip
     final, state = run.final, run.state
     title = (f"MovieLens-1M, {args.family}, best epoch {final.epoch} of {state.epoch} "
@@ -247,7 +301,8 @@ def run_script(args: argparse.Namespace, argv: list[str] | None, err: Console) -
     if run.checkpoints:
         console.print(checkpoint_table(run))
     console.print(
-        f"model: {args.family} {settings.to_dict()}; {state.epoch} epochs trained in {state.train_seconds:.0f} s "
+        f"model: {args.family} {settings.to_dict()}; {state.epoch} epochs trained in "
+        f"{state.train_seconds:.0f} s "
         f"on {torch.get_num_threads()} threads (all runs); final evaluation {final.report.seconds:.0f} s; "
         f"this run {time.perf_counter() - started:.0f} s",
         markup=False,

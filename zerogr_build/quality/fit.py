@@ -173,8 +173,14 @@ def fit(
     resume: bool = False,
     after_epoch: Callable[[int, torch.nn.Module, FitState], None] | None = None,
     log: Callable[[str], None] | None = None,
+    checkpoint_seconds: float = 300.0,
 ) -> FitResult:
     """Train `family` under `stop`, checkpointing after every epoch; returns the best model.
+
+    checkpoint_seconds: also checkpoint inside an epoch once this many seconds passed since the last
+    checkpoint (and log the epoch's progress), so a cut loses at most that much training. A resume from
+    such a checkpoint redraws the epoch's batches from the generator state at the epoch's start and skips
+    the ones already trained: the result is the uninterrupted run's.
 
     resume: continue from checkpoint_path when it exists (a fresh start otherwise). Without resume an
     existing checkpoint is refused (InputError), so no run is overwritten by accident.
@@ -190,6 +196,7 @@ def fit(
     rng = np.random.default_rng(settings.seed)
     state = FitState()
     best_weights = copy.deepcopy(model.state_dict())
+    partial: dict[str, Any] | None = None
     if path.exists() and not resume:
         raise InputError(f"{path} exists: pass --resume to continue it, or use another work dir")
     if path.exists():
@@ -200,20 +207,33 @@ def fit(
         rng.bit_generator.state = blob["numpy_rng"]
         torch.set_rng_state(blob["torch_rng"])
         best_weights = blob["best_model"]
+        partial = blob.get("partial")
         s = blob["state"]
         state = FitState(**{**s, "history": [EpochRecord(**h) for h in s["history"]]})
         if log is not None:
+            inside = f"; inside epoch {state.epoch + 1} after batch {partial['batches']}" if partial else ""
             log(f"resumed {path}: epoch {state.epoch}, best validation loss {state.best_val:.4f} "
-                f"(epoch {state.best_epoch}), {state.bad_epochs} epoch(s) without improvement")  # fmt: skip
-    if state.stopped or state.epoch >= stop.max_epochs:
-        state.stopped = True
-        state.stop_reason = state.stop_reason or f"max epochs ({stop.max_epochs}) reached"
+                f"(epoch {state.best_epoch}), {state.bad_epochs} epoch(s) without improvement"
+                + inside)  # fmt: skip
+    # The rule is the one given now: a run stopped by a smaller budget (or patience) continues under a
+    # larger one; its counts (best loss, epochs without improvement) carry over.
+    state.stopped, state.stop_reason = _stopped(stop, state)
+    last_saved = time.perf_counter()
     while not state.stopped:
         epoch = state.epoch + 1
         started = time.perf_counter()
         model.train()
-        total, count = 0.0, 0
+        total, count, done, before = 0.0, 0, 0, 0.0
+        epoch_rng = copy.deepcopy(rng.bit_generator.state)  # every draw of the epoch happens after this
+        if partial is not None:
+            total, count, before = partial["total"], partial["count"], partial["seconds"]
+            skip, partial = int(partial["batches"]), None
+        else:
+            skip = 0
         for batch in family.batches(rng):
+            done += 1
+            if done <= skip:
+                continue
             loss, n = family.loss(model, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -222,6 +242,15 @@ def fit(
             sched.step()
             total += float(loss.detach()) * n
             count += n
+            if time.perf_counter() - last_saved >= checkpoint_seconds:
+                inside = {"batches": done, "total": total, "count": count,
+                          "seconds": before + time.perf_counter() - started}  # fmt: skip
+                write_checkpoint(path, family, model, opt, sched, epoch_rng, best_weights, state, inside)
+                last_saved = time.perf_counter()
+                if log is not None:
+                    mean = total / max(count, 1)
+                    log(f"{family.name} epoch {epoch}: {done} batches, train loss {mean:.4f} "
+                        f"({inside['seconds']:.0f} s; checkpointed)")  # fmt: skip
         model.eval()
         val = family.val_loss(model)
         improved = val < state.best_val - stop.min_delta
@@ -230,16 +259,11 @@ def fit(
             best_weights = copy.deepcopy(model.state_dict())
         else:
             state.bad_epochs += 1
-        seconds = time.perf_counter() - started
+        seconds = before + time.perf_counter() - started
         state.train_seconds += seconds
         state.epoch = epoch
         state.history.append(EpochRecord(epoch, total / max(count, 1), val, improved, seconds))
-        if stop.patience is not None and state.bad_epochs >= stop.patience:
-            state.stopped = True
-            state.stop_reason = f"no improvement for {stop.patience} epochs (best: epoch {state.best_epoch})"
-        elif epoch >= stop.max_epochs:
-            state.stopped = True
-            state.stop_reason = f"max epochs ({stop.max_epochs}) reached"
+        state.stopped, state.stop_reason = _stopped(stop, state)
         if log is not None:
             log(f"{family.name} epoch {epoch}: train loss {total / max(count, 1):.4f}, validation loss "
                 f"{val:.4f}{' (best)' if improved else ''} ({seconds:.0f} s)"
@@ -248,7 +272,8 @@ def fit(
             rng_state = torch.get_rng_state()
             after_epoch(epoch, model, state)
             torch.set_rng_state(rng_state)
-        write_checkpoint(path, family, model, opt, sched, rng, best_weights, state)
+        write_checkpoint(path, family, model, opt, sched, rng.bit_generator.state, best_weights, state)
+        last_saved = time.perf_counter()
     best = family.build()
     best.load_state_dict(best_weights)
     best.eval()
@@ -256,8 +281,28 @@ def fit(
     return FitResult(best, state, model)
 
 
-def write_checkpoint(path, family, model, opt, sched, rng, best_weights, state: FitState) -> None:
-    """The whole loop state to path (atomic)."""
+def _stopped(stop: StopRule, state: FitState) -> tuple[bool, str]:
+    """(stop now?, why) after state.epoch epochs under the rule."""
+    if stop.patience is not None and state.bad_epochs >= stop.patience:
+        return True, f"no improvement for {stop.patience} epochs (best: epoch {state.best_epoch})"
+    if state.epoch >= stop.max_epochs:
+        return True, f"max epochs ({stop.max_epochs}) reached"
+    return False, ""
+
+
+def write_checkpoint(
+    path: Path,
+    family: Family,
+    model: torch.nn.Module,
+    opt: Any,
+    sched: Any,
+    numpy_rng: dict[str, Any],
+    best_weights: dict[str, torch.Tensor],
+    state: FitState,
+    partial: dict[str, Any] | None = None,
+) -> None:
+    """The whole loop state to path (atomic). Inside an epoch: numpy_rng is the generator's state at the
+    epoch's start and partial {batches, total, count, seconds} says how far the epoch got."""
     s = asdict(state)
     blob = {
         "format": CHECKPOINT_FORMAT,
@@ -267,10 +312,11 @@ def write_checkpoint(path, family, model, opt, sched, rng, best_weights, state: 
         "model": model.state_dict(),
         "optimizer": opt.state_dict(),
         "scheduler": sched.state_dict(),
-        "numpy_rng": rng.bit_generator.state,
+        "numpy_rng": numpy_rng,
         "torch_rng": torch.get_rng_state(),
         "best_model": best_weights,
         "state": s,
+        "partial": partial,
     }
     save_checkpoint(path, blob)
 

@@ -168,10 +168,12 @@ def train_and_check(
     batch_size: int = 64,
     log: Callable[[str], None] | None = None,
     on_report: Callable[[Ml1mRun], None] | None = None,
+    checkpoint_seconds: float = 300.0,
 ) -> Ml1mRun:
     """Train run.family under `stop` (checkpoint `<work_dir>/<family>-train.pt` after every epoch; resume
     continues it), evaluate along the curve, then evaluate the best model on the final users and save it
-    (save_pretrained) as `<work_dir>/<family>-best`. eval_every=0: evaluate only after the last epoch."""
+    (save_pretrained) as `<work_dir>/<family>-best`. eval_every=0: evaluate only after the last epoch.
+    checkpoint_seconds: also checkpoint inside an epoch this often (quality.fit)."""
     if eval_every < 0:
         raise InputError(f"eval every must be >= 0 epochs, got {eval_every}")
     family = run.family
@@ -198,11 +200,16 @@ def train_and_check(
             if on_report is not None:
                 on_report(run)
 
-    result = fit(family, stop, path, resume=resume, after_epoch=after_epoch, log=log)
+    result = fit(family, stop, path, resume=resume, after_epoch=after_epoch, log=log,
+                 checkpoint_seconds=checkpoint_seconds)  # fmt: skip
     state = result.state
     run.state, run.model = state, result.model
     run.checkpoints = [Checkpoint.from_dict(d) for d in state.curve]
-    if state.final is None or state.final.get("epoch") != state.best_epoch or state.final["users"] != len(final):
+    if (
+        state.final is None
+        or state.final.get("epoch") != state.best_epoch
+        or state.final["users"] != len(final)
+    ):
         best_val = next((h.val_loss for h in state.history if h.epoch == state.best_epoch), float("nan"))
         state.final = evaluated(state.best_epoch, result.model, final, state, best_val).to_dict()
         update_checkpoint_state(path, family, state)
