@@ -416,6 +416,18 @@ def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path):
         train_and_check(run, stop=StopRule(max_epochs=2), work_dir=tmp_path, resume=True, ks=(1,))
 
 
+def test_prepare_reuses_its_sids_and_bundle_only_for_the_same_inputs(tmp_path):
+    """A resume does not recompute the SIDs or publish a new bundle; other codebooks or seed do."""
+    first = prepare(*_tiny_data(), tmp_path, codebook_sizes=(4, 4), settings=TINY_DECODER)
+    again = prepare(*_tiny_data(), tmp_path, codebook_sizes=(4, 4), settings=TINY_DECODER)
+    assert str(again.bundle.path) == str(first.bundle.path)
+    assert np.array_equal(again.catalog.sids, first.catalog.sids)
+    other = prepare(*_tiny_data(), tmp_path, codebook_sizes=(3, 4), settings=TINY_DECODER)
+    assert str(other.bundle.path) != str(first.bundle.path) and other.catalog.codebook_sizes[0] == 3
+    reseeded = prepare(*_tiny_data(), tmp_path, codebook_sizes=(3, 4), settings=replace(TINY_DECODER, seed=1))
+    assert str(reseeded.bundle.path) != str(other.bundle.path)
+
+
 def test_checkpoint_dicts_round_trip(tiny_run):
     for c in tiny_run.checkpoints:
         back = Checkpoint.from_dict(c.to_dict())
@@ -469,3 +481,19 @@ def test_real_ml1m_counts():
     assert len(np.unique(inter.items)) == 3706 and len(info.item_ids) == 3883
     split = leave_one_out(inter, max_history=20)
     assert len(split.user_ids) == 6040 and max(len(h) for h in split.test_histories) == 20
+
+
+@pytest.mark.slow
+def test_real_ml1m_decoder_one_epoch(tmp_path):
+    """The real pipeline for the decoder family, one epoch, the curve on 100 users, the final on 300
+    (several minutes on 2 cores): the report's keys, the curve, a validation loss below uniform."""
+    import math
+
+    out = tmp_path / "r.json"
+    args = ["--family", "decoder", "--threads", "2", "--work-dir", str(tmp_path / "w"), "--json", str(out),
+            "--max-epochs", "1", "--checkpoint-users", "100", "--users", "300"]  # fmt: skip
+    assert _script().main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["requests"] == 300 and set(report["overlap"]) == {"1", "5", "10", "20"}
+    assert [c["epoch"] for c in report["curve"]] == [1] and report["curve"][0]["users"] == 100
+    assert 0 < report["extra"]["epochs"][0]["val_loss"] < math.log(3 + 64 * 3 + 19)

@@ -16,6 +16,8 @@ full report) on a fixed seeded subset of `checkpoint_users` test users. At the e
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..compare import CompareReport, Requests, compare_searches
-from ..errors import InputError
+from ..errors import InputError, ZerogrError
 from .causal import CausalFamily, CausalSettings
 from .data import Interactions, ItemInfo, Split, leave_one_out
 from .fit import FitState, StopRule, fit, update_checkpoint_state
@@ -98,9 +100,16 @@ def prepare(
     started = time.perf_counter()
     work = Path(work_dir)
     split = leave_one_out(inter, max_history=settings.max_history)
-    catalog = make_sids(split, info, codebook_sizes=codebook_sizes, seed=settings.seed)
-    catalog_path = write_catalog(work / "catalog.parquet", catalog)
-    bundle = build_bundle(catalog, work / "bundles", model_version=model_version)
+    key = _prepare_key(split, info, codebook_sizes, settings.seed, model_version)
+    cached = _cached_prepare(work, key)
+    if cached is not None:
+        catalog, bundle = cached
+        catalog_path = work / "catalog.parquet"
+    else:
+        catalog = make_sids(split, info, codebook_sizes=codebook_sizes, seed=settings.seed)
+        catalog_path = write_catalog(work / "catalog.parquet", catalog)
+        bundle = build_bundle(catalog, work / "bundles", model_version=model_version)
+        _save_prepare(work, key, catalog, bundle)
     vocab = SidVocab(tuple(int(v) for v in bundle.index.codebook_sizes))
     if isinstance(settings, T5Settings):
         family_cls: Any = T5Family
@@ -111,6 +120,50 @@ def prepare(
     family = family_cls(split.train_sequences, catalog.sids, vocab, settings, split.valid_histories,
                         split.valid_targets)  # fmt: skip
     return Ml1mRun(split, catalog, catalog_path, bundle, vocab, family, time.perf_counter() - started)
+
+
+PREPARE_CACHE = "prepared.npz"
+
+
+def _prepare_key(
+    split: Split, info: ItemInfo | None, codebook_sizes: Sequence[int], seed: int, model_version: str
+) -> str:
+    """sha256 of everything the SIDs and the bundle depend on (the training events, genres, codebooks)."""
+    h = hashlib.sha256()
+    h.update(repr((tuple(int(v) for v in codebook_sizes), int(seed), model_version)).encode())
+    h.update(np.ascontiguousarray(split.item_ids, dtype=np.int64).tobytes())
+    for seq in split.train_sequences:
+        h.update(np.int64(len(seq)).tobytes() + np.ascontiguousarray(seq, dtype=np.int64).tobytes())
+    if info is not None:
+        h.update(repr((info.item_ids.tolist(), info.genres)).encode())
+    return h.hexdigest()
+
+
+def _cached_prepare(work: Path, key: str) -> tuple[SidCatalog, Any] | None:
+    """(catalog, bundle) from an earlier prepare in `work` with the same key, or None (nothing usable)."""
+    from ..bundle import open_bundle
+
+    path = work / PREPARE_CACHE
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["key"]) != key:
+                return None
+            catalog = SidCatalog(z["sids"].astype(np.int64), tuple(int(v) for v in z["codebook_sizes"]),
+                                 z["item_ids"].astype(np.int64))  # fmt: skip
+            bundle = open_bundle(str(z["bundle"]))
+    except (OSError, KeyError, ValueError, ZerogrError):
+        return None
+    if not (work / "catalog.parquet").exists():
+        return None
+    return catalog, bundle
+
+
+def _save_prepare(work: Path, key: str, catalog: SidCatalog, bundle: Any) -> None:
+    """Remember a prepare's SIDs and bundle for the next run in `work` (atomic)."""
+    tmp = work / (PREPARE_CACHE + ".tmp.npz")
+    np.savez(tmp, key=np.array(key), sids=catalog.sids, codebook_sizes=np.array(catalog.codebook_sizes),
+             item_ids=catalog.item_ids, bundle=np.array(str(bundle.path)))  # fmt: skip
+    os.replace(tmp, work / PREPARE_CACHE)
 
 
 def user_subset(split: Split, n: int | None, seed: int) -> np.ndarray:

@@ -10,8 +10,10 @@
   items, starting at a random offset per user and epoch, and trains one example per window: its last item
   from the ones before it. So an epoch holds about events / (max_history + 1) examples, every user in
   proportion to its events, and different epochs see different targets.
-- Learning rate: linear warm-up, then inverse square-root decay (TIGER's schedule). It does not depend
-  on the number of epochs, so the model after epoch e is the model `--epochs e` trains.
+- Learning rate: linear warm-up, then inverse square-root decay (TIGER's schedule, quality.fit). It does
+  not depend on the number of epochs, so the model after epoch e is the model a run of e epochs trains.
+- T5Family is what quality.fit trains (the stopping rule, checkpoints, --resume); the validation loss is
+  the mean token cross-entropy of every user's validation item after its history.
 
 Built from a T5Config (no download); deterministic for a seed and a thread count (up to BLAS rounding:
 after other torch work in the same process, weights can differ in the last bit).
