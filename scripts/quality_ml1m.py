@@ -218,7 +218,12 @@ def json_report(run: Ml1mRun, command: str, complete: bool, threads: int) -> dic
         "complete": complete,
         "family": run.family.name,
         "epoch": last.epoch,
-        "at_convergence": run.final is not None,
+        "final": run.final is not None,
+        # Converged: stopped by the patience rule, not by the epoch budget.
+        "at_convergence": run.final is not None
+        and state is not None
+        and state.bad_epochs > 0
+        and state.stop_reason.startswith("no improvement"),
         "stop_reason": state.stop_reason if state is not None else "",
         "epochs_trained": state.epoch if state is not None else None,
         "best_epoch": state.best_epoch if state is not None else None,

@@ -176,11 +176,9 @@ def test_tiny_pipeline_report_has_every_field(fixture, request):
         assert c.val_loss == next(h.val_loss for h in run.state.history if h.epoch == c.epoch)
     script = _script()
     out = script.json_report(run, "cmd", True, 1)
-    assert (
-        out["extra"]["complete"]
-        and out["extra"]["at_convergence"]
-        and out["extra"]["family"] == run.family.name
-    )
+    extra = out["extra"]
+    assert extra["complete"] and extra["final"] and extra["family"] == run.family.name
+    assert not extra["at_convergence"]  # stopped by max epochs, not by the patience rule
     assert [c["epoch"] for c in out["curve"]] == [1, 2] and out["requests"] == 24
     assert out["extra"]["model"]["d_model"] == 16 and set(out["overlap"]) == {"1", "5", "10", "20"}
     assert set(out["recall"]) == {"filter_first", "score_first", "unconstrained"}
@@ -448,7 +446,7 @@ def test_script_smoke_writes_the_report_and_resumes(tmp_path, capsys):
     assert (
         first["requests"] == 24 and set(first["overlap"]) == {"1", "5"} and "filter_first" in first["recall"]
     )
-    assert [c["epoch"] for c in first["curve"]] == [1] and first["extra"]["at_convergence"]
+    assert [c["epoch"] for c in first["curve"]] == [1] and first["extra"]["final"]
     assert script.main([*args, "--max-epochs", "2"]) == 2  # the checkpoint exists: --resume is required
     assert "--resume" in capsys.readouterr().err
     assert script.main([*args, "--max-epochs", "2", "--resume"]) == 0
