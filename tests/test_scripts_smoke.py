@@ -160,7 +160,7 @@ def test_quality_ml1m_runs_on_a_fake_wheel(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(ml1m, "ML1M_WHEEL", replace(ml1m.ML1M_WHEEL, sha256=digest))
     script = _load("quality_ml1m.py")
     args = ["--cache-dir", str(cache), "--work-dir", str(tmp_path / "work"), "--codebooks", "4,4",
-            "--epochs", "2", "--checkpoints", "1", "--checkpoint-users", "8", "--users", "10",
+            "--max-epochs", "2", "--checkpoint-users", "8", "--users", "10",
             "--beam-width", "5", "--k", "1,5", "--d-model", "16", "--layers", "1",
             "--json", str(tmp_path / "r.json")]  # fmt: skip
     assert script.main(args) in (0, None)

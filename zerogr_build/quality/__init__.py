@@ -7,10 +7,13 @@ Library code behind `scripts/quality_ml100k.py`, `scripts/quality_ml1m.py` and `
     sids      item embeddings -> residual k-means semantic IDs (+ a collision-resolving last token)
     model     a small TIGER-like encoder/decoder over SID tokens (torch), trained on CPU
     t5        a TIGER-style transformers T5ForConditionalGeneration over SID tokens, trained on CPU
+    causal    a decoder-only GPT-2 over SID tokens, trained causally on every position of a user's sequence
+    fit       the training loop of both: early stopping on validation loss, checkpoints, exact resume
     run       the glue: dataset -> SIDs -> catalog -> bundle -> model -> a `zerogr compare` model function
-    ml1m_run  the ML-1M glue: SIDs -> bundle -> T5 with checkpoints, each decoded through the HF
-              integration in all three orders (compare.compare_searches)
+    ml1m_run  the ML-1M glue: SIDs -> bundle -> a family trained to convergence, evaluated along the
+              curve through the HF integration in all three orders (compare.compare_searches)
 The metrics live in zerogr_build.compare.metrics: quality uses compare, never the reverse.
 
-Nothing here imports torch at module load except `model` and `t5` (imported lazily by their users).
+Nothing here imports torch at module load except `model`, `t5`, `causal` and `fit` (imported lazily by
+their users).
 """

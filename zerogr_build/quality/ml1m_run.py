@@ -1,16 +1,23 @@
-"""The MovieLens-1M check, reusable: dataset -> SIDs -> bundle -> T5 -> filter-first vs score-first.
+"""The MovieLens-1M check, reusable: dataset -> SIDs -> bundle -> a model family -> filter-first vs
+score-first along the training curve.
 
-`scripts/quality_ml1m.py` runs it on the real data; the tests on a tiny generated dataset. Every order is
-decoded through the Hugging Face integration (SidGenerator, the model's own KV cache) and measured by
+`scripts/quality_ml1m.py` runs it on the real data; the tests on a tiny generated dataset. Two families:
+"t5" (t5.T5Family, TIGER's encoder-decoder) and "decoder" (causal.CausalFamily, a GPT-2 trained causally
+on every position). Both train under quality.fit's stopping rule (validation loss, fixed patience) with a
+checkpoint after every epoch, so a cut run resumes (`resume=True`). Every order is decoded through the
+Hugging Face integration (SidGenerator, the model's own KV cache) and measured by
 zerogr_build.compare.compare_searches, so the report has the ML-100K report's shape.
 
-Checkpoints: after the epochs in `checkpoints`, the model is evaluated (all three orders, full report)
-on a fixed seeded subset of `checkpoint_users` test users; after the last epoch on `final_users` users
-(default: all). `on_report` receives the results after every evaluation (write them out incrementally).
+The curve: after every `eval_every`-th epoch and after the last, the model is evaluated (all three orders,
+full report) on a fixed seeded subset of `checkpoint_users` test users. At the end the best epoch's model
+(lowest validation loss) is evaluated on `final_users` users (default: all) - the result at convergence.
+`on_report` receives the run after every evaluation (write it out incrementally).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,38 +27,63 @@ from typing import Any
 import numpy as np
 
 from ..compare import CompareReport, Requests, compare_searches
+from ..errors import InputError, ZerogrError
+from .causal import CausalFamily, CausalSettings
 from .data import Interactions, ItemInfo, Split, leave_one_out
+from .fit import FitState, StopRule, fit, update_checkpoint_state
 from .run import SidCatalog, build_bundle, make_sids, write_catalog
-from .t5 import SidVocab, T5Settings, encoder_inputs, train_t5
+from .t5 import SidVocab, T5Family, T5Settings
+
+FAMILIES = ("t5", "decoder")
 
 
 @dataclass
 class Checkpoint:
-    """One evaluation: after `epoch` epochs (train_seconds of training so far), on `users` test users."""
+    """One evaluation: the model after `epoch` epochs (train_seconds of training so far, its validation
+    loss), on `users` test users."""
 
     epoch: int
     users: int
     train_seconds: float
+    val_loss: float
     report: CompareReport
 
     def to_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "users": self.users, "train_seconds": self.train_seconds,
-                "report": self.report.to_dict()}  # fmt: skip
+                "val_loss": self.val_loss, "report": self.report.to_dict()}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Checkpoint:
+        """The inverse of to_dict (K keys back to int)."""
+        r = dict(d["report"])
+        for key in ("overlap", "requests_differing"):
+            r[key] = {int(k): v for k, v in r[key].items()}
+        for key in ("recall", "ndcg", "score_gap"):
+            r[key] = {o: {int(k): v for k, v in per.items()} for o, per in r[key].items()}
+        return cls(int(d["epoch"]), int(d["users"]), float(d["train_seconds"]), float(d["val_loss"]),
+                   CompareReport(**r))  # fmt: skip
 
 
 @dataclass
 class Ml1mRun:
-    """Everything a run produced: the split, SIDs, bundle, vocabulary and the checkpoints so far."""
+    """Everything a run produced: the split, SIDs, bundle, vocabulary, the family, the curve so far and
+    (once trained) the training state, the best model and its evaluation on the final users."""
 
     split: Split
     catalog: SidCatalog
     catalog_path: Path
     bundle: Any
     vocab: SidVocab
-    settings: T5Settings
+    family: Any
     prepare_seconds: float
     checkpoints: list[Checkpoint] = field(default_factory=list)
+    final: Checkpoint | None = None
+    state: FitState | None = None
     model: Any = None
+
+    @property
+    def settings(self) -> Any:
+        return self.family.settings
 
 
 def prepare(
@@ -60,18 +92,78 @@ def prepare(
     work_dir: str | Path,
     *,
     codebook_sizes: Sequence[int],
-    settings: T5Settings,
-    model_version: str = "ml1m-t5",
+    settings: T5Settings | CausalSettings,
+    model_version: str = "ml1m",
 ) -> Ml1mRun:
-    """Leave-one-out split (histories of at most settings.max_history items), SIDs, catalog, bundle."""
+    """Leave-one-out split (histories of at most settings.max_history items), SIDs, catalog, bundle, and
+    the family of `settings` (T5Settings: "t5", CausalSettings: "decoder") over the training sequences."""
     started = time.perf_counter()
     work = Path(work_dir)
     split = leave_one_out(inter, max_history=settings.max_history)
-    catalog = make_sids(split, info, codebook_sizes=codebook_sizes, seed=settings.seed)
-    catalog_path = write_catalog(work / "catalog.parquet", catalog)
-    bundle = build_bundle(catalog, work / "bundles", model_version=model_version)
+    key = _prepare_key(split, info, codebook_sizes, settings.seed, model_version)
+    cached = _cached_prepare(work, key)
+    if cached is not None:
+        catalog, bundle = cached
+        catalog_path = work / "catalog.parquet"
+    else:
+        catalog = make_sids(split, info, codebook_sizes=codebook_sizes, seed=settings.seed)
+        catalog_path = write_catalog(work / "catalog.parquet", catalog)
+        bundle = build_bundle(catalog, work / "bundles", model_version=model_version)
+        _save_prepare(work, key, catalog, bundle)
     vocab = SidVocab(tuple(int(v) for v in bundle.index.codebook_sizes))
-    return Ml1mRun(split, catalog, catalog_path, bundle, vocab, settings, time.perf_counter() - started)
+    if isinstance(settings, T5Settings):
+        family_cls: Any = T5Family
+    elif isinstance(settings, CausalSettings):
+        family_cls = CausalFamily
+    else:
+        raise InputError(f"settings must be T5Settings or CausalSettings, got {type(settings).__name__}")
+    family = family_cls(split.train_sequences, catalog.sids, vocab, settings, split.valid_histories,
+                        split.valid_targets)  # fmt: skip
+    return Ml1mRun(split, catalog, catalog_path, bundle, vocab, family, time.perf_counter() - started)
+
+
+PREPARE_CACHE = "prepared.npz"
+
+
+def _prepare_key(
+    split: Split, info: ItemInfo | None, codebook_sizes: Sequence[int], seed: int, model_version: str
+) -> str:
+    """sha256 of everything the SIDs and the bundle depend on (the training events, genres, codebooks)."""
+    h = hashlib.sha256()
+    h.update(repr((tuple(int(v) for v in codebook_sizes), int(seed), model_version)).encode())
+    h.update(np.ascontiguousarray(split.item_ids, dtype=np.int64).tobytes())
+    for seq in split.train_sequences:
+        h.update(np.int64(len(seq)).tobytes() + np.ascontiguousarray(seq, dtype=np.int64).tobytes())
+    if info is not None:
+        h.update(repr((info.item_ids.tolist(), info.genres)).encode())
+    return h.hexdigest()
+
+
+def _cached_prepare(work: Path, key: str) -> tuple[SidCatalog, Any] | None:
+    """(catalog, bundle) from an earlier prepare in `work` with the same key, or None (nothing usable)."""
+    from ..bundle import open_bundle
+
+    path = work / PREPARE_CACHE
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["key"]) != key:
+                return None
+            catalog = SidCatalog(z["sids"].astype(np.int64), tuple(int(v) for v in z["codebook_sizes"]),
+                                 z["item_ids"].astype(np.int64))  # fmt: skip
+            bundle = open_bundle(str(z["bundle"]))
+    except (OSError, KeyError, ValueError, ZerogrError):
+        return None
+    if not (work / "catalog.parquet").exists():
+        return None
+    return catalog, bundle
+
+
+def _save_prepare(work: Path, key: str, catalog: SidCatalog, bundle: Any) -> None:
+    """Remember a prepare's SIDs and bundle for the next run in `work` (atomic)."""
+    tmp = work / (PREPARE_CACHE + ".tmp.npz")
+    np.savez(tmp, key=np.array(key), sids=catalog.sids, codebook_sizes=np.array(catalog.codebook_sizes),
+             item_ids=catalog.item_ids, bundle=np.array(str(bundle.path)))  # fmt: skip
+    os.replace(tmp, work / PREPARE_CACHE)
 
 
 def user_subset(split: Split, n: int | None, seed: int) -> np.ndarray:
@@ -95,12 +187,10 @@ def evaluate(
     from ..integrations.hf import SidGenerator, hf_search
 
     split = run.split
-    item_tokens = run.vocab.tokens(run.catalog.sids)
     row_of = {int(split.user_ids[r]): int(r) for r in rows}
 
     def inputs_of(ids: list):
-        return encoder_inputs([split.test_histories[row_of[u]] for u in ids], item_tokens,
-                              run.settings.max_history)  # fmt: skip
+        return run.family.inputs([split.test_histories[row_of[u]] for u in ids])
 
     requests = Requests(
         ids=[int(split.user_ids[r]) for r in rows],
@@ -112,45 +202,72 @@ def evaluate(
     )
 
 
+def checkpoint_path(work_dir: str | Path, family: str) -> Path:
+    """Where a family's training checkpoint lives in a work dir."""
+    return Path(work_dir) / f"{family}-train.pt"
+
+
 def train_and_check(
     run: Ml1mRun,
     *,
-    checkpoints: Sequence[int],
-    checkpoint_users: int | None,
+    stop: StopRule,
+    work_dir: str | Path,
+    resume: bool = False,
+    eval_every: int = 1,
+    checkpoint_users: int | None = None,
     final_users: int | None = None,
     beam_width: int = 20,
     ks: Sequence[int] = (1, 5, 10, 20),
     batch_size: int = 64,
     log: Callable[[str], None] | None = None,
     on_report: Callable[[Ml1mRun], None] | None = None,
-    save_dir: str | Path | None = None,
+    checkpoint_seconds: float = 300.0,
 ) -> Ml1mRun:
-    """Train run.settings.epochs epochs; evaluate after each epoch in `checkpoints` and after the last.
-    save_dir: also save each evaluated model there (save_pretrained, as t5-epoch<E>)."""
-    settings = run.settings
-    subset = user_subset(run.split, checkpoint_users, settings.seed)
-    final = user_subset(run.split, final_users, settings.seed)
-    wanted = {int(e) for e in checkpoints if 0 < int(e) < settings.epochs}
-    clock = {"train": 0.0, "since": time.perf_counter()}
+    """Train run.family under `stop` (checkpoint `<work_dir>/<family>-train.pt` after every epoch; resume
+    continues it), evaluate along the curve, then evaluate the best model on the final users and save it
+    (save_pretrained) as `<work_dir>/<family>-best`. eval_every=0: evaluate only after the last epoch.
+    checkpoint_seconds: also checkpoint inside an epoch this often (quality.fit)."""
+    if eval_every < 0:
+        raise InputError(f"eval every must be >= 0 epochs, got {eval_every}")
+    family = run.family
+    seed = family.settings.seed
+    subset = user_subset(run.split, checkpoint_users, seed)
+    final = user_subset(run.split, final_users, seed)
+    path = checkpoint_path(work_dir, family.name)
 
-    def after_epoch(epoch: int, model: Any) -> None:
-        clock["train"] += time.perf_counter() - clock["since"]
-        if epoch in wanted or epoch == settings.epochs:
-            rows = final if epoch == settings.epochs else subset
-            report = evaluate(run, model, rows, beam_width=beam_width, ks=ks, batch_size=batch_size)
-            run.checkpoints.append(Checkpoint(epoch, len(rows), clock["train"], report))
-            if save_dir is not None:
-                model.save_pretrained(Path(save_dir) / f"t5-epoch{epoch}")
-            if log is not None:
-                log(
-                    f"checkpoint epoch {epoch}: {len(rows)} users, overlap@"
-                    + ", @".join(f"{k} {v:.4f}" for k, v in report.overlap.items())
-                    + f" (evaluated in {report.seconds:.0f} s)"
-                )
+    def evaluated(epoch: int, model: Any, rows: np.ndarray, state: FitState, val: float) -> Checkpoint:
+        seconds = sum(h.seconds for h in state.history if h.epoch <= epoch)
+        report = evaluate(run, model, rows, beam_width=beam_width, ks=ks, batch_size=batch_size)
+        if log is not None:
+            log(f"evaluation after epoch {epoch}: {len(rows)} users, overlap@"
+                + ", @".join(f"{k} {v:.4f}" for k, v in report.overlap.items())
+                + f" (evaluated in {report.seconds:.0f} s)")  # fmt: skip
+        return Checkpoint(epoch, len(rows), seconds, val, report)
+
+    def after_epoch(epoch: int, model: Any, state: FitState) -> None:
+        if state.stopped or (eval_every and epoch % eval_every == 0):
+            point = evaluated(epoch, model, subset, state, state.history[-1].val_loss)
+            state.curve.append(point.to_dict())
+            run.checkpoints.append(point)
+            run.state = state
             if on_report is not None:
                 on_report(run)
-        clock["since"] = time.perf_counter()
 
-    run.model = train_t5(run.split.train_sequences, run.catalog.sids, run.vocab, settings, log=log,
-                         after_epoch=after_epoch)  # fmt: skip
+    result = fit(family, stop, path, resume=resume, after_epoch=after_epoch, log=log,
+                 checkpoint_seconds=checkpoint_seconds)  # fmt: skip
+    state = result.state
+    run.state, run.model = state, result.model
+    run.checkpoints = [Checkpoint.from_dict(d) for d in state.curve]
+    if (
+        state.final is None
+        or state.final.get("epoch") != state.best_epoch
+        or state.final["users"] != len(final)
+    ):
+        best_val = next((h.val_loss for h in state.history if h.epoch == state.best_epoch), float("nan"))
+        state.final = evaluated(state.best_epoch, result.model, final, state, best_val).to_dict()
+        update_checkpoint_state(path, family, state)
+    run.final = Checkpoint.from_dict(state.final)
+    result.model.save_pretrained(Path(work_dir) / f"{family.name}-best")
+    if on_report is not None:
+        on_report(run)
     return run

@@ -10,8 +10,10 @@
   items, starting at a random offset per user and epoch, and trains one example per window: its last item
   from the ones before it. So an epoch holds about events / (max_history + 1) examples, every user in
   proportion to its events, and different epochs see different targets.
-- Learning rate: linear warm-up, then inverse square-root decay (TIGER's schedule). It does not depend
-  on the number of epochs, so the model after epoch e is the model `--epochs e` trains.
+- Learning rate: linear warm-up, then inverse square-root decay (TIGER's schedule, quality.fit). It does
+  not depend on the number of epochs, so the model after epoch e is the model a run of e epochs trains.
+- T5Family is what quality.fit trains (the stopping rule, checkpoints, --resume); the validation loss is
+  the mean token cross-entropy of every user's validation item after its history.
 
 Built from a T5Config (no download); deterministic for a seed and a thread count (up to BLAS rounding:
 after other torch work in the same process, weights can differ in the last bit).
@@ -19,15 +21,14 @@ after other torch work in the same process, weights can differ in the last bit).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
 from ..integrations.sid_map import SidMap
-from .model import set_determinism
+from .fit import sids_fingerprint
 
 PAD, EOS, DECODER_START = 0, 1, 2
 FIRST_SID_TOKEN = 3
@@ -45,7 +46,6 @@ class T5Settings:
     num_heads: int = 4
     dropout: float = 0.1
     max_history: int = 20
-    epochs: int = 10
     batch_size: int = 128
     lr: float = 3e-3
     warmup_steps: int = 300
@@ -143,62 +143,62 @@ def epoch_examples(
     return out
 
 
-def inverse_sqrt_lr(step: int, settings: T5Settings) -> float:
-    """Learning-rate factor at optimiser step `step` (1-based): linear warm-up, then sqrt(warmup / step)."""
-    w = max(1, settings.warmup_steps)
-    return min(step / w, (w / max(step, 1)) ** 0.5)
+class T5Family:
+    """The T5 family for quality.fit: one example per window (t5.epoch_examples), teacher forcing."""
 
+    name = "t5"
 
-def train_t5(
-    sequences: Sequence[np.ndarray],
-    sids: np.ndarray,
-    vocab: SidVocab,
-    settings: T5Settings,
-    *,
-    log: Callable[[str], None] | None = None,
-    after_epoch: Callable[[int, object], None] | None = None,
-):
-    """Train a T5 on the users' item sequences (indices into sids int [I, L]); returns it in eval mode.
+    def __init__(
+        self,
+        sequences: Sequence[np.ndarray],
+        sids: np.ndarray,
+        vocab: SidVocab,
+        settings: T5Settings,
+        valid_histories: Sequence[np.ndarray],
+        valid_targets: np.ndarray,
+    ) -> None:
+        self.sequences = sequences
+        self.sids = np.asarray(sids, dtype=np.int64)
+        self.vocab = vocab
+        self.settings = settings
+        self.item_tokens = vocab.tokens(self.sids)
+        self.valid_histories = list(valid_histories)
+        self.valid_targets = np.asarray(valid_targets, dtype=np.int64)
 
-    after_epoch(epoch, model) runs after every epoch with the model in eval mode (checkpoints), then
-    training resumes with torch's generator restored, so checkpoints do not change the training.
-    Seeds torch (settings.seed); the caller fixes the thread count (set_determinism).
-    """
-    set_determinism(settings.seed)
-    model = build_t5(vocab, settings)
-    item_tokens = vocab.tokens(sids)
-    item_tokens_t = torch.from_numpy(item_tokens)
-    rng = np.random.default_rng(settings.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: inverse_sqrt_lr(s + 1, settings))
-    for epoch in range(1, settings.epochs + 1):
-        model.train()
-        started, total, count = time.perf_counter(), 0.0, 0
-        examples = epoch_examples(sequences, settings.max_history, rng)
+    def build(self):
+        return build_t5(self.vocab, self.settings)
+
+    def batches(self, rng: np.random.Generator) -> Iterator[dict[str, torch.Tensor]]:
+        s = self.settings
+        examples = epoch_examples(self.sequences, s.max_history, rng)
         order = rng.permutation(len(examples))
-        for lo in range(0, len(order), settings.batch_size):
-            batch = [examples[i] for i in order[lo : lo + settings.batch_size]]
-            histories = [sequences[u][s : e - 1] for u, s, e in batch]
-            targets = np.array([sequences[u][e - 1] for u, _, e in batch], dtype=np.int64)
-            input_ids, mask = encoder_inputs(histories, item_tokens, settings.max_history)
-            labels = item_tokens_t[torch.from_numpy(targets)]
-            loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            total += float(loss.detach()) * len(batch)
-            count += len(batch)
-        model.eval()
-        if log is not None:
-            log(
-                f"epoch {epoch}/{settings.epochs}: loss {total / max(count, 1):.4f} over {count} examples "
-                f"({time.perf_counter() - started:.1f} s)"
-            )
-        if after_epoch is not None:
-            state = torch.get_rng_state()
-            after_epoch(epoch, model)
-            torch.set_rng_state(state)
-    model.eval()
-    return model
+        for lo in range(0, len(order), s.batch_size):
+            batch = [examples[i] for i in order[lo : lo + s.batch_size]]
+            histories = [self.sequences[u][a : b - 1] for u, a, b in batch]
+            targets = np.array([self.sequences[u][b - 1] for u, _, b in batch], dtype=np.int64)
+            yield self._tensors(histories, targets)
+
+    def _tensors(self, histories: Sequence[np.ndarray], targets: np.ndarray) -> dict[str, torch.Tensor]:
+        input_ids, mask = encoder_inputs(histories, self.item_tokens, self.settings.max_history)
+        labels = torch.from_numpy(self.item_tokens[np.asarray(targets, dtype=np.int64)])
+        return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+    def loss(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        return model(**batch).loss, int(batch["labels"].shape[0])
+
+    def val_loss(self, model, batch_size: int = 256) -> float:
+        """Mean token cross-entropy of every user's validation item after its history."""
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for lo in range(0, len(self.valid_targets), batch_size):
+                batch = self._tensors(self.valid_histories[lo : lo + batch_size],
+                                      self.valid_targets[lo : lo + batch_size])  # fmt: skip
+                n = int(batch["labels"].numel())
+                total, count = total + float(model(**batch).loss) * n, count + n
+        return total / max(count, 1)
+
+    def inputs(self, histories: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        return encoder_inputs(histories, self.item_tokens, self.settings.max_history)
+
+    def fingerprint(self) -> str:
+        return sids_fingerprint(self.sids)
