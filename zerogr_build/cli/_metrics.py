@@ -30,7 +30,6 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-import click
 import typer
 
 PREFIX = "zerogr"
@@ -167,7 +166,7 @@ def write_script_metrics(
 
 @contextlib.contextmanager
 def job_metrics(job: str, path: str | os.PathLike | None) -> Iterator[JobMetrics]:
-    """Yield a JobMetrics and write it when the block ends: exit status 0, the typer/click Exit code, 130
+    """Yield a JobMetrics and write it when the block ends: exit status 0, the typer Exit code, 130
     on Ctrl-C, 1 on any other exception. A metrics file that cannot be written is one warning line on
     stderr; it never changes the command's own exit code."""
     metrics = JobMetrics(job, path)
@@ -175,8 +174,8 @@ def job_metrics(job: str, path: str | os.PathLike | None) -> Iterator[JobMetrics
     try:
         yield metrics
         status = 0
-    except (typer.Exit, click.exceptions.Exit) as exc:
-        status = int(getattr(exc, "exit_code", 1) or 0)
+    except typer.Exit as exc:
+        status = int(exc.exit_code or 0)
         raise
     except KeyboardInterrupt:
         status = 130
