@@ -79,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.smoke:
         args.items, args.tiny_groups, args.repeat = 20_000, "200", 1
     tiny = [int(x) for x in args.tiny_groups.split(",") if x.strip()]
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         cases = []
         if args.items:
