@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -64,6 +65,20 @@ class JobMetrics:
     def add_stage(self, name: str, seconds: float) -> None:
         """Record a stage timed elsewhere (e.g. the library's own per-stage timings)."""
         self.stages[name] = self.stages.get(name, 0.0) + float(seconds)
+
+    def add_stages(self, timings: Mapping[str, float]) -> None:
+        """Record every stage of a {stage: seconds} dict the library timed."""
+        for stage, seconds in timings.items():
+            self.add_stage(stage, seconds)
+
+    def bundle_from_manifest(self, manifest: Mapping[str, Any], version: int) -> None:
+        """Record the bundle facts a (validated) manifest states, for the version the run handled."""
+        self.bundle(
+            items=manifest["leaves"]["items"],
+            distinct_sids=manifest["leaves"]["count"],
+            index_bytes=manifest.get("index_bytes"),
+            version=version,
+        )
 
     def bundle(self, **values: float | int | None) -> None:
         """Record bundle facts: any of items, distinct_sids, index_bytes, version (None, or anything that

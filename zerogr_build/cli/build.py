@@ -142,8 +142,7 @@ def build(
         check_out_dir(settings.out)  # an OUT that cannot hold versions is a usage error, before the read
         with progress_for(quiet) as progress, warnings_on_stderr():
             summary = build_bundle(catalog, settings, progress=progress)
-        for stage, seconds in summary["timings"].items():  # the library's own per-stage timings
-            metrics.add_stage(stage, seconds)
+        metrics.add_stages(summary["timings"])  # the library's own per-stage timings
         metrics.bundle(
             items=summary["items"], distinct_sids=summary["distinct_sids"],
             index_bytes=summary["index_bytes"], version=summary["version"],

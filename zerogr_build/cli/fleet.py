@@ -85,15 +85,8 @@ def push(
                     version_dir, dest, promote=promote, keep=keep, progress=progress, timings=timings
                 )
         finally:
-            for stage, seconds in timings.items():
-                metrics.add_stage(stage, seconds)
-        manifest = result.manifest
-        metrics.bundle(
-            items=manifest["leaves"]["items"],
-            distinct_sids=manifest["leaves"]["count"],
-            index_bytes=manifest.get("index_bytes"),
-            version=result.version,
-        )
+            metrics.add_stages(timings)
+        metrics.bundle_from_manifest(result.manifest, result.version)
         url = f"{result.url}/v{result.version:06d}"
         if json_out:
             sys.stdout.write(json.dumps(result.as_dict(), default=str) + "\n")
@@ -164,15 +157,8 @@ def pull(
                     source, out, version=version, keep=keep, verify=verify, progress=progress, timings=timings
                 )
         finally:
-            for stage, seconds in timings.items():
-                metrics.add_stage(stage, seconds)
-        manifest = result.manifest
-        metrics.bundle(
-            items=manifest["leaves"]["items"],
-            distinct_sids=manifest["leaves"]["count"],
-            index_bytes=manifest.get("index_bytes"),
-            version=result.version,
-        )
+            metrics.add_stages(timings)
+        metrics.bundle_from_manifest(result.manifest, result.version)
         info = result.as_dict()
         if json_out:
             sys.stdout.write(json.dumps(info, default=str) + "\n")
