@@ -65,14 +65,7 @@ def read_requests(
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: requests file not found")
-    try:
-        schema = pq.read_schema(path)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for non-Parquet input
-        raise InputError(f"{path}: not a Parquet file ({' '.join(str(exc).split())})") from exc
-    if request_column not in schema.names:
-        raise InputError(
-            f"{path}: missing column {request_column!r} (columns: {', '.join(schema.names) or 'none'})"
-        )
+    schema = _requests_schema(path, request_column)
     columns = [request_column] + ([target_column] if target_column in schema.names else [])
     table = pq.read_table(path, columns=columns)
     ids = table.column(request_column).to_pylist()
@@ -118,14 +111,7 @@ def read_token_requests(
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: requests file not found")
-    try:
-        schema = pq.read_schema(path)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for non-Parquet input
-        raise InputError(f"{path}: not a Parquet file ({' '.join(str(exc).split())})") from exc
-    if input_column not in schema.names:
-        raise InputError(
-            f"{path}: missing column {input_column!r} (columns: {', '.join(schema.names) or 'none'})"
-        )
+    schema = _requests_schema(path, input_column)
     columns = [c for c in (input_column, mask_column, target_column) if c in schema.names]
     for name in columns[: 2 if mask_column in schema.names else 1]:
         kind = schema.field(name).type
@@ -185,3 +171,17 @@ def beam_width_for(ks: Sequence[int], beam_width: int | None) -> int:
             "(raise --beam-width or lower --k)"
         )
     return m
+
+
+def _requests_schema(path: Path, column: str) -> Any:
+    """The Parquet schema of a requests file that must hold `column`; InputError naming the file when it is
+    not Parquet or lacks the column."""
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for non-Parquet input
+        raise InputError(f"{path}: not a Parquet file ({' '.join(str(exc).split())})") from exc
+    if column not in schema.names:
+        raise InputError(f"{path}: missing column {column!r} (columns: {', '.join(schema.names) or 'none'})")
+    return schema
