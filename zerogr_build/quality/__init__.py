@@ -8,6 +8,7 @@ Library code behind `scripts/quality_ml100k.py`, `scripts/quality_ml1m.py` and `
     model     a small TIGER-like encoder/decoder over SID tokens (torch), trained on CPU
     t5        a TIGER-style transformers T5ForConditionalGeneration over SID tokens, trained on CPU
     causal    a decoder-only GPT-2 over SID tokens, trained causally on every position of a user's sequence
+    family    what t5 and causal share: the SID token layout, the epoch's windows, the family's data
     fit       the training loop of both: early stopping on validation loss, checkpoints, exact resume
     run       the glue: dataset -> SIDs -> catalog -> bundle -> model -> a `zerogr compare` model function
     ml1m_run  the ML-1M glue: SIDs -> bundle -> a family trained to convergence, evaluated along the

@@ -1,12 +1,12 @@
 """A decoder-only generative recommender: a Hugging Face GPT-2 over SID tokens, trained causally on CPU.
 
-- Vocabulary: the T5's (t5.SidVocab): 0 pad, 1 eos, 2 start, then one token per (step, code); token 2
+- Vocabulary: the T5's (family.SidVocab): 0 pad, 1 eos, 2 start, then one token per (step, code); token 2
   opens every sequence (GPT-2's bos).
 - A user's sequence is [start, the SID tokens of item 0, of item 1, ...] (4 tokens per item for
   4-token SIDs). Training is next-token prediction at every position, so one pass over a window trains
   every item in it (and every token of each item) as a target, conditioned on the items before it.
 - An epoch cuts every user's training sequence into windows of max_history + 1 items from a random offset
-  (t5.epoch_examples, the T5's cut), so it holds every training event once as a target, about 20 times
+  (family.epoch_examples, the T5's cut), so it holds every training event once as a target, about 20 times
   the T5's targets per epoch; windows are right-padded, the padding excluded from the loss.
 - Serving and evaluation: the prompt is [start, the tokens of the last max_history items], left-padded
   (the HF integration's convention for decoder-only models: positions from the attention mask), so a
@@ -25,8 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .fit import sids_fingerprint
-from .t5 import DECODER_START, PAD, SidVocab, epoch_examples
+from .family import DECODER_START, PAD, SidFamily, SidVocab
 
 START = DECODER_START
 IGNORE = -100  # the label HF's loss skips
@@ -126,7 +125,7 @@ def token_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int
     return loss, int(keep.sum())
 
 
-class CausalFamily:
+class CausalFamily(SidFamily):
     """The decoder-only family for quality.fit: GPT-2 over a split's training sequences."""
 
     name = "decoder"
@@ -140,11 +139,7 @@ class CausalFamily:
         valid_histories: Sequence[np.ndarray],
         valid_targets: np.ndarray,
     ) -> None:
-        self.sequences = sequences
-        self.sids = np.asarray(sids, dtype=np.int64)
-        self.vocab = vocab
-        self.settings = settings
-        self.item_tokens = vocab.tokens(self.sids)
+        super().__init__(sequences, sids, vocab, settings)
         self.valid = [np.concatenate([np.asarray(h[-settings.max_history :], dtype=np.int64), [t]])
                       for h, t in zip(valid_histories, valid_targets, strict=True)]  # fmt: skip
 
@@ -152,11 +147,7 @@ class CausalFamily:
         return build_causal(self.vocab, self.settings, self.item_tokens.shape[1])
 
     def batches(self, rng: np.random.Generator) -> Iterator[dict[str, torch.Tensor]]:
-        s = self.settings
-        examples = epoch_examples(self.sequences, s.max_history, rng)
-        order = rng.permutation(len(examples))
-        for lo in range(0, len(order), s.batch_size):
-            chosen = [examples[i] for i in order[lo : lo + s.batch_size]]
+        for chosen in self.window_batches(rng):
             yield window_batch([self.sequences[u][a:b] for u, a, b in chosen], self.item_tokens)
 
     def loss(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
@@ -174,6 +165,3 @@ class CausalFamily:
 
     def inputs(self, histories: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         return prompt_inputs(histories, self.item_tokens, self.settings.max_history)
-
-    def fingerprint(self) -> str:
-        return sids_fingerprint(self.sids)

@@ -30,9 +30,10 @@ from ..compare import CompareReport, Requests, compare_searches
 from ..errors import InputError, ZerogrError
 from .causal import CausalFamily, CausalSettings
 from .data import Interactions, ItemInfo, Split, leave_one_out
+from .family import SidVocab
 from .fit import FitState, StopRule, fit, update_checkpoint_state
 from .run import SidCatalog, build_bundle, make_sids, write_catalog
-from .t5 import SidVocab, T5Family, T5Settings
+from .t5 import T5Family, T5Settings
 
 FAMILIES = ("t5", "decoder")
 

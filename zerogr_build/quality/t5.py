@@ -27,11 +27,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..integrations.sid_map import SidMap
-from .fit import sids_fingerprint
-
-PAD, EOS, DECODER_START = 0, 1, 2
-FIRST_SID_TOKEN = 3
+from .family import DECODER_START, EOS, PAD, SidFamily, SidVocab
 
 
 @dataclass(frozen=True)
@@ -54,29 +50,6 @@ class T5Settings:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class SidVocab:
-    """Token layout: offsets[t] = first token of step t's codes; size = the whole vocabulary."""
-
-    codebook_sizes: tuple[int, ...]
-
-    @property
-    def offsets(self) -> tuple[int, ...]:
-        starts = FIRST_SID_TOKEN + np.concatenate([[0], np.cumsum(self.codebook_sizes)[:-1]])
-        return tuple(int(o) for o in starts)
-
-    @property
-    def size(self) -> int:
-        return FIRST_SID_TOKEN + int(sum(self.codebook_sizes))
-
-    def sid_map(self) -> SidMap:
-        return SidMap.from_offsets(self.offsets)
-
-    def tokens(self, sids: np.ndarray) -> np.ndarray:
-        """int64 [..., L] SID codes -> their tokens int64 [..., L]."""
-        return np.asarray(sids, dtype=np.int64) + np.asarray(self.offsets, dtype=np.int64)
 
 
 def build_t5(vocab: SidVocab, settings: T5Settings):
@@ -122,29 +95,8 @@ def encoder_inputs(
     return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
-def epoch_examples(
-    sequences: Sequence[np.ndarray], max_history: int, rng: np.random.Generator
-) -> list[tuple[int, int, int]]:
-    """One epoch's examples (user, start, end): history seq[start:end-1], target seq[end-1].
-
-    Each sequence is cut into windows of max_history + 1 items from a random offset in
-    0..max_history (so the first window may be shorter); windows with no history item are skipped.
-    """
-    out = []
-    span = max_history + 1
-    for u, seq in enumerate(sequences):
-        n = len(seq)
-        offset = int(rng.integers(0, span))
-        ends = ([n] if offset else []) + list(range(n - offset, 0, -span))
-        for end in ends:
-            start = max(0, end - span)
-            if end - start >= 2:
-                out.append((u, start, end))
-    return out
-
-
-class T5Family:
-    """The T5 family for quality.fit: one example per window (t5.epoch_examples), teacher forcing."""
+class T5Family(SidFamily):
+    """The T5 family for quality.fit: one example per window (family.epoch_examples), teacher forcing."""
 
     name = "t5"
 
@@ -157,11 +109,7 @@ class T5Family:
         valid_histories: Sequence[np.ndarray],
         valid_targets: np.ndarray,
     ) -> None:
-        self.sequences = sequences
-        self.sids = np.asarray(sids, dtype=np.int64)
-        self.vocab = vocab
-        self.settings = settings
-        self.item_tokens = vocab.tokens(self.sids)
+        super().__init__(sequences, sids, vocab, settings)
         self.valid_histories = list(valid_histories)
         self.valid_targets = np.asarray(valid_targets, dtype=np.int64)
 
@@ -169,11 +117,7 @@ class T5Family:
         return build_t5(self.vocab, self.settings)
 
     def batches(self, rng: np.random.Generator) -> Iterator[dict[str, torch.Tensor]]:
-        s = self.settings
-        examples = epoch_examples(self.sequences, s.max_history, rng)
-        order = rng.permutation(len(examples))
-        for lo in range(0, len(order), s.batch_size):
-            batch = [examples[i] for i in order[lo : lo + s.batch_size]]
+        for batch in self.window_batches(rng):
             histories = [self.sequences[u][a : b - 1] for u, a, b in batch]
             targets = np.array([self.sequences[u][b - 1] for u, _, b in batch], dtype=np.int64)
             yield self._tensors(histories, targets)
@@ -199,6 +143,3 @@ class T5Family:
 
     def inputs(self, histories: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         return encoder_inputs(histories, self.item_tokens, self.settings.max_history)
-
-    def fingerprint(self) -> str:
-        return sids_fingerprint(self.sids)
