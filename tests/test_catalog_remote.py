@@ -12,26 +12,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
 from zerogr_build.catalog import find_catalog_files, read_catalog
-from zerogr_build.cli import app
 from zerogr_build.errors import InputError
-from zerogr_build.testing import stderr_lines
+
+from .cli_runs import invoke, one_error_line
 
 SIZES = [6, 6, 6]
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    lines = stderr_lines(result.stderr)
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 def part(rows: int, first_id: int, seed: int) -> pa.Table:

@@ -4,9 +4,6 @@ parser; rebuild.sh's progress on stderr, its stdout on exit 5 and its plan reuse
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +15,9 @@ from typer.testing import CliRunner
 from zerogr_build.bundle import verify_bundle
 from zerogr_build.cli import app
 
+from .cli_runs import TUNE_ARGS, run_rebuild
+
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "rebuild.sh"
-TUNE_ARGS = "--batch-sizes 2 --beam-width 4 --warmup 0 --iters 1 --hidden-dim 8"
 
 
 def metrics(path: Path) -> dict:
@@ -128,42 +125,24 @@ def test_build_verify_tune_promote_write_their_metrics(tmp_path):
         assert failed.exit_code == 2 and value(metrics(m / f"{job}.prom"), "job_exit_status", job) == 2
 
 
-def rebuild(*args, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """rebuild.sh with this checkout's zerogr, stderr not a terminal (as under cron)."""
-    full_env = {
-        **os.environ,
-        "PYTHON": sys.executable,
-        "ZEROGR": f"{sys.executable} {ROOT / 'cli.py'}",
-        **(env or {}),
-    }
-    return subprocess.run(
-        ["bash", str(SCRIPT), *map(str, args)],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 def test_rebuild_metrics_progress_plan_reuse_and_exit_5(tmp_path):
     catalog = write_catalog(tmp_path / "catalog.parquet")
     out, prom = tmp_path / "bundles", tmp_path / "textfile" / "zerogr_rebuild.prom"
     common = [catalog, "--out", out, "--codebook-sizes", "16,16,16", "--device", "cpu"]
     common += ["--metrics-file", prom]
 
-    usage = rebuild(catalog, *common[1:], "--gate-model", tmp_path, cwd=tmp_path)  # gate files missing
+    usage = run_rebuild(catalog, *common[1:], "--gate-model", tmp_path, cwd=tmp_path)  # gate files missing
     assert usage.returncode == 2 and "--gate-sid-map" in usage.stderr
     assert value(metrics(prom), "job_exit_status", "rebuild") == 2  # a usage error is reported too
     prom.unlink()
-    bad = rebuild(tmp_path / "missing.parquet", *common[1:], cwd=tmp_path)
+    bad = run_rebuild(tmp_path / "missing.parquet", *common[1:], cwd=tmp_path)
     assert bad.returncode == 2 and bad.stdout == ""
     got = metrics(prom)
     assert value(got, "job_exit_status", "rebuild") == 2
     assert ("zerogr_job_last_success_timestamp_seconds", ("job", "rebuild")) not in got
     assert [k[2] for k in got if k[0] == "zerogr_job_stage_duration_seconds"] == [("stage", "build")]
 
-    first = rebuild(*common, "--tune-args", TUNE_ARGS, cwd=tmp_path)
+    first = run_rebuild(*common, "--tune-args", TUNE_ARGS, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert first.stdout == f"{(out / 'v000001').resolve()}\n"
     assert "zerogr: write plan into the bundle done in" in first.stderr  # tune's progress lines
@@ -181,19 +160,19 @@ def test_rebuild_metrics_progress_plan_reuse_and_exit_5(tmp_path):
         (name,) = (out / version / "plans").glob("*.json")
         return json.loads(name.read_text())
 
-    second = rebuild(*common, "--tune-args", TUNE_ARGS, cwd=tmp_path)  # the same shapes: reused
+    second = run_rebuild(*common, "--tune-args", TUNE_ARGS, cwd=tmp_path)  # the same shapes: reused
     assert second.returncode == 0, second.stderr
     assert "reused the plan of" in second.stderr and "write plan into the bundle" not in second.stderr
     assert plan_of("v000002")["reused_from"]["bundle_version"] == 1
     assert verify_bundle(out / "v000002")["ok"]
     assert value(metrics(prom), "bundle_version", "rebuild") == 2
 
-    third = rebuild(*common, "--retune", "--tune-args", TUNE_ARGS, cwd=tmp_path)
+    third = run_rebuild(*common, "--retune", "--tune-args", TUNE_ARGS, cwd=tmp_path)
     assert third.returncode == 0, third.stderr
     assert "reused" not in third.stderr and "reused_from" not in plan_of("v000003")
     ok_at = value(metrics(prom), "job_last_success_timestamp_seconds", "rebuild")
 
-    failed_tune = rebuild(*common, "--retune", "--tune-args", "--iters 0", cwd=tmp_path)
+    failed_tune = run_rebuild(*common, "--retune", "--tune-args", "--iters 0", cwd=tmp_path)
     assert failed_tune.returncode == 5
     assert failed_tune.stdout == f"{(out / 'v000004').resolve()}\n"  # valid and promoted: printed
     assert (out / "LATEST").read_text() == "v000004\n"

@@ -13,26 +13,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
 from zerogr_build.bundle import open_bundle
 from zerogr_build.catalog import read_catalog
-from zerogr_build.cli import app
 from zerogr_build.errors import InputError
-from zerogr_build.testing import finishes, stderr_lines
+from zerogr_build.testing import finishes
 
-runner = CliRunner()
-
-
-def invoke(*args: str):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_error_line(result, code: int = 2) -> str:
-    assert result.exit_code == code, result.output
-    lines = stderr_lines(result.stderr)
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
+from .cli_runs import invoke, one_error_line
 
 
 def small_catalog(path: Path, n: int = 60) -> Path:

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,13 +24,11 @@ from zerogr_build.bundle import open_bundle
 from zerogr_build.bundle.quality import find_quality
 from zerogr_build.runtime.decoder import Decoder
 
+from .cli_runs import TUNE_ARGS, run_rebuild
+
 pytest.importorskip("transformers")
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "scripts" / "rebuild.sh"
-# This checkout's zerogr (the one on PATH may be another checkout's editable install).
-ENV = {**os.environ, "PYTHON": sys.executable, "ZEROGR": f"{sys.executable} {REPO / 'cli.py'}"}
-TUNE_ARGS = "--batch-sizes 2 --beam-width 4 --warmup 0 --iters 1 --hidden-dim 8"
 GATE_ARGS = "--k 1,5 --beam-width 5 --batch-size 16"
 V, L, VOCAB, OFFSET = 4, 3, 40, 3  # codes are tokens 3..6 at every step
 
@@ -83,14 +78,7 @@ def _rebuild(root, out, model_dir, *extra):
         "--tune-args", TUNE_ARGS, "--gate-model", model_dir, "--gate-sid-map", root / "sid_map.json",
         "--gate-requests", root / "requests.parquet", "--gate-args", GATE_ARGS, *extra,
     ]  # fmt: skip
-    return subprocess.run(
-        ["bash", str(SCRIPT), *map(str, args)],
-        cwd=root,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_rebuild(*args, cwd=root)
 
 
 def test_a_model_without_mass_on_invalid_codes_passes_and_records_filter_first(gate_inputs, tmp_path):
@@ -138,12 +126,7 @@ def test_a_gate_that_cannot_run_does_not_promote(gate_inputs, tmp_path):
     assert done.returncode == 11, done.stderr
     assert done.stdout == "" and "NOT promoted" in done.stderr and "no config.json" in done.stderr
     assert (out / "v000001" / "manifest.json").is_file() and not (out / "LATEST").exists()
-    half = subprocess.run(
-        ["bash", str(SCRIPT), str(gate_inputs / "catalog.parquet"), "--out", str(out), "--gate-model", "x"],
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    half_gate = ("--out", out, "--gate-model", "x")
+    half = run_rebuild(gate_inputs / "catalog.parquet", *half_gate, cwd=tmp_path, timeout=60)
     assert half.returncode == 2 and "together" in half.stderr
     assert sorted(p.name for p in out.glob("v*")) == ["v000001"]  # nothing built

@@ -4,18 +4,14 @@ exit codes."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "rebuild.sh"
-TUNE_ARGS = "--batch-sizes 2 --beam-width 4 --warmup 0 --iters 1 --hidden-dim 8"
+from .cli_runs import REPO, TUNE_ARGS, run_rebuild
 
 
 @pytest.fixture
@@ -26,22 +22,6 @@ def catalog(tmp_path):
     path = tmp_path / "catalog.parquet"
     pq.write_table(table, path)
     return path
-
-
-CLI = Path(__file__).resolve().parent.parent / "cli.py"
-
-
-def _run(*args, cwd, env=None):
-    """rebuild.sh with this checkout's zerogr (not whatever `zerogr` is on PATH)."""
-    full_env = {**os.environ, "PYTHON": sys.executable, "ZEROGR": f"{sys.executable} {CLI}", **(env or {})}
-    return subprocess.run(
-        ["bash", str(SCRIPT), *map(str, args)],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def test_rebuild_prints_the_tuned_verified_version(catalog, tmp_path):
@@ -57,7 +37,7 @@ def test_rebuild_prints_the_tuned_verified_version(catalog, tmp_path):
         "--tune-args",
         TUNE_ARGS,
     ]
-    done = _run(*args, cwd=tmp_path)
+    done = run_rebuild(*args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert lines == [str((out / "v000001").resolve())]
@@ -69,16 +49,16 @@ def test_rebuild_prints_the_tuned_verified_version(catalog, tmp_path):
 def test_rebuild_exit_codes(catalog, tmp_path):
     out = tmp_path / "bundles"
     sizes = ("--codebook-sizes", "16,16,16")
-    assert _run(tmp_path / "missing.parquet", "--out", out, *sizes, cwd=tmp_path).returncode == 2
+    assert run_rebuild(tmp_path / "missing.parquet", "--out", out, *sizes, cwd=tmp_path).returncode == 2
     assert not out.exists() or not any(out.glob("v*"))
-    bad_tune = _run(
+    bad_tune = run_rebuild(
         catalog, "--out", out, *sizes, "--device", "cpu", "--tune-args", "--iters 0", cwd=tmp_path
     )
     assert bad_tune.returncode == 5  # exit 5 prints the (valid, promoted) version too
     assert bad_tune.stdout == f"{(out / 'v000001').resolve()}\n"
     assert (out / "v000001" / "manifest.json").is_file()  # published and verified, just not tuned
     assert (out / "LATEST").read_text() == "v000001\n"  # ... and promoted: it is valid
-    assert _run(catalog, cwd=tmp_path, env={"ZEROGR": "/nonexistent/zerogr"}).returncode == 6
+    assert run_rebuild(catalog, cwd=tmp_path, env={"ZEROGR": "/nonexistent/zerogr"}).returncode == 6
 
 
 def test_failed_verify_never_moves_latest(catalog, tmp_path):
@@ -86,7 +66,7 @@ def test_failed_verify_never_moves_latest(catalog, tmp_path):
     version at every zerogr call after the build (never the new one), with --keep 1 sparing both."""
     out = tmp_path / "bundles"
     seen = tmp_path / "latest_seen.txt"
-    cli = Path(__file__).resolve().parent.parent / "cli.py"
+    cli = REPO / "cli.py"
     corrupting = tmp_path / "zerogr_corrupting_build.sh"
     corrupting.write_text(
         f'[ "$1" = --help ] || echo "$1 $(cat "{out}/LATEST" 2>/dev/null || echo none)" >> "{seen}"\n'
@@ -101,24 +81,24 @@ def test_failed_verify_never_moves_latest(catalog, tmp_path):
     args += ["--tune-args", TUNE_ARGS]
     bad_env = {"ZEROGR": f"bash {corrupting}"}
 
-    first_bad = _run(*args, cwd=tmp_path, env=bad_env)
+    first_bad = run_rebuild(*args, cwd=tmp_path, env=bad_env)
     assert first_bad.returncode == 4 and first_bad.stdout == "", first_bad.stderr
     assert "LATEST was not moved" in first_bad.stderr
     assert (out / "v000001").is_dir() and not (out / "LATEST").exists()
     assert seen.read_text().split("\n")[:-1] == ["build none", "after-build none", "verify none"]
 
-    good = _run(*args, cwd=tmp_path)
+    good = run_rebuild(*args, cwd=tmp_path)
     assert good.returncode == 0, good.stderr
     assert (out / "LATEST").read_text() == "v000002\n"
 
     seen.unlink()
-    bad = _run(*args, cwd=tmp_path, env=bad_env)
+    bad = run_rebuild(*args, cwd=tmp_path, env=bad_env)
     assert bad.returncode == 4 and bad.stdout == "", bad.stderr
     assert (out / "LATEST").read_text() == "v000002\n"
     assert sorted(p.name for p in out.glob("v*")) == ["v000002", "v000003"]  # keep 1 spared LATEST's
     assert seen.read_text().split("\n")[:-1] == ["build v000002", "after-build v000002", "verify v000002"]
 
-    again = _run(*args, cwd=tmp_path)
+    again = run_rebuild(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == str((out / "v000004").resolve())
     assert (out / "LATEST").read_text() == "v000004\n"
