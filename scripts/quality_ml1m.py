@@ -59,7 +59,9 @@ from zerogr_build.quality.ml1m_run import FAMILIES, Ml1mRun, prepare, train_and_
 from zerogr_build.quality.model import set_determinism  # noqa: E402
 from zerogr_build.quality.t5 import T5Settings  # noqa: E402
 
-MAX_EPOCHS = {"t5": 60, "decoder": 12}  # the budget, fixed before any overlap was measured
+# The budget. Fixed before any overlap was measured (t5 60, decoder 12); the decoder's was raised to 40
+# after its 12-epoch run ended at the budget with the validation loss still falling (docs/quality-ml1m.md).
+MAX_EPOCHS = {"t5": 60, "decoder": 40}
 PATIENCE = 2
 MIN_DELTA = 1e-4
 
@@ -87,7 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--max-epochs",
         type=int,
         default=None,
-        help="stop after this many epochs at the latest (default: t5 60, decoder 12)",
+        help="stop after this many epochs at the latest (default: t5 60, decoder 40)",
     )
     p.add_argument(
         "--patience",
