@@ -428,9 +428,12 @@ def test_prepare_reuses_its_sids_and_bundle_only_for_the_same_inputs(tmp_path):
 
 
 def test_checkpoint_dicts_round_trip(tiny_run):
-    for c in tiny_run.checkpoints:
+    assert tiny_run.checkpoints
+    for c in [*tiny_run.checkpoints, tiny_run.final]:
         back = Checkpoint.from_dict(c.to_dict())
         assert back.report.overlap == c.report.overlap and back.to_dict() == c.to_dict()
+        # K keys are ints again, as compare_searches writes them (the curve itself went through from_dict)
+        assert list(back.report.overlap) == list(KS) and list(back.report.recall["filter_first"]) == list(KS)
     assert isinstance(tiny_run.state, FitState)
 
 

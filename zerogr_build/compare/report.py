@@ -39,9 +39,22 @@ class CompareReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable dict (K keys become strings)."""
-        out = asdict(self)
-        for key in ("overlap", "requests_differing"):
-            out[key] = {str(k): v for k, v in out[key].items()}
-        for key in ("recall", "ndcg", "score_gap"):
-            out[key] = {o: {str(k): v for k, v in per.items()} for o, per in out[key].items()}
-        return out
+        return _with_k_keys(asdict(self), str)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompareReport:
+        """The inverse of to_dict (K keys back to int). For reports this code wrote; not a validator."""
+        return cls(**_with_k_keys(dict(data), int))
+
+
+_PER_K = ("overlap", "requests_differing")  # {K: value}
+_PER_ORDER_PER_K = ("recall", "ndcg", "score_gap")  # {order: {K: value}}
+
+
+def _with_k_keys(d: dict[str, Any], key: type) -> dict[str, Any]:
+    """d with the K keys of its per-K fields converted by `key` (str for JSON, int back)."""
+    for name in _PER_K:
+        d[name] = {key(k): v for k, v in d[name].items()}
+    for name in _PER_ORDER_PER_K:
+        d[name] = {o: {key(k): v for k, v in per.items()} for o, per in d[name].items()}
+    return d

@@ -55,14 +55,9 @@ class Checkpoint:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Checkpoint:
-        """The inverse of to_dict (K keys back to int)."""
-        r = dict(d["report"])
-        for key in ("overlap", "requests_differing"):
-            r[key] = {int(k): v for k, v in r[key].items()}
-        for key in ("recall", "ndcg", "score_gap"):
-            r[key] = {o: {int(k): v for k, v in per.items()} for o, per in r[key].items()}
+        """The inverse of to_dict."""
         return cls(int(d["epoch"]), int(d["users"]), float(d["train_seconds"]), float(d["val_loss"]),
-                   CompareReport(**r))  # fmt: skip
+                   CompareReport.from_dict(d["report"]))  # fmt: skip
 
 
 @dataclass
