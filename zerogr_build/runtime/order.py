@@ -16,7 +16,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ..bundle.quality import QualityRecord, find_quality, load_quality, quality_files, quality_key_of
+from ..bundle.quality import QualityRecord, find_quality, load_quality, quality_files
 from ..errors import BundleError
 
 DEFAULT_ORDER = "filter_first"
@@ -41,21 +41,14 @@ def auto_order(bundle: Any, model_version: str | None) -> tuple[str, QualityReco
 
 def _untagged_record(bundle: Any) -> QualityRecord | None:
     """For a bundle without a model version: its only record, or the most cautious of several (a
-    score_first record wins, since score-first is exact whatever the model). None when it holds none."""
-    records = [find_quality(bundle, load_key) for load_key in _record_tags(bundle)]
-    records = [r for r in records if r is not None]
+    score_first record wins, since score-first is exact whatever the model). None when it holds none.
+    Every record is read and validated once, in file-name order."""
+    files = sorted(quality_files(bundle).items(), key=lambda key_name: key_name[1])
+    records = [load_quality(bundle.file(name), expect_key=key) for key, name in files]
     if not records:
         return None
     cautious = [r for r in records if r.order == "score_first"]
     return cautious[0] if cautious else records[0]
-
-
-def _record_tags(bundle: Any) -> list[str]:
-    """The model versions of every quality record the bundle lists (each file read and validated)."""
-    tags = []
-    for name in sorted(quality_files(bundle).values()):
-        tags.append(load_quality(bundle.file(name), expect_key=quality_key_of(name)).model_version)
-    return tags
 
 
 __all__ = ["DEFAULT_ORDER", "auto_order"]
