@@ -42,6 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -178,34 +179,40 @@ def family_settings(args: argparse.Namespace) -> T5Settings | CausalSettings:
 
 
 def checkpoint_table(run: Ml1mRun) -> Table:
-    """The training curve, a column per evaluated epoch: validation loss, overlap@K, invalid mass and
-    boost spread of filter-first beams, Recall@10 and NDCG@10 of both orders."""
-    table = Table(title="the curve: overlap against invalid mass and boost spread (filter-first beams)")
-    table.add_column("after epoch")
+    """The training curve, a row per evaluated epoch: validation loss, overlap@K, invalid mass and
+    boost spread of filter-first beams per step, Recall@10 and NDCG@10 of both orders."""
+    first = run.checkpoints[0].report
+    with_10 = 10 in first.ks and bool(first.recall)
+    steps = len(first.codebook_sizes)
+    caption = ["ov@K: overlap@K in %.",
+               f"Invalid mass and boost spread: filter-first beams, steps 0-{steps - 1}."]  # fmt: skip
+    if with_10:
+        caption.append("R@10, N@10: Recall@10 and NDCG@10, filter-first/score-first.")
+    users = sorted({c.users for c in run.checkpoints})
+    table = Table(title=f"the curve on {'/'.join(map(str, users))} test users: overlap against invalid mass "
+                  "and boost spread", caption=" ".join(caption), box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=True)  # fmt: skip
+    headers = ["epoch", "train s", "val loss", *(f"ov@{k}" for k in first.ks), "invalid mass",
+               "boost spread"]  # fmt: skip
+    if with_10:
+        headers += ["R@10", "N@10"]
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
+    ff, sf = "filter_first", "score_first"
+
+    def per_step(values: list[float]) -> str:
+        return "/".join(f"{v:.3f}".removeprefix("0") for v in values)
+
     for c in run.checkpoints:
-        table.add_column(str(c.epoch), justify="right")
-    reports = [c.report for c in run.checkpoints]
-    first = reports[0]
-    rows = [
-        ["test users"] + [str(c.users) for c in run.checkpoints],
-        ["training seconds so far"] + [f"{c.train_seconds:.0f}" for c in run.checkpoints],
-        ["validation loss"] + [f"{c.val_loss:.4f}" for c in run.checkpoints],
-    ]
-    rows += [[f"overlap@{k}"] + [f"{100 * r.overlap[k]:.2f}%" for r in reports] for k in first.ks]
-    steps = range(len(first.codebook_sizes))
-    ff = "filter_first"
-    rows += [[f"invalid mass step {t}"] + [f"{r.invalid_mass[ff][t]:.4f}" for r in reports] for t in steps]
-    rows += [[f"boost spread step {t}"] + [f"{r.boost_spread[ff][t]:.3f}" for r in reports] for t in steps]
-    for metric in ("recall", "ndcg"):
-        for order in ("filter_first", "score_first"):
-            if 10 in first.ks and getattr(first, metric):
-                rows.append(
-                    [f"{'Recall' if metric == 'recall' else 'NDCG'}@10 {order}"]
-                    + [f"{getattr(r, metric)[order][10]:.4f}" for r in reports]
-                )
-    for row in rows:
+        r = c.report
+        row = [str(c.epoch), f"{c.train_seconds:.0f}", f"{c.val_loss:.4f}",
+               *(f"{100 * r.overlap[k]:.2f}" for k in first.ks),
+               per_step(r.invalid_mass[ff]), per_step(r.boost_spread[ff])]  # fmt: skip
+        if with_10:
+            row += [f"{r.recall[ff][10]:.4f}/{r.recall[sf][10]:.4f}",
+                    f"{r.ndcg[ff][10]:.4f}/{r.ndcg[sf][10]:.4f}"]  # fmt: skip
         table.add_row(*row)
-    return table  # fmt: skip
+    return table
 
 
 def json_report(run: Ml1mRun, command: str, complete: bool, threads: int) -> dict:
