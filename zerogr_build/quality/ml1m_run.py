@@ -30,12 +30,14 @@ from ..compare import CompareReport, Requests, compare_searches
 from ..errors import InputError, ZerogrError
 from .causal import CausalFamily, CausalSettings
 from .data import Interactions, ItemInfo, Split, leave_one_out
-from .family import SidVocab
+from .family import SidFamily, SidVocab
 from .fit import FitState, StopRule, fit, update_checkpoint_state
 from .run import SidCatalog, build_bundle, make_sids, write_catalog
 from .t5 import T5Family, T5Settings
 
 FAMILIES = ("t5", "decoder")
+# Each family's settings type -> the SidFamily that trains and evaluates it.
+FAMILY_BY_SETTINGS: dict[type, type[SidFamily]] = {T5Settings: T5Family, CausalSettings: CausalFamily}
 
 
 @dataclass
@@ -107,11 +109,8 @@ def prepare(
         bundle = build_bundle(catalog, work / "bundles", model_version=model_version)
         _save_prepare(work, key, catalog, bundle)
     vocab = SidVocab(tuple(int(v) for v in bundle.index.codebook_sizes))
-    if isinstance(settings, T5Settings):
-        family_cls: Any = T5Family
-    elif isinstance(settings, CausalSettings):
-        family_cls = CausalFamily
-    else:
+    family_cls: Any = FAMILY_BY_SETTINGS.get(type(settings))
+    if family_cls is None:
         raise InputError(f"settings must be T5Settings or CausalSettings, got {type(settings).__name__}")
     family = family_cls(split.train_sequences, catalog.sids, vocab, settings, split.valid_histories,
                         split.valid_targets)  # fmt: skip
