@@ -24,6 +24,9 @@
    probability mass per step, boost spread and score gaps. At the end the best epoch's model is evaluated
    on all test users (or --users). The JSON (--json) is rewritten after every evaluation, so a cut run
    keeps what it measured.
+7. --gate-inputs DIR writes those final test requests as model inputs (DIR/requests.parquet) and the SID
+   spelling (DIR/sid_map.json), and the run ends by printing the `zerogr compare --hf-model` command that
+   runs the quality gate on the best model: the same decodes, so the same overlaps.
 
 Nothing is tuned toward a number: the sizes and the stopping rule are fixed up front (the defaults).
 --smoke runs the whole pipeline in seconds on a small generated dataset (no download).
@@ -56,7 +59,14 @@ from zerogr_build.quality.causal import CausalSettings  # noqa: E402
 from zerogr_build.quality.data import DEFAULT_CACHE_DIR  # noqa: E402
 from zerogr_build.quality.fit import StopRule  # noqa: E402
 from zerogr_build.quality.ml1m import fetch_ml1m, parse_ml1m  # noqa: E402
-from zerogr_build.quality.ml1m_run import FAMILIES, Ml1mRun, prepare, train_and_check  # noqa: E402
+from zerogr_build.quality.ml1m_run import (  # noqa: E402
+    FAMILIES,
+    Ml1mRun,
+    prepare,
+    train_and_check,
+    user_subset,
+    write_gate_inputs,
+)
 from zerogr_build.quality.model import set_determinism  # noqa: E402
 from zerogr_build.quality.t5 import T5Settings  # noqa: E402
 
@@ -149,6 +159,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="layers (T5: encoder = decoder layers; default: the family's)",
     )
     p.add_argument("--json", default=None, help="also write the report as JSON (rewritten per evaluation)")
+    p.add_argument(
+        "--gate-inputs",
+        default=None,
+        metavar="DIR",
+        help="also write DIR/sid_map.json and DIR/requests.parquet (the final evaluation's test requests) "
+        "for `zerogr compare --hf-model`, the quality gate on the best model",
+    )
     p.add_argument(
         "--smoke",
         action="store_true",
@@ -290,6 +307,15 @@ def run_script(args: argparse.Namespace, argv: list[str] | None, err: Console) -
         f"{len(prefixes)} distinct codes before the collision token; bundle {run.bundle.path} "
         f"({time.perf_counter() - started:.1f} s)"
     )
+    gate_command = None
+    if args.gate_inputs:
+        rows = user_subset(split, args.users, settings.seed)
+        sid_map, requests = write_gate_inputs(run, rows, args.gate_inputs)
+        gate_command = shlex.join(["zerogr", "compare", str(run.bundle.path), "--hf-model",
+                                   str(work / f"{args.family}-best"), "--sid-map", str(sid_map), "--requests",
+                                   str(requests), "--beam-width", str(args.beam_width), "--k", args.k,
+                                   "--min-overlap", "0.995"])  # fmt: skip
+        err.print(f"gate inputs: {sid_map}, {requests} ({len(rows)} test requests)")
     threads = torch.get_num_threads()
     err.print(f"model: {args.family} {settings.to_dict()}, vocabulary {run.vocab.size}, {threads} threads; "
               f"stop: {stop}")  # fmt: skip
@@ -322,6 +348,9 @@ def run_script(args: argparse.Namespace, argv: list[str] | None, err: Console) -
         markup=False,
     )
     console.print(f"command: {command}", markup=False)
+    if gate_command is not None:
+        console.print(f"the quality gate on the best model (--record files its decision): {gate_command}",
+                      markup=False, soft_wrap=True)  # fmt: skip
     return 0
 
 

@@ -29,10 +29,18 @@ from zerogr_build.quality.ml1m import (  # noqa: E402
     parse_ml1m,
     read_ml1m_wheel,
 )
-from zerogr_build.quality.ml1m_run import Checkpoint, checkpoint_path, prepare, train_and_check  # noqa: E402
+from zerogr_build.quality.ml1m_run import (  # noqa: E402
+    Checkpoint,
+    checkpoint_path,
+    prepare,
+    train_and_check,
+    write_gate_inputs,
+)
 from zerogr_build.quality.model import set_determinism  # noqa: E402
 from zerogr_build.quality.t5 import T5Settings, encoder_inputs  # noqa: E402
 from zerogr_build.testing import synthetic_ml1m_files, write_fake_wheel  # noqa: E402
+
+from .cli_runs import invoke  # noqa: E402
 
 TINY = T5Settings(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
                   dropout=0.0, batch_size=16, max_history=5, warmup_steps=5)  # fmt: skip
@@ -187,6 +195,23 @@ def test_tiny_pipeline_report_has_every_field(fixture, request):
     table = script.checkpoint_table(run)
     assert table.row_count == len(run.checkpoints) and len(table.columns) == 3 + len(KS) + 2 + 2
     assert (Path(run.bundle.path).parent.parent / f"{run.family.name}-best" / "config.json").exists()
+
+
+@pytest.mark.parametrize("fixture", ["tiny_run", "tiny_decoder_run"])
+def test_gate_inputs_make_compare_reproduce_the_final_evaluation(fixture, request, tmp_path):
+    """The written requests and SID map, run through `zerogr compare --hf-model` on the best model, give
+    the final evaluation's report: the file holds exactly what the script decoded, user by user."""
+    run = request.getfixturevalue(fixture)
+    rows = np.arange(len(run.split.user_ids))
+    sid_map, requests = write_gate_inputs(run, rows, tmp_path / "gate")
+    best = Path(run.bundle.path).parent.parent / f"{run.family.name}-best"
+    result = invoke("compare", run.bundle.path, "--hf-model", best, "--sid-map", sid_map, "--requests",
+                    requests, "--k", ",".join(map(str, KS)), "--min-overlap", "0", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    got, want = json.loads(result.stdout), json.loads(json.dumps(run.final.report.to_dict()))
+    assert run.final.users == len(rows) == got["requests"]
+    for key in ("overlap", "requests_differing", "recall", "ndcg", "invalid_mass", "boost_spread"):
+        assert got[key] == want[key], key
 
 
 def test_invalid_mass_counts_the_whole_vocabulary(tiny_run):

@@ -197,6 +197,41 @@ def evaluate(
     )
 
 
+def write_gate_inputs(run: Ml1mRun, rows: np.ndarray, out_dir: str | Path) -> tuple[Path, Path]:
+    """The files `zerogr compare --hf-model <work dir>/<family>-best` needs to run the quality gate on
+    the test requests of users `rows` (int64 [n], indices into run.split), written atomically:
+
+    - out_dir/sid_map.json: how the family spells SIDs (SidMap.save);
+    - out_dir/requests.parquet: row i is user run.split.user_ids[rows[i]]; input_ids and attention_mask
+      (list<int64>) are what the family feeds the model for that user alone, as `evaluate` decodes it;
+      target_item (int64) is the held-out test item.
+
+    Returns (sid map path, requests path).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    split = run.split
+    input_ids: list[list[int]] = []
+    masks: list[list[int]] = []
+    for r in rows:
+        ids, mask = run.family.inputs([split.test_histories[int(r)]])
+        input_ids.append(ids[0].tolist())
+        masks.append(mask[0].tolist())
+    table = pa.table({
+        "input_ids": pa.array(input_ids, type=pa.list_(pa.int64())),
+        "attention_mask": pa.array(masks, type=pa.list_(pa.int64())),
+        "target_item": pa.array([int(split.item_ids[split.test_targets[int(r)]]) for r in rows], pa.int64()),
+    })  # fmt: skip
+    requests = out / "requests.parquet"
+    tmp = out / ".requests.parquet.tmp"
+    pq.write_table(table, tmp)
+    os.replace(tmp, requests)
+    return run.vocab.sid_map().save(out / "sid_map.json"), requests
+
+
 def checkpoint_path(work_dir: str | Path, family: str) -> Path:
     """Where a family's training checkpoint lives in a work dir."""
     return Path(work_dir) / f"{family}-train.pt"
