@@ -28,6 +28,9 @@
    spelling (DIR/sid_map.json), and the run ends by printing the `zerogr compare --hf-model` command that
    runs the quality gate on the best model: the same decodes, so the same overlaps.
 
+--max-minutes N pauses the training after N minutes (checkpointed, exit 3), so a long run can be
+cut into slices that each fit a job's time limit: repeat the same command with --resume.
+
 Nothing is tuned toward a number: the sizes and the stopping rule are fixed up front (the defaults).
 --smoke runs the whole pipeline in seconds on a small generated dataset (no download).
 """
@@ -125,6 +128,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=5.0,
         help="also checkpoint inside an epoch this often (%(default)s minutes)",
+    )
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="pause training once this many minutes have passed (checkpointed; exit 3, and the same command "
+        "with --resume continues). Evaluations due after it add a few minutes. Default: no limit",
     )
     p.add_argument(
         "--eval-every",
@@ -267,6 +277,9 @@ def json_report(run: Ml1mRun, command: str, complete: bool, threads: int) -> dic
     return out
 
 
+PAUSED = 3  # exit code: --max-minutes paused the training; --resume continues it
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 130)
@@ -332,8 +345,14 @@ def run_script(args: argparse.Namespace, argv: list[str] | None, err: Console) -
         checkpoint_users=args.checkpoint_users, final_users=args.users, beam_width=args.beam_width, ks=ks,
         batch_size=args.batch_size, log=err.print, on_report=write,
         checkpoint_seconds=60.0 * args.checkpoint_minutes,
+        deadline=None if args.max_minutes is None else started + 60.0 * args.max_minutes,
     )  # fmt: skip
     final, state = run.final, run.state
+    if final is None:
+        again = command if args.resume else f"{command} --resume"
+        err.print(f"paused: --max-minutes {args.max_minutes:g} reached with {state.epoch} epoch(s) complete; "
+                  f"the checkpoint is in {work}. Continue with: {again}", markup=False)  # fmt: skip
+        return PAUSED
     title = (f"MovieLens-1M, {args.family}, best epoch {final.epoch} of {state.epoch} "
              f"({state.stop_reason}), {final.users} test users, beam {args.beam_width}")  # fmt: skip
     for renderable in report_tables(final.report, title):

@@ -428,6 +428,43 @@ def test_resume_inside_an_epoch_gives_the_uninterrupted_run(tmp_path):
         assert torch.allclose(a, b, rtol=0, atol=1e-5), name
 
 
+def test_a_passed_deadline_pauses_each_call_after_one_batch_and_resuming_gives_the_uninterrupted_run(
+    tmp_path,
+):
+    """deadline=0 (long passed): every call trains exactly one batch, checkpoints and returns paused;
+    resumed call after call, the run ends where the run without a deadline ends."""
+    stop = StopRule(max_epochs=2, patience=None)
+
+    def family_of(work):
+        set_determinism(0, 1)
+        return prepare(*_tiny_data(), work, codebook_sizes=(4, 4), settings=TINY_DECODER).family
+
+    whole = fit(family_of(tmp_path / "whole"), stop, tmp_path / "whole.pt")
+    path = tmp_path / "sliced.pt"
+    calls, trained = 0, []
+    while True:
+        result = fit(family_of(tmp_path / "sliced"), stop, path, resume=True, deadline=0.0)
+        calls += 1
+        blob = torch.load(path, weights_only=True)
+        partial = blob.get("partial")
+        trained.append((blob["state"]["epoch"], partial["batches"] if partial else None))
+        if not result.paused:
+            break
+        assert calls < 200, "no progress"
+    assert result.state.stopped and result.state.epoch == 2
+    per_epoch = sum(1 for _ in family_of(tmp_path / "count").batches(np.random.default_rng(0)))
+    # One batch per call: the mid-epoch pauses step through every batch boundary of both epochs.
+    assert calls == 2 * per_epoch
+    assert trained[: per_epoch - 1] == [(0, b) for b in range(1, per_epoch)]
+    assert [h.epoch for h in result.state.history] == [1, 2]
+    for a, b in zip(result.state.history, whole.state.history, strict=True):
+        assert a.val_loss == pytest.approx(b.val_loss, abs=1e-5)
+        assert a.train_loss == pytest.approx(b.train_loss, abs=1e-5)
+    for (name, a), b in zip(whole.last_model.state_dict().items(), result.last_model.state_dict().values(),
+                            strict=True):  # fmt: skip
+        assert torch.allclose(a, b, rtol=0, atol=1e-5), name
+
+
 def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path):
     set_determinism(0, 1)
     run = prepare(*_tiny_data(), tmp_path, codebook_sizes=(4, 4), settings=TINY_DECODER)
@@ -482,6 +519,22 @@ def test_script_smoke_writes_the_report_and_resumes(tmp_path, capsys):
     assert script.main([*args, "--max-epochs", "2", "--resume"]) == 0
     second = json.loads(out.read_text())
     assert [c["epoch"] for c in second["curve"]] == [1, 2] and second["extra"]["epochs_trained"] == 2
+
+
+def test_script_max_minutes_pauses_with_exit_3_and_resume_finishes(tmp_path, capsys):
+    script = _script()
+    out = tmp_path / "r.json"
+    args = ["--smoke", "--family", "decoder", "--work-dir", str(tmp_path / "w"), "--json", str(out),
+            "--checkpoint-users", "8", "--k", "1,5", "--max-epochs", "1"]  # fmt: skip
+    assert script.main([*args, "--max-minutes", "0"]) == script.PAUSED == 3
+    err = capsys.readouterr().err
+    assert "paused: --max-minutes 0 reached with 0 epoch(s) complete" in err
+    assert err.splitlines()[-1].endswith("--resume")
+    assert not out.exists()  # no evaluation ran: nothing to report yet
+    assert checkpoint_path(tmp_path / "w", "decoder").exists()
+    assert script.main([*args, "--resume"]) == 0
+    report = json.loads(out.read_text())
+    assert report["extra"]["final"] and report["extra"]["epochs_trained"] == 1
 
 
 def _tiny_data():

@@ -107,11 +107,13 @@ class FitState:
 
 @dataclass
 class FitResult:
-    """The best model (eval mode), the loop's state, and the model after the last epoch (eval mode)."""
+    """The best model (eval mode), the loop's state, and the model after the last epoch (eval mode).
+    paused: the deadline stopped training before the rule did (the checkpoint continues it)."""
 
     model: torch.nn.Module
     state: FitState
     last_model: torch.nn.Module
+    paused: bool = False
 
 
 def inverse_sqrt_lr(step: int, warmup_steps: int) -> float:
@@ -174,6 +176,7 @@ def fit(
     after_epoch: Callable[[int, torch.nn.Module, FitState], None] | None = None,
     log: Callable[[str], None] | None = None,
     checkpoint_seconds: float = 300.0,
+    deadline: float | None = None,
 ) -> FitResult:
     """Train `family` under `stop`, checkpointing after every epoch; returns the best model.
 
@@ -181,6 +184,10 @@ def fit(
     checkpoint (and log the epoch's progress), so a cut loses at most that much training. A resume from
     such a checkpoint redraws the epoch's batches from the generator state at the epoch's start and skips
     the ones already trained: the result is the uninterrupted run's.
+
+    deadline: a time.perf_counter() value. Once it has passed, training pauses at the next batch boundary
+    (after at least one batch of this call), writes the checkpoint there and returns with paused=True;
+    a resume continues it exactly as from any other checkpoint.
 
     resume: continue from checkpoint_path when it exists (a fresh start otherwise). Without resume an
     existing checkpoint is refused (InputError), so no run is overwritten by accident.
@@ -219,7 +226,9 @@ def fit(
     # larger one; its counts (best loss, epochs without improvement) carry over.
     state.stopped, state.stop_reason = _stopped(stop, state)
     last_saved = time.perf_counter()
-    while not state.stopped:
+    trained = 0  # batches trained by this call
+    paused = False
+    while not state.stopped and not paused:
         epoch = state.epoch + 1
         started = time.perf_counter()
         model.train()
@@ -234,6 +243,16 @@ def fit(
             done += 1
             if done <= skip:
                 continue
+            if trained and deadline is not None and time.perf_counter() >= deadline:
+                inside = {"batches": done - 1, "total": total, "count": count,
+                          "seconds": before + time.perf_counter() - started}  # fmt: skip
+                write_checkpoint(path, family, model, opt, sched, epoch_rng, best_weights, state, inside)
+                if log is not None:
+                    log(f"{family.name} epoch {epoch}: paused at the deadline after {done - 1} batches "
+                        "(checkpointed)")  # fmt: skip
+                paused = True
+                break
+            trained += 1
             loss, n = family.loss(model, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -251,6 +270,8 @@ def fit(
                     mean = total / max(count, 1)
                     log(f"{family.name} epoch {epoch}: {done} batches, train loss {mean:.4f} "
                         f"({inside['seconds']:.0f} s; checkpointed)")  # fmt: skip
+        if paused:
+            break
         model.eval()
         val = family.val_loss(model)
         improved = val < state.best_val - stop.min_delta
@@ -274,11 +295,15 @@ def fit(
             torch.set_rng_state(rng_state)
         write_checkpoint(path, family, model, opt, sched, rng.bit_generator.state, best_weights, state)
         last_saved = time.perf_counter()
+        if not state.stopped and deadline is not None and time.perf_counter() >= deadline:
+            paused = True
+            if log is not None:
+                log(f"{family.name}: paused at the deadline after epoch {epoch} (checkpointed)")
     best = family.build()
     best.load_state_dict(best_weights)
     best.eval()
     model.eval()
-    return FitResult(best, state, model)
+    return FitResult(best, state, model, paused)
 
 
 def _stopped(stop: StopRule, state: FitState) -> tuple[bool, str]:

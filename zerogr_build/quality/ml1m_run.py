@@ -252,11 +252,14 @@ def train_and_check(
     log: Callable[[str], None] | None = None,
     on_report: Callable[[Ml1mRun], None] | None = None,
     checkpoint_seconds: float = 300.0,
+    deadline: float | None = None,
 ) -> Ml1mRun:
     """Train run.family under `stop` (checkpoint `<work_dir>/<family>-train.pt` after every epoch; resume
     continues it), evaluate along the curve, then evaluate the best model on the final users and save it
     (save_pretrained) as `<work_dir>/<family>-best`. eval_every=0: evaluate only after the last epoch.
-    checkpoint_seconds: also checkpoint inside an epoch this often (quality.fit)."""
+    checkpoint_seconds: also checkpoint inside an epoch this often (quality.fit).
+    deadline: a time.perf_counter() value; once passed, training pauses at the next batch (checkpointed,
+    quality.fit) and the run returns with run.final None: the same call with resume=True continues it."""
     if eval_every < 0:
         raise InputError(f"eval every must be >= 0 epochs, got {eval_every}")
     family = run.family
@@ -284,10 +287,13 @@ def train_and_check(
                 on_report(run)
 
     result = fit(family, stop, path, resume=resume, after_epoch=after_epoch, log=log,
-                 checkpoint_seconds=checkpoint_seconds)  # fmt: skip
+                 checkpoint_seconds=checkpoint_seconds, deadline=deadline)  # fmt: skip
     state = result.state
     run.state, run.model = state, result.model
     run.checkpoints = [Checkpoint.from_dict(d) for d in state.curve]
+    if result.paused:
+        run.final = None
+        return run
     if (
         state.final is None
         or state.final.get("epoch") != state.best_epoch
