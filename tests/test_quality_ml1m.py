@@ -383,21 +383,34 @@ def test_resume_after_a_cut_gives_the_uninterrupted_run(settings, tmp_path):
     assert again.final.to_dict() == resumed.final.to_dict()
 
 
+def _decoder_family(work):
+    set_determinism(0, 1)
+    return prepare(*_tiny_data(), work, codebook_sizes=(4, 4), settings=TINY_DECODER).family
+
+
+def _assert_same_training(got, want):
+    """Two fit results trained the same epochs to the same losses and last weights."""
+    assert [h.epoch for h in got.state.history] == [h.epoch for h in want.state.history]
+    for a, b in zip(got.state.history, want.state.history, strict=True):
+        assert a.val_loss == pytest.approx(b.val_loss, abs=1e-5)
+        assert a.train_loss == pytest.approx(b.train_loss, abs=1e-5)
+    # Why not torch.equal: after other torch work in the process, BLAS results can move by an ulp.
+    for (name, a), b in zip(want.last_model.state_dict().items(), got.last_model.state_dict().values(),
+                            strict=True):  # fmt: skip
+        assert torch.allclose(a, b, rtol=0, atol=1e-5), name
+
+
 def test_resume_inside_an_epoch_gives_the_uninterrupted_run(tmp_path):
     """Checkpoints after every batch (checkpoint_seconds=0), a cut at epoch 2's third batch: the resumed
     run redraws that epoch's batches, skips the two trained ones and ends where the whole run ends."""
     stop = StopRule(max_epochs=2, patience=None)
 
-    def family_of(work):
-        set_determinism(0, 1)
-        return prepare(*_tiny_data(), work, codebook_sizes=(4, 4), settings=TINY_DECODER).family
-
-    whole = fit(family_of(tmp_path / "whole"), stop, tmp_path / "whole.pt", checkpoint_seconds=0)
+    whole = fit(_decoder_family(tmp_path / "whole"), stop, tmp_path / "whole.pt", checkpoint_seconds=0)
 
     class Cut(Exception):
         pass
 
-    family = family_of(tmp_path / "cut")
+    family = _decoder_family(tmp_path / "cut")
     calls = {"after_epoch_1": 0}
     real_loss, real_val = family.loss, family.val_loss
 
@@ -418,14 +431,10 @@ def test_resume_inside_an_epoch_gives_the_uninterrupted_run(tmp_path):
         fit(family, stop, tmp_path / "cut.pt", checkpoint_seconds=0)
     blob = torch.load(tmp_path / "cut.pt", weights_only=True)
     assert blob["state"]["epoch"] == 1 and blob["partial"]["batches"] == 2
-    resumed = fit(family_of(tmp_path / "cut"), stop, tmp_path / "cut.pt", resume=True, checkpoint_seconds=0)
-    assert [h.epoch for h in resumed.state.history] == [1, 2]
-    for a, b in zip(resumed.state.history, whole.state.history, strict=True):
-        assert a.val_loss == pytest.approx(b.val_loss, abs=1e-5)
-        assert a.train_loss == pytest.approx(b.train_loss, abs=1e-5)
-    for (name, a), b in zip(whole.last_model.state_dict().items(), resumed.last_model.state_dict().values(),
-                            strict=True):  # fmt: skip
-        assert torch.allclose(a, b, rtol=0, atol=1e-5), name
+    resumed = fit(
+        _decoder_family(tmp_path / "cut"), stop, tmp_path / "cut.pt", resume=True, checkpoint_seconds=0
+    )
+    _assert_same_training(resumed, whole)
 
 
 def test_a_passed_deadline_pauses_each_call_after_one_batch_and_resuming_gives_the_uninterrupted_run(
@@ -435,15 +444,11 @@ def test_a_passed_deadline_pauses_each_call_after_one_batch_and_resuming_gives_t
     resumed call after call, the run ends where the run without a deadline ends."""
     stop = StopRule(max_epochs=2, patience=None)
 
-    def family_of(work):
-        set_determinism(0, 1)
-        return prepare(*_tiny_data(), work, codebook_sizes=(4, 4), settings=TINY_DECODER).family
-
-    whole = fit(family_of(tmp_path / "whole"), stop, tmp_path / "whole.pt")
+    whole = fit(_decoder_family(tmp_path / "whole"), stop, tmp_path / "whole.pt")
     path = tmp_path / "sliced.pt"
     calls, trained = 0, []
     while True:
-        result = fit(family_of(tmp_path / "sliced"), stop, path, resume=True, deadline=0.0)
+        result = fit(_decoder_family(tmp_path / "sliced"), stop, path, resume=True, deadline=0.0)
         calls += 1
         blob = torch.load(path, weights_only=True)
         partial = blob.get("partial")
@@ -452,17 +457,11 @@ def test_a_passed_deadline_pauses_each_call_after_one_batch_and_resuming_gives_t
             break
         assert calls < 200, "no progress"
     assert result.state.stopped and result.state.epoch == 2
-    per_epoch = sum(1 for _ in family_of(tmp_path / "count").batches(np.random.default_rng(0)))
+    per_epoch = sum(1 for _ in _decoder_family(tmp_path / "count").batches(np.random.default_rng(0)))
     # One batch per call: the mid-epoch pauses step through every batch boundary of both epochs.
     assert calls == 2 * per_epoch
     assert trained[: per_epoch - 1] == [(0, b) for b in range(1, per_epoch)]
-    assert [h.epoch for h in result.state.history] == [1, 2]
-    for a, b in zip(result.state.history, whole.state.history, strict=True):
-        assert a.val_loss == pytest.approx(b.val_loss, abs=1e-5)
-        assert a.train_loss == pytest.approx(b.train_loss, abs=1e-5)
-    for (name, a), b in zip(whole.last_model.state_dict().items(), result.last_model.state_dict().values(),
-                            strict=True):  # fmt: skip
-        assert torch.allclose(a, b, rtol=0, atol=1e-5), name
+    _assert_same_training(result, whole)
 
 
 def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path):
