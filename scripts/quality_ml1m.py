@@ -324,10 +324,11 @@ def run_script(args: argparse.Namespace, argv: list[str] | None, err: Console) -
     if args.gate_inputs:
         rows = user_subset(split, args.users, settings.seed)
         sid_map, requests = write_gate_inputs(run, rows, args.gate_inputs)
-        gate_command = shlex.join(["zerogr", "compare", str(run.bundle.path), "--hf-model",
-                                   str(work / f"{args.family}-best"), "--sid-map", str(sid_map), "--requests",
-                                   str(requests), "--beam-width", str(args.beam_width), "--k", args.k,
-                                   "--min-overlap", "0.995"])  # fmt: skip
+        gate_command = shlex.join([
+            "zerogr", "compare", str(run.bundle.path), "--hf-model", str(work / f"{args.family}-best"),
+            "--sid-map", str(sid_map), "--requests", str(requests), "--beam-width", str(args.beam_width),
+            "--k", args.k, "--batch-size", str(args.batch_size), "--min-overlap", "0.995",
+        ])  # fmt: skip
         err.print(f"gate inputs: {sid_map}, {requests} ({len(rows)} test requests)")
     threads = torch.get_num_threads()
     err.print(f"model: {args.family} {settings.to_dict()}, vocabulary {run.vocab.size}, {threads} threads; "

@@ -8,6 +8,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import shlex
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,7 +43,7 @@ from zerogr_build.quality.model import set_determinism  # noqa: E402
 from zerogr_build.quality.t5 import T5Settings, encoder_inputs  # noqa: E402
 from zerogr_build.testing import synthetic_ml1m_files, write_fake_wheel  # noqa: E402
 
-from .cli_runs import invoke  # noqa: E402
+from .cli_runs import REPO, invoke  # noqa: E402
 
 TINY = T5Settings(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
                   dropout=0.0, batch_size=16, max_history=5, warmup_steps=5)  # fmt: skip
@@ -518,6 +521,32 @@ def test_script_smoke_writes_the_report_and_resumes(tmp_path, capsys):
     assert script.main([*args, "--max-epochs", "2", "--resume"]) == 0
     second = json.loads(out.read_text())
     assert [c["epoch"] for c in second["curve"]] == [1, 2] and second["extra"]["epochs_trained"] == 2
+
+
+def test_script_gate_command_in_a_fresh_process_reproduces_the_final_report(tmp_path, capsys):
+    """--gate-inputs with a seeded subset of final users (--users) and a non-default batch size: the
+    printed `zerogr compare` command, run as its own process, reports what the script's final evaluation
+    reported (same users, same model as saved, same batches) and exits 10 or 0 by the gate."""
+    out = tmp_path / "r.json"
+    args = ["--smoke", "--family", "t5", "--work-dir", str(tmp_path / "w"), "--json", str(out),
+            "--checkpoint-users", "8", "--users", "10", "--batch-size", "3", "--k", "1,5",
+            "--gate-inputs", str(tmp_path / "gate")]  # fmt: skip
+    assert _script().main(args) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("the quality gate")]
+    command = shlex.split(printed[0].split(": ", 1)[1])
+    assert command[:2] == ["zerogr", "compare"] and "--batch-size" in command
+    proc = subprocess.run([sys.executable, str(REPO / "cli.py"), *command[1:], "--json"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode in (0, 10), proc.stderr
+    got, want = json.loads(proc.stdout), json.loads(out.read_text())
+    assert got["requests"] == want["requests"] == 10
+    for key in ("overlap", "requests_differing", "recall", "ndcg"):
+        assert got[key] == want[key], key
+    # Another process may round differently in the last bits (BLAS paths); the diagnostics stay that close.
+    for key in ("invalid_mass", "boost_spread"):
+        for order in ("filter_first", "score_first"):
+            assert got[key][order] == pytest.approx(want[key][order], rel=1e-6, abs=1e-9), (key, order)
+    assert (proc.returncode == 10) == (min(got["overlap"].values()) < 0.995)
 
 
 def test_script_max_minutes_pauses_with_exit_3_and_resume_finishes(tmp_path, capsys):

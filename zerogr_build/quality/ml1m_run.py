@@ -109,9 +109,10 @@ def prepare(
         bundle = build_bundle(catalog, work / "bundles", model_version=model_version)
         _save_prepare(work, key, catalog, bundle)
     vocab = SidVocab(tuple(int(v) for v in bundle.index.codebook_sizes))
-    family_cls: Any = FAMILY_BY_SETTINGS.get(type(settings))
+    family_cls: Any = next((f for t, f in FAMILY_BY_SETTINGS.items() if isinstance(settings, t)), None)
     if family_cls is None:
-        raise InputError(f"settings must be T5Settings or CausalSettings, got {type(settings).__name__}")
+        known = " or ".join(t.__name__ for t in FAMILY_BY_SETTINGS)
+        raise InputError(f"settings must be {known}, got {type(settings).__name__}")
     family = family_cls(split.train_sequences, catalog.sids, vocab, settings, split.valid_histories,
                         split.valid_targets)  # fmt: skip
     return Ml1mRun(split, catalog, catalog_path, bundle, vocab, family, time.perf_counter() - started)
@@ -255,8 +256,10 @@ def train_and_check(
     deadline: float | None = None,
 ) -> Ml1mRun:
     """Train run.family under `stop` (checkpoint `<work_dir>/<family>-train.pt` after every epoch; resume
-    continues it), evaluate along the curve, then evaluate the best model on the final users and save it
-    (save_pretrained) as `<work_dir>/<family>-best`. eval_every=0: evaluate only after the last epoch.
+    continues it) and evaluate along the curve. Then save the best model (save_pretrained) as
+    `<work_dir>/<family>-best` and evaluate it on the final users as `zerogr compare --hf-model` loads it
+    (integrations.hf_load), so the gate on that dir decodes the same model. eval_every=0: evaluate only
+    after the last epoch.
     checkpoint_seconds: also checkpoint inside an epoch this often (quality.fit).
     deadline: a time.perf_counter() value; once passed, training pauses at the next batch (checkpointed,
     quality.fit) and the run returns with run.final None: the same call with resume=True continues it."""
@@ -294,16 +297,21 @@ def train_and_check(
     if result.paused:
         run.final = None
         return run
+    best_dir = Path(work_dir) / f"{family.name}-best"
+    result.model.save_pretrained(best_dir)
     if (
         state.final is None
         or state.final.get("epoch") != state.best_epoch
         or state.final["users"] != len(final)
     ):
+        from ..integrations.hf_load import load_hf_model
+
         best_val = next((h.val_loss for h in state.history if h.epoch == state.best_epoch), float("nan"))
-        state.final = evaluated(state.best_epoch, result.model, final, state, best_val).to_dict()
+        # The saved model, not the one in memory: reloaded, a T5's logits can move by ~1e-7.
+        saved = load_hf_model(best_dir)
+        state.final = evaluated(state.best_epoch, saved, final, state, best_val).to_dict()
         update_checkpoint_state(path, family, state)
     run.final = Checkpoint.from_dict(state.final)
-    result.model.save_pretrained(Path(work_dir) / f"{family.name}-best")
     if on_report is not None:
         on_report(run)
     return run
