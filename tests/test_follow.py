@@ -19,6 +19,7 @@ import zerogr_build as zg
 from zerogr_build.bundle import open_bundle, promote_bundle, publish_bundle
 from zerogr_build.index import build_index
 from zerogr_build.runtime.decoder import Decoder
+from zerogr_build.runtime.serving import follow as follow_module
 from zerogr_build.runtime.serving.follow import Follower, follow
 from zerogr_build.runtime.serving.hotswap import HotSwap
 from zerogr_build.testing import SeededModel
@@ -240,7 +241,10 @@ def test_follow_waits_for_a_first_version_and_times_out_saying_why(tmp_path):
     assert not follower.status()["running"] and follower.current is None
 
 
-def test_stop_joins_while_a_load_is_running(tmp_path):
+def test_stop_joins_while_a_load_is_running(tmp_path, monkeypatch):
+    """stop() during a load waits for it and drops it: no swap, even when the follower's wait on the load
+    returns only because the load finished (one long wait slice, so it never sees the stop mid-wait)."""
+    monkeypatch.setattr(follow_module, "WAIT_SLICE_SECONDS", WAIT_S)
     out = tmp_path / "bundles"
     publish_version(out, 1)
     entered, release = threading.Event(), threading.Event()
@@ -254,6 +258,7 @@ def test_stop_joins_while_a_load_is_running(tmp_path):
     assert entered.wait(WAIT_S) and follower.loading
     stopper = threading.Thread(target=follower.stop)
     stopper.start()
+    assert follower._stop.wait(WAIT_S)  # stop() has been asked before the load finishes
     time.sleep(0.1)
     assert stopper.is_alive()  # waits for the load: loads cannot be interrupted
     release.set()

@@ -236,6 +236,8 @@ class Follower:
                 if self._stop.is_set():
                     return False  # stop() waits for the load through HotSwap.close()
                 concurrent.futures.wait([future], timeout=WAIT_SLICE_SECONDS)
+            if self._stop.is_set():
+                return False  # stopped while the load finished: it is dropped, never swapped in
             new = self._hotswap.swap()
         except Exception as exc:  # noqa: BLE001 - a bad version is logged and skipped, never raised
             self._failed(f"{path}: {_describe(exc)}")
