@@ -228,6 +228,14 @@ def fit(
     last_saved = time.perf_counter()
     trained = 0  # batches trained by this call
     paused = False
+
+    def checkpoint_inside(batches: int) -> float:
+        """Checkpoint the epoch in progress after its first `batches` batches; returns its seconds so far."""
+        seconds = before + time.perf_counter() - started
+        inside = {"batches": batches, "total": total, "count": count, "seconds": seconds}
+        write_checkpoint(path, family, model, opt, sched, epoch_rng, best_weights, state, inside)
+        return seconds
+
     while not state.stopped and not paused:
         epoch = state.epoch + 1
         started = time.perf_counter()
@@ -244,9 +252,7 @@ def fit(
             if done <= skip:
                 continue
             if trained and deadline is not None and time.perf_counter() >= deadline:
-                inside = {"batches": done - 1, "total": total, "count": count,
-                          "seconds": before + time.perf_counter() - started}  # fmt: skip
-                write_checkpoint(path, family, model, opt, sched, epoch_rng, best_weights, state, inside)
+                checkpoint_inside(done - 1)
                 if log is not None:
                     log(f"{family.name} epoch {epoch}: paused at the deadline after {done - 1} batches "
                         "(checkpointed)")  # fmt: skip
@@ -262,14 +268,12 @@ def fit(
             total += float(loss.detach()) * n
             count += n
             if time.perf_counter() - last_saved >= checkpoint_seconds:
-                inside = {"batches": done, "total": total, "count": count,
-                          "seconds": before + time.perf_counter() - started}  # fmt: skip
-                write_checkpoint(path, family, model, opt, sched, epoch_rng, best_weights, state, inside)
+                seconds = checkpoint_inside(done)
                 last_saved = time.perf_counter()
                 if log is not None:
                     mean = total / max(count, 1)
                     log(f"{family.name} epoch {epoch}: {done} batches, train loss {mean:.4f} "
-                        f"({inside['seconds']:.0f} s; checkpointed)")  # fmt: skip
+                        f"({seconds:.0f} s; checkpointed)")  # fmt: skip
         if paused:
             break
         model.eval()
