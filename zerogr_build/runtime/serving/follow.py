@@ -232,12 +232,14 @@ class Follower:
         self._loading = True
         try:
             future = self._hotswap.load_next(path)
-            while not future.done():
+            while True:
                 if self._stop.is_set():
-                    return False  # stop() waits for the load through HotSwap.close()
+                    # Also after the load finished: it is dropped, never swapped in (stop() waits for a
+                    # running load through HotSwap.close()).
+                    return False
+                if future.done():
+                    break
                 concurrent.futures.wait([future], timeout=WAIT_SLICE_SECONDS)
-            if self._stop.is_set():
-                return False  # stopped while the load finished: it is dropped, never swapped in
             new = self._hotswap.swap()
         except Exception as exc:  # noqa: BLE001 - a bad version is logged and skipped, never raised
             self._failed(f"{path}: {_describe(exc)}")
