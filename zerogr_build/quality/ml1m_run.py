@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..bundle.files import atomic_replace_bytes
 from ..compare import CompareReport, Requests, compare_searches
 from ..errors import InputError, ZerogrError
 from .causal import CausalFamily, CausalSettings
@@ -226,10 +227,10 @@ def write_gate_inputs(run: Ml1mRun, rows: np.ndarray, out_dir: str | Path) -> tu
         "attention_mask": pa.array(masks, type=pa.list_(pa.int64())),
         "target_item": pa.array([int(split.item_ids[split.test_targets[int(r)]]) for r in rows], pa.int64()),
     })  # fmt: skip
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
     requests = out / "requests.parquet"
-    tmp = out / ".requests.parquet.tmp"
-    pq.write_table(table, tmp)
-    os.replace(tmp, requests)
+    atomic_replace_bytes(requests, sink.getvalue().to_pybytes())
     return run.vocab.sid_map().save(out / "sid_map.json"), requests
 
 
