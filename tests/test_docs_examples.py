@@ -279,7 +279,8 @@ def test_readme_setup_commands_are_what_ci_runs() -> None:
 
 # ------------------------------------------------------------------------- what users read, nowhere else
 
-USER_TEXT = ("README.md", "docs", "zerogr_build", "scripts", "configs", "cli.py", "mkdocs.yml", "docs_hooks")
+USER_TEXT = ("README.md", "docs", "zerogr_build", "scripts", "experiments", "benchmarks", "configs", "cli.py",
+             "mkdocs.yml", "docs_hooks")  # fmt: skip
 _INTERNAL_LABEL = re.compile(r"\bissues?[ -]?#?\d+|\bG\d{1,2}\b(?!-)", re.IGNORECASE)
 
 

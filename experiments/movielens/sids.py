@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import InputError
+from zerogr_build.errors import InputError
 
 
 def interaction_embeddings(

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..integrations.sid_map import SidMap
+from zerogr_build.integrations.sid_map import SidMap
+
 from .fit import sids_fingerprint
 
 PAD, EOS, DECODER_START = 0, 1, 2

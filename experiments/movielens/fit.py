@@ -29,7 +29,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ..errors import InputError
+from zerogr_build.errors import InputError
+
 from .model import set_determinism
 
 CHECKPOINT_FORMAT = "zerogr-quality-checkpoint/1"

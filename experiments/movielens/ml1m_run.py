@@ -1,7 +1,7 @@
 """The MovieLens-1M check, reusable: dataset -> SIDs -> bundle -> a model family -> filter-first vs
 score-first along the training curve.
 
-`scripts/quality_ml1m.py` runs it on the real data; the tests on a tiny generated dataset. Two families:
+`experiments/quality_ml1m.py` runs it on the real data; the tests on a tiny generated dataset. Two families:
 "t5" (t5.T5Family, TIGER's encoder-decoder) and "decoder" (causal.CausalFamily, a GPT-2 trained causally
 on every position). Both train under quality.fit's stopping rule (validation loss, fixed patience) with a
 checkpoint after every epoch, so a cut run resumes (`resume=True`). Every order is decoded through the
@@ -26,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from ..bundle.files import atomic_replace_bytes
-from ..compare import CompareReport, Requests, compare_searches
-from ..errors import InputError, ZerogrError
+from zerogr_build.bundle.files import atomic_replace_bytes
+from zerogr_build.compare import CompareReport, Requests, compare_searches
+from zerogr_build.errors import InputError, ZerogrError
+
 from .causal import CausalFamily, CausalSettings
 from .data import Interactions, ItemInfo, Split, leave_one_out
 from .family import SidFamily, SidVocab
@@ -138,7 +139,7 @@ def _prepare_key(
 
 def _cached_prepare(work: Path, key: str) -> tuple[SidCatalog, Any] | None:
     """(catalog, bundle) from an earlier prepare in `work` with the same key, or None (nothing usable)."""
-    from ..bundle import open_bundle
+    from zerogr_build.bundle import open_bundle
 
     path = work / PREPARE_CACHE
     try:
@@ -181,7 +182,7 @@ def evaluate(
     batch_size: int,
 ) -> CompareReport:
     """All three orders through SidGenerator on the test requests of users `rows` (indices into split)."""
-    from ..integrations.hf import SidGenerator, hf_search
+    from zerogr_build.integrations.hf import SidGenerator, hf_search
 
     split = run.split
     row_of = {int(split.user_ids[r]): int(r) for r in rows}
@@ -305,7 +306,7 @@ def train_and_check(
         or state.final.get("epoch") != state.best_epoch
         or state.final["users"] != len(final)
     ):
-        from ..integrations.hf_load import load_hf_model
+        from zerogr_build.integrations.hf_load import load_hf_model
 
         best_val = next((h.val_loss for h in state.history if h.epoch == state.best_epoch), float("nan"))
         # The saved model, not the one in memory: reloaded, a T5's logits can move by ~1e-7.
