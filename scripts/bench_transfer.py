@@ -43,9 +43,9 @@ while True:
 
 CHILD = """
 import json, sys, time
-from zerogr_build.bundle.pull import pull_version
-from zerogr_build.bundle.push import push_version
-from zerogr_build.bundle.remote import RemoteOut, S3Store
+from zerogr_build.fleet.pull import pull_version
+from zerogr_build.fleet.push import push_version
+from zerogr_build.fleet.remote import RemoteOut, S3Store
 what, source, target = sys.argv[1:4]
 timings = {}
 t0 = time.perf_counter()

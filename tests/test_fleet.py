@@ -19,9 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from zerogr_build.bundle import verify_bundle
-from zerogr_build.bundle.push import _claim, promote_remote
-from zerogr_build.bundle.remote import RefusedRemoteVersion, RemoteOut, S3Store, list_versions
 from zerogr_build.cli import app
+from zerogr_build.fleet.push import _claim, promote_remote
+from zerogr_build.fleet.remote import RefusedRemoteVersion, RemoteOut, S3Store, list_versions
 from zerogr_build.testing import publish_catalog, random_catalog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,7 +175,7 @@ def test_keep_prunes_remote_versions_but_never_the_one_latest_names(build_out, r
 def test_prune_never_deletes_a_version_a_concurrent_push_is_promoting(build_out, remote):
     """LATEST = v1; v2 complete but not promoted. A `--no-promote --keep 1` push used to delete v2 while
     another push was promoting it, leaving LATEST naming nothing: versions above LATEST are never pruned."""
-    from zerogr_build.bundle.push import prune_remote
+    from zerogr_build.fleet.push import prune_remote
 
     assert zerogr("push", str(build_out / "v000001"), remote)[0] == 0
     assert zerogr("push", str(build_out / "v000002"), remote, "--no-promote")[0] == 0
@@ -406,7 +406,7 @@ def test_pull_refuses_when_the_disk_cannot_hold_the_version(tmp_path, build_out,
     host = tmp_path / "host"
     host.mkdir()
     before = tree(host)
-    import zerogr_build.bundle.pull as pull_module
+    import zerogr_build.fleet.pull as pull_module
 
     real = shutil.disk_usage
     monkeypatch.setattr(
@@ -551,7 +551,7 @@ def test_bench_transfer_smoke(s3_env):
 def test_an_upload_the_store_refuses_is_a_zerogr_error_not_a_crash(s3_env, tmp_path):
     """boto3's upload_file wraps the store's error in S3UploadFailedError, which is no botocore error: it
     used to escape as exit 1 ("anything else") instead of the store error's own exit code."""
-    from zerogr_build.bundle.remote import RemoteAccessError
+    from zerogr_build.fleet.remote import RemoteAccessError
 
     path = tmp_path / "f.bin"
     path.write_bytes(b"x" * 100)
@@ -574,8 +574,8 @@ class PruningStore(S3Store):
 
 def test_a_version_pruned_before_its_manifest_is_read_is_a_retry_not_a_refusal(tmp_path, build_out, remote):
     """Exit 3 (retry) rather than 4 (refused: alert a human): LATEST moved on while the pull started."""
-    from zerogr_build.bundle.pull import pull_version
-    from zerogr_build.bundle.remote import RemoteError
+    from zerogr_build.fleet.pull import pull_version
+    from zerogr_build.fleet.remote import RemoteError
 
     assert zerogr("push", str(build_out / "v000001"), remote)[0] == 0
     assert zerogr("push", str(build_out / "v000002"), remote, "--no-promote")[0] == 0
@@ -588,7 +588,7 @@ def test_a_version_pruned_before_its_manifest_is_read_is_a_retry_not_a_refusal(t
 
 def test_a_failed_transfer_cancels_the_files_not_started_yet():
     """The first failing object ends the transfer: the rest of the bundle is not moved first."""
-    from zerogr_build.bundle.remote import RemoteError, for_each_on_threads
+    from zerogr_build.fleet.remote import RemoteError, for_each_on_threads
 
     done = []
 

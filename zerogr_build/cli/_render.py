@@ -95,7 +95,7 @@ def _gate(rows: list[dict[str, Any]]) -> str:
 
 
 def status_table(report: dict[str, Any]) -> Table:
-    """The versions of `zerogr status` (bundle.status.out_status): LATEST marked, age, size, model tag,
+    """The versions of `zerogr status` (fleet.status.out_status): LATEST marked, age, size, model tag,
     plans, kernels, the quality gate's decision per model tag ("tag: filter_first"; "BROKEN <file>" for a
     record that breaks the format) and the check's outcome. User text (paths, tags, errors) is plain Text."""
     check = {"full": "verified", "sizes": "sizes ok", "sha256": "sha256 ok"}[report["check"]]

@@ -21,9 +21,9 @@ from typing import Annotated
 
 import typer
 
-from ..bundle.pull import pull_version
-from ..bundle.push import push_version
-from ..bundle.status import out_status
+from ..fleet.pull import pull_version
+from ..fleet.push import push_version
+from ..fleet.status import out_status
 from ._errors import cli_errors
 from ._metrics import job_metrics
 from ._options import ConfigOpt, JsonOpt, MetricsFileOpt, bundle_path

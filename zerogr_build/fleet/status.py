@@ -21,13 +21,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..bundle.format import MANIFEST_NAME, validate_manifest, version_dir_name
+from ..bundle.quality import MAX_QUALITY_BYTES, load_quality, parse_quality, quality_key_of, quality_row
+from ..bundle.reader import MAX_MANIFEST_BYTES, load_manifest
+from ..bundle.verify import verify_bundle
+from ..bundle.versions import read_latest, version_dirs
 from ..errors import BundleError, InputError, ZerogrError, one_line
-from .format import MANIFEST_NAME, validate_manifest, version_dir_name
-from .quality import MAX_QUALITY_BYTES, load_quality, parse_quality, quality_key_of, quality_row
-from .reader import MAX_MANIFEST_BYTES, load_manifest
 from .remote import CLAIM_NAME, RemoteOut, S3Store, is_remote, list_versions, version_name
-from .verify import verify_bundle
-from .versions import read_latest, version_dirs
 
 
 def out_status(target: str | Path, *, verify: bool = False, store: S3Store | None = None) -> dict:

@@ -26,14 +26,12 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import BundleError
-from ..progress import NULL_PROGRESS, Progress
-from .files import _crash_point, read_small_file
-from .format import (
+from ..bundle.files import _crash_point, read_small_file
+from ..bundle.format import (
     LATEST_NAME,
     MANIFEST_NAME,
     manifest_bytes,
@@ -41,7 +39,11 @@ from .format import (
     validate_manifest,
     version_dir_name,
 )
-from .reader import MAX_MANIFEST_BYTES
+from ..bundle.reader import MAX_MANIFEST_BYTES
+from ..bundle.verify import verify_bundle
+from ..bundle.versions import resolve_bundle
+from ..errors import BundleError
+from ..progress import NULL_PROGRESS, Progress
 from .remote import (
     CLAIM_NAME,
     PreconditionFailed,
@@ -55,8 +57,7 @@ from .remote import (
     read_latest,
     version_name,
 )
-from .verify import verify_bundle
-from .versions import resolve_bundle
+from .transfer import TransferResult
 
 PUSH_THREADS = 4
 CLAIM_ATTEMPTS = 100
@@ -65,26 +66,15 @@ CAS_ATTEMPTS = 50
 STALE_CLAIM_S = 24 * 3600.0
 
 
-@dataclass
-class PushResult:
+@dataclass(kw_only=True)
+class PushResult(TransferResult):
     """What a push did: the remote version, whether it was uploaded now (False: pushed before), whether
     LATEST names it, what LATEST names after the push, and the versions pruned."""
 
-    url: str
-    version: int
     uploaded: bool
     promoted: bool
     latest: str | None
     local_version: int
-    files: int
-    bytes: int
-    manifest: dict
-    pruned: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "manifest"} | {
-            "model_version": self.manifest.get("model_version")
-        }
 
 
 def manifest_identity(manifest: dict, raw: bytes) -> set[str]:

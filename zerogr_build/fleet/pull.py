@@ -23,15 +23,24 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from ..bundle.files import atomic_replace_bytes, fsync_dir, read_small_file, write_bytes_durable
+from ..bundle.format import (
+    COUNTER_NAME,
+    MANIFEST_NAME,
+    parse_version_dir,
+    validate_manifest,
+    version_dir_name,
+)
+from ..bundle.lock import BuildClaim, out_lock, remove_stale_temps
+from ..bundle.reader import MAX_MANIFEST_BYTES, open_bundle
+from ..bundle.verify import verify_bundle
+from ..bundle.versions import check_out_dir, next_version, prune_versions, replace_latest
+from ..bundle.versions import read_latest as read_local_latest
 from ..errors import BundleError, InputError
 from ..progress import NULL_PROGRESS, Progress
-from .files import atomic_replace_bytes, fsync_dir, read_small_file, write_bytes_durable
-from .format import COUNTER_NAME, MANIFEST_NAME, parse_version_dir, validate_manifest, version_dir_name
-from .lock import BuildClaim, out_lock, remove_stale_temps
-from .reader import MAX_MANIFEST_BYTES, open_bundle
 from .remote import (
     NothingPublished,
     RefusedRemoteVersion,
@@ -42,9 +51,7 @@ from .remote import (
     read_latest,
     version_name,
 )
-from .verify import verify_bundle
-from .versions import check_out_dir, next_version, prune_versions, replace_latest
-from .versions import read_latest as read_local_latest
+from .transfer import TransferResult
 
 PULL_THREADS = 4
 #: Files one manifest may list (a bundle has a few dozen: steps, leaves, items, plans, kernels).
@@ -57,26 +64,40 @@ class NotEnoughSpace(RemoteError):
     """The local OUT's disk cannot hold the version (exit 3: free space, then retry)."""
 
 
-@dataclass
-class PullResult:
+@dataclass(kw_only=True)
+class PullResult(TransferResult):
     """What a pull did: the version, whether it was installed now (False: it was already there), whether
     LATEST was moved to it, and the versions pruned."""
 
-    url: str
     out: str
-    version: int
     installed: bool
     latest_moved: bool
-    files: int
-    bytes: int
-    manifest: dict
-    pruned: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "manifest"} | {
-            "path": str(Path(self.out) / version_dir_name(self.version)),
-            "model_version": self.manifest.get("model_version"),
-        }
+        return super().as_dict() | {"path": str(Path(self.out) / version_dir_name(self.version))}
+
+
+def _pulled(
+    url: str,
+    out: Path,
+    number: int,
+    installed: bool,
+    moved: tuple[bool, list[str]],
+    files: int,
+    total: int,
+    manifest: dict,
+) -> PullResult:
+    return PullResult(
+        url=url,
+        out=str(out),
+        version=number,
+        installed=installed,
+        latest_moved=moved[0],
+        files=files,
+        bytes=total,
+        manifest=manifest,
+        pruned=moved[1],
+    )
 
 
 def pull_version(
@@ -120,9 +141,7 @@ def pull_version(
     existing = _installed(final, raw)
     if existing:
         moved = _point_latest(out, final, keep)
-        return PullResult(
-            remote.url, str(out), number, False, moved[0], len(entries), total, manifest, moved[1]
-        )
+        return _pulled(remote.url, out, number, False, moved, len(entries), total, manifest)
 
     t0 = time.perf_counter()
     try:
@@ -155,9 +174,7 @@ def pull_version(
             if _installed(final, raw):  # a concurrent pull of the same version won the rename
                 claim.release()
                 moved = _point_latest_locked(out, final, keep)
-                return PullResult(
-                    remote.url, str(out), number, False, moved[0], len(entries), total, manifest, moved[1]
-                )
+                return _pulled(remote.url, out, number, False, moved, len(entries), total, manifest)
             if final.exists() or final.is_symlink():
                 raise InputError(
                     f"{final}: exists and is not remote {version_dir_name(number)}; not replaced"
@@ -172,7 +189,7 @@ def pull_version(
         with out_lock(out):
             claim.release()
         raise
-    return PullResult(remote.url, str(out), number, True, moved[0], len(entries), total, manifest, moved[1])
+    return _pulled(remote.url, out, number, True, moved, len(entries), total, manifest)
 
 
 def _latest_moved(store: S3Store, number: int, asked: int | None) -> None:

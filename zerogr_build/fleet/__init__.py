@@ -1,0 +1,12 @@
+"""The fleet: a bundle OUT dir on object storage and the transfer to and from it (docs/fleet.md).
+
+remote.py (an OUT on S3: the store, conditional writes, listing), push.py / pull.py (a version to / from
+it, with one result type in transfer.py), status.py (the versions of a local or remote OUT). The on-disk
+format itself is bundle/'s.
+"""
+
+from .pull import pull_version
+from .push import push_version
+from .status import out_status
+
+__all__ = ["out_status", "pull_version", "push_version"]
