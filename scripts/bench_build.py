@@ -45,14 +45,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from _yardsticks import yardstick
 
-from benchmarks import static_baseline  # noqa: E402
-from zerogr_build import synthetic  # noqa: E402
-from zerogr_build.index import build_index  # noqa: E402
-from zerogr_build.index.static_layout import static_layout_bytes  # noqa: E402
-from zerogr_build.index.tables import leaf_map_dtype  # noqa: E402
+from zerogr_build import synthetic
+from zerogr_build.index import build_index
+from zerogr_build.index.static_layout import static_layout_bytes
+from zerogr_build.index.tables import leaf_map_dtype
+
+REPO = Path(__file__).resolve().parents[1]
+static_baseline = yardstick("static_baseline")
 
 IN_MEMORY_CATALOGS = ((10_000_000, 4, 2048), (3_000_000, 3, 8192))
 E2E_ITEMS = 20_000_000

@@ -18,7 +18,6 @@ best of `--repeat` runs each. The catalogs are written first (not timed) into --
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -28,9 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from zerogr_build import read_catalog  # noqa: E402
+from zerogr_build import read_catalog
 
 SIZES = (256, 256, 256)
 

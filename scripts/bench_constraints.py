@@ -22,21 +22,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from zerogr_build.index import build_index  # noqa: E402
-from zerogr_build.runtime.decoder import Decoder  # noqa: E402
-from zerogr_build.runtime.items.constraints import ItemMask, ItemSets  # noqa: E402
-from zerogr_build.synthetic import generate_sids  # noqa: E402
-from zerogr_build.testing import SeededModel  # noqa: E402
-from zerogr_build.tune.timing import timer  # noqa: E402
+from zerogr_build.index import build_index
+from zerogr_build.runtime.decoder import Decoder
+from zerogr_build.runtime.items.constraints import ItemMask, ItemSets
+from zerogr_build.synthetic import generate_sids
+from zerogr_build.testing import SeededModel
+from zerogr_build.tune.timing import timer
 
 
 def make_decoder(items: int, sizes: list[int], dim: int, batch: int, device: str, seed: int):

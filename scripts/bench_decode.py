@@ -30,22 +30,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _yardsticks import yardstick
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from zerogr_build.index import build_index  # noqa: E402
-from zerogr_build.runtime.decoder import BeamState, Decoder  # noqa: E402
-from zerogr_build.runtime.dtypes import DTYPE_NAMES, torch_dtype  # noqa: E402
-from zerogr_build.runtime.scoring import available_modes  # noqa: E402
-from zerogr_build.runtime.slots import child_counts  # noqa: E402
-from zerogr_build.testing import SeededModel  # noqa: E402
-from zerogr_build.tune.timing import timer  # noqa: E402
+from zerogr_build.index import build_index
+from zerogr_build.runtime.decoder import BeamState, Decoder
+from zerogr_build.runtime.dtypes import DTYPE_NAMES, torch_dtype
+from zerogr_build.runtime.scoring import available_modes
+from zerogr_build.runtime.slots import child_counts
+from zerogr_build.testing import SeededModel
+from zerogr_build.tune.timing import timer
 
 
 def make_sids(items: int, sizes: list[int], seed: int, catalog: Path | None) -> tuple[np.ndarray, list[int]]:
@@ -167,7 +165,7 @@ def bench_one(index, sizes, args, device, time_once, static_index=None):
                 state = run_step(state, hidden)
             plans.append((label, run_step, run_search, inputs))
         if static_index is not None:
-            from benchmarks.static_search import StaticTorchSearch
+            StaticTorchSearch = yardstick("static_search").StaticTorchSearch
 
             static = StaticTorchSearch(static_index, dec.weights, device)
             plans.append(
@@ -294,7 +292,7 @@ def main(argv=None) -> int:
     )
     static_index = None
     if not args.no_static and len(set(sizes)) == 1 and num_steps > 2:
-        from benchmarks.static_baseline import build_static_from_raw
+        build_static_from_raw = yardstick("static_baseline").build_static_from_raw
 
         static_index = build_static_from_raw(np.asarray(sids), sizes[0], 2)
     results, dec, modes = bench_one(index, sizes, args, device, time_once, static_index)

@@ -22,22 +22,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
+import transformers
+from transformers import LogitsProcessor, LogitsProcessorList, PrefixConstrainedLogitsProcessor
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import transformers  # noqa: E402
-from transformers import LogitsProcessor, LogitsProcessorList, PrefixConstrainedLogitsProcessor  # noqa: E402
-
-from zerogr_build.index import build_index  # noqa: E402
-from zerogr_build.integrations import hf as zg_hf  # noqa: E402
-from zerogr_build.synthetic import generate_sids  # noqa: E402
+from zerogr_build.index import build_index
+from zerogr_build.integrations import hf as zg_hf
+from zerogr_build.synthetic import generate_sids
 
 SPECIAL = 3  # 0 pad, 1 eos, 2 bos / decoder start; SID tokens follow
 

@@ -28,16 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from zerogr_build.runtime.device_tables import step_arrays  # noqa: E402
-from zerogr_build.runtime.stream import (  # noqa: E402
+from zerogr_build.runtime.device_tables import step_arrays
+from zerogr_build.runtime.stream import (
     Chunk,
     DeviceLoader,
     auto_chunk_bytes,
     load_arrays_to_device,
 )
-from zerogr_build.testing import FakeDeviceSink  # noqa: E402
+from zerogr_build.testing import FakeDeviceSink
 
 TARGET_HIDDEN = 0.70
 

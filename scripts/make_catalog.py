@@ -16,11 +16,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from zerogr_build.config import parse_int_list  # noqa: E402
-from zerogr_build.errors import InputError  # noqa: E402
-from zerogr_build.synthetic import ITEM_ID_TYPES, MODES, SID_TYPES, children_stats, write_catalog  # noqa: E402
+from zerogr_build.config import parse_int_list
+from zerogr_build.errors import InputError
+from zerogr_build.synthetic import ITEM_ID_TYPES, MODES, SID_TYPES, children_stats, write_catalog
 
 
 def parse_codebook_sizes(text: str, num_steps: int | None) -> list[int]:

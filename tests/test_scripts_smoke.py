@@ -102,7 +102,8 @@ def test_script_runs_on_tiny_inputs(script: str, smoke: Smoke, tmp_path: Path) -
     runner = ["bash"] if script.endswith(".sh") else [sys.executable]
     proc = subprocess.run(
         [*runner, str(SCRIPTS / script), *smoke.args],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True, timeout=600,
+        stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.returncode in (0, smoke.target_missed), (
         f"{script} exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
@@ -159,7 +160,11 @@ def test_quality_ml1m_runs_on_a_fake_wheel(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_every_script_has_a_smoke_test() -> None:
-    scripts = {p.name for p in SCRIPTS.iterdir() if p.is_file() and p.suffix in (".py", ".sh")}
+    scripts = {
+        p.name
+        for p in SCRIPTS.iterdir()
+        if p.is_file() and p.suffix in (".py", ".sh") and not p.name.startswith("_")  # _x.py: a helper
+    }
     assert scripts == set(SMOKE), f"scripts without a smoke test: {sorted(scripts - set(SMOKE))}"
     for name, entry in SMOKE.items():
         if isinstance(entry, str):  # a test elsewhere: it must exist and run this script
@@ -167,3 +172,11 @@ def test_every_script_has_a_smoke_test() -> None:
             source = (REPO / path).read_text()
             assert f"def {test}(" in source, f"{name}: {entry} does not exist"
             assert name in source, f"{name}: {path} never names the script"
+
+
+def test_no_script_or_experiment_edits_sys_path() -> None:
+    """Scripts and experiments import the installed package; none puts the checkout on sys.path itself."""
+    files = [*SCRIPTS.glob("*.py"), *(REPO / "experiments").rglob("*.py")]
+    assert files
+    edits = [str(f.relative_to(REPO)) for f in files if "sys.path" in f.read_text()]
+    assert not edits, f"these edit sys.path: {edits}"
