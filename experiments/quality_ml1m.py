@@ -66,10 +66,10 @@ from experiments.movielens.ml1m_run import (
 )
 from experiments.movielens.model import set_determinism
 from experiments.movielens.t5 import T5Settings
+from zerogr_build.base.errors import ZerogrError
 from zerogr_build.compare import parse_ks
 from zerogr_build.compare.tables import report_tables
 from zerogr_build.config import parse_int_list
-from zerogr_build.errors import ZerogrError
 
 # The budget. Fixed before any overlap was measured (t5 60, decoder 12); the decoder's was raised to 40
 # after its 12-epoch run ended at the budget with the validation loss still falling (docs/quality-ml1m.md).

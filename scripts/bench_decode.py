@@ -37,9 +37,9 @@ import numpy as np
 import torch
 from _yardsticks import yardstick
 
+from zerogr_build.base.dtypes import DTYPE_NAMES, torch_dtype
 from zerogr_build.index import build_index
 from zerogr_build.runtime.decoder import BeamState, Decoder
-from zerogr_build.runtime.dtypes import DTYPE_NAMES, torch_dtype
 from zerogr_build.runtime.scoring import available_modes
 from zerogr_build.runtime.slots import child_counts
 from zerogr_build.testing import SeededModel

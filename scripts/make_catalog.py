@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from zerogr_build.base.errors import InputError
 from zerogr_build.config import parse_int_list
-from zerogr_build.errors import InputError
 from zerogr_build.synthetic import ITEM_ID_TYPES, MODES, SID_TYPES, children_stats, write_catalog
 
 

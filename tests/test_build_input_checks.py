@@ -86,7 +86,7 @@ def test_f18_a_forced_dense_table_over_the_address_space_limit_is_bad_input_nami
     import subprocess
     import sys
 
-    from zerogr_build._memlimit import physical_memory_bytes
+    from zerogr_build.base.memlimit import physical_memory_bytes
 
     catalog = small_catalog(tmp_path / "cat.parquet")
     limit = 6 << 30
@@ -131,7 +131,7 @@ def test_f18_a_forced_dense_table_over_the_address_space_limit_is_bad_input_nami
 def test_f18_cgroup_headroom_is_read_from_the_process_cgroup_and_its_ancestors(tmp_path, version):
     """cgroup v2 (memory.max / memory.current) and v1 (memory.limit_in_bytes / usage), the tightest of the
     process's cgroup and its ancestors; 'max' and v1's huge 'no limit' value are no limit."""
-    from zerogr_build._memlimit import cgroup_headroom
+    from zerogr_build.base.memlimit import cgroup_headroom
 
     if version == 2:
         (tmp_path / "proc").write_text("0::/pod/app\n")
@@ -156,7 +156,7 @@ def test_f18_cgroup_headroom_is_read_from_the_process_cgroup_and_its_ancestors(t
 def test_f18_the_tightest_limit_sets_the_forced_dense_check(monkeypatch):
     """memory_limit() is the smallest of physical memory, RLIMIT_AS headroom and cgroup headroom."""
     from zerogr_build import _memlimit
-    from zerogr_build.errors import InputError
+    from zerogr_build.base.errors import InputError
     from zerogr_build.index import FormatPolicy, choose_format
 
     monkeypatch.setattr(_memlimit, "cgroup_headroom", lambda: 1 << 20)

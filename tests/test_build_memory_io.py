@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-import zerogr_build._memory as memory
+import zerogr_build.base.memory as memory
 from zerogr_build.bundle import files
 
 

@@ -17,13 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.reference import reference_steps
+from zerogr_build.base.errors import BundleError, InputError
 from zerogr_build.bundle import (
     add_bundle_files,
     open_bundle,
     resolve_bundle,
     verify_bundle,
 )
-from zerogr_build.errors import BundleError, InputError
 from zerogr_build.testing import fake_kernel_file, publish_catalog, random_catalog
 
 

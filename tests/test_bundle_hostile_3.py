@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from zerogr_build.base.errors import BundleError
 from zerogr_build.bundle import list_versions, open_bundle, verify_bundle
 from zerogr_build.bundle import versions as versions_module
 from zerogr_build.bundle.kernel_files import MAX_KERNEL_BYTES, kernel_problem
 from zerogr_build.bundle.verify import check_kernel_files
-from zerogr_build.errors import BundleError
 from zerogr_build.testing import publish_catalog, random_catalog
 
 

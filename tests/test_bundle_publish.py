@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from zerogr_build.base.errors import BundleError, InputError
 from zerogr_build.bundle import (
     add_bundle_files,
     list_versions,
@@ -26,7 +27,6 @@ from zerogr_build.bundle import (
     publish_bundle,
     verify_bundle,
 )
-from zerogr_build.errors import BundleError, InputError
 from zerogr_build.index import build_index
 from zerogr_build.testing import publish_catalog, random_catalog
 

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zerogr_build.base.errors import InputError
 from zerogr_build.catalog import fingerprint_files, first_duplicate_row, read_catalog
 from zerogr_build.catalog import ids as catalog_ids
 from zerogr_build.catalog import reader as catalog_reader
 from zerogr_build.catalog._kernels import first_repeat_int64, has_repeat_partitioned, step_min_max
-from zerogr_build.errors import InputError
 
 UINT16 = pa.uint16()
 

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from zerogr_build.base.errors import InputError
 from zerogr_build.catalog import find_catalog_files, read_catalog
-from zerogr_build.errors import InputError
 
 from .cli_runs import invoke, one_error_line
 

@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from zerogr_build.base.errors import InputError
 from zerogr_build.cli import app
 from zerogr_build.config import KNOWN_TABLES, BuildSettings, load_settings
-from zerogr_build.errors import InputError
 from zerogr_build.testing import stderr_lines as nonblank_stderr_lines
 
 try:

@@ -13,6 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from tests.compare_models import hidden_for, model_fn, model_fn_with_bias
+from zerogr_build.base.errors import InputError
 from zerogr_build.bundle import open_bundle, publish_bundle
 from zerogr_build.cli import app
 from zerogr_build.compare import (
@@ -24,7 +25,6 @@ from zerogr_build.compare import (
     valid_token_mask,
 )
 from zerogr_build.compare.metrics import ndcg_at_k, overlap_at_k, recall_at_k
-from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
 from zerogr_build.testing import stderr_lines
 

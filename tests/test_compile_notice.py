@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from zerogr_build._compile_notice import on_first_compile
+from zerogr_build.base.compile_notice import on_first_compile
 
 
 def test_first_compile_is_reported_once_and_warm_calls_are_silent():

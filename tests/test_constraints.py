@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from zerogr_build.base.errors import InputError
 from zerogr_build.bundle import open_bundle, publish_bundle
 from zerogr_build.cli import app
-from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
 from zerogr_build.runtime.decoder import Decoder
 from zerogr_build.runtime.items.constraints import ItemMask, ItemSets, row_item_bounds

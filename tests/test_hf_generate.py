@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zerogr_build.errors import InputError
+from zerogr_build.base.errors import InputError
 from zerogr_build.index import build_index
 
 pytest.importorskip("transformers")

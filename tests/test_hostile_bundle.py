@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from zerogr_build.base.errors import BundleError, InputError
 from zerogr_build.bundle import (
     add_bundle_files,
     list_versions,
@@ -25,7 +26,6 @@ from zerogr_build.bundle import (
 )
 from zerogr_build.bundle.files import npy_header, sha256_file
 from zerogr_build.bundle.format import manifest_bytes
-from zerogr_build.errors import BundleError, InputError
 from zerogr_build.testing import finishes, publish_catalog, random_catalog
 
 REPO = Path(__file__).resolve().parents[1]
@@ -294,7 +294,7 @@ def test_items_row_count_is_checked_before_decoding(tmp_path, catalog):
     script = (
         "import resource, sys\n"
         "from zerogr_build.bundle import open_bundle\n"
-        "from zerogr_build.errors import BundleError\n"
+        "from zerogr_build.base.errors import BundleError\n"
         "bundle = open_bundle(sys.argv[1])\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "try:\n    bundle.items()\nexcept BundleError as exc:\n    print(exc)\n"

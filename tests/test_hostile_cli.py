@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from zerogr_build.base.errors import InputError
 from zerogr_build.bundle import open_bundle
 from zerogr_build.catalog import read_catalog
-from zerogr_build.errors import InputError
 from zerogr_build.testing import finishes
 
 from .cli_runs import invoke, one_error_line
@@ -267,7 +267,7 @@ def test_output_layers_with_d_zero_are_refused():
     """Weights of shape [V_t, 0] (d = 0) are bad input, not a search over empty dot products."""
     import torch
 
-    from zerogr_build.errors import InputError
+    from zerogr_build.base.errors import InputError
     from zerogr_build.runtime.weights import normalize_weights
 
     with pytest.raises(InputError, match=r"has shape \[6, 0\], expected \[6, d\] with d >= 1"):

@@ -18,10 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from zerogr_build import kernel_build as kb
+from zerogr_build.base.errors import BundleError, InputError
 from zerogr_build.bundle import open_bundle, verify_bundle
 from zerogr_build.cli import app
 from zerogr_build.config import BuildSettings, load_settings
-from zerogr_build.errors import BundleError, InputError
 from zerogr_build.pipeline import KernelCompileWarning, KernelsSkippedWarning, build_bundle
 
 NVCC = shutil.which("nvcc")

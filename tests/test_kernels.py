@@ -30,9 +30,9 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from zerogr_build.base.dtypes import dtype_name
 from zerogr_build.bundle import add_bundle_files, open_bundle, publish_bundle
 from zerogr_build.index import build_index
-from zerogr_build.runtime.dtypes import dtype_name
 from zerogr_build.runtime.scoring import bundle_kernels as bk
 from zerogr_build.runtime.scoring import compile as kc
 from zerogr_build.runtime.scoring import cuda_launch as cl

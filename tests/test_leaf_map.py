@@ -16,9 +16,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from zerogr_build.base.errors import BundleError
 from zerogr_build.bundle import open_bundle, publish_bundle, verify_bundle
 from zerogr_build.bundle.files import sha256_file
-from zerogr_build.errors import BundleError
 from zerogr_build.index import build_index
 from zerogr_build.index.tables import leaf_map_dtype
 from zerogr_build.runtime.decoder import Decoder

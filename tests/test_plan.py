@@ -12,11 +12,11 @@ import pyarrow as pa
 import pytest
 import torch
 
+from zerogr_build.base.device import device_key
+from zerogr_build.base.errors import BundleError, InputError
 from zerogr_build.bundle import add_bundle_files, open_bundle, publish_bundle
-from zerogr_build.errors import BundleError, InputError
 from zerogr_build.index import build_index
 from zerogr_build.runtime.decoder import Decoder
-from zerogr_build.runtime.device import device_key
 from zerogr_build.runtime.plan import (
     MAX_PLAN_BYTES,
     PLAN_FORMAT,

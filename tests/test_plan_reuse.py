@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from zerogr_build import __version__
+from zerogr_build.base.device import device_info, device_key
 from zerogr_build.bundle import load_manifest, publish_bundle, verify_bundle
 from zerogr_build.cli import app
 from zerogr_build.config import TuneSettings
 from zerogr_build.index import build_index
-from zerogr_build.runtime.device import device_info, device_key
 from zerogr_build.tune import tune_bundle
 from zerogr_build.tune.reuse import REUSE_TOLERANCE, measured_settings, reuse_plan, reuse_refusal
 

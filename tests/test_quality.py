@@ -27,8 +27,8 @@ from experiments.movielens.sids import (
     residual_kmeans,
     semantic_ids,
 )
+from zerogr_build.base.errors import InputError
 from zerogr_build.compare.metrics import ndcg_at_k, overlap_at_k, recall_at_k, top_k_items
-from zerogr_build.errors import InputError
 
 # ------------------------------------------------------------------------------------------------ data
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tests.compare_models import model_fn
+from zerogr_build.base.errors import BundleError, InputError
 from zerogr_build.bundle import add_bundle_files, open_bundle, publish_bundle, verify_bundle
 from zerogr_build.bundle.quality import (
     MAX_QUALITY_BYTES,
@@ -39,7 +40,6 @@ from zerogr_build.compare import (
     read_token_requests,
     record_quality,
 )
-from zerogr_build.errors import BundleError, InputError
 from zerogr_build.index import build_index
 from zerogr_build.integrations.sid_map import SidMap
 from zerogr_build.pipeline import inspect_bundle

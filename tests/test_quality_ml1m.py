@@ -40,7 +40,7 @@ from experiments.movielens.ml1m_run import (  # noqa: E402
 )
 from experiments.movielens.model import set_determinism  # noqa: E402
 from experiments.movielens.t5 import T5Settings, encoder_inputs  # noqa: E402
-from zerogr_build.errors import InputError, ZerogrError  # noqa: E402
+from zerogr_build.base.errors import InputError, ZerogrError  # noqa: E402
 
 from .cli_runs import REPO, invoke  # noqa: E402
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zerogr_build.base.errors import InputError
 from zerogr_build.catalog import read_catalog
-from zerogr_build.errors import InputError
 
 SIZES = [5, 7, 3]
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.reference import selective_reference
-from zerogr_build.errors import InputError
+from zerogr_build.base.errors import InputError
 from zerogr_build.runtime.plan import heuristic_mode
 from zerogr_build.runtime.scoring import available_modes, get_mode, selective_numba, selective_torch
 

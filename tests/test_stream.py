@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerogr_build.errors import InputError
+from zerogr_build.base.errors import InputError
 from zerogr_build.index import build_index
 from zerogr_build.runtime.device_tables import (
     DeviceStep,

@@ -14,12 +14,12 @@ import pyarrow as pa
 import pytest
 import torch
 
+from zerogr_build.base.device import device_for, device_key
+from zerogr_build.base.errors import InputError
 from zerogr_build.bundle import add_bundle_files, open_bundle, publish_bundle, verify_bundle
 from zerogr_build.config import TuneSettings, parse_dtypes, parse_positive_ints
-from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
 from zerogr_build.runtime.decoder import Decoder
-from zerogr_build.runtime.device import device_for, device_key
 from zerogr_build.runtime.plan import find_plan
 from zerogr_build.runtime.scoring import get_mode, selective_cuda
 from zerogr_build.runtime.weights import load_weights_file

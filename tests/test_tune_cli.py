@@ -11,10 +11,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from zerogr_build.base.errors import InputError
 from zerogr_build.bundle import publish_bundle, verify_bundle
 from zerogr_build.cli import app
 from zerogr_build.config import TuneSettings, load_tune_settings
-from zerogr_build.errors import InputError
 from zerogr_build.index import build_index
 
 

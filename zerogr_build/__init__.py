@@ -17,9 +17,9 @@ This is the public API of zerogr; everything else is reached through its submodu
 Nothing here imports torch, cupy or CUDA at import time: the names that need torch load on first use.
 """
 
+from .base.errors import BundleError, InputError, ZerogrError
 from .bundle import Bundle, open_bundle, promote_bundle, publish_bundle, verify_bundle
 from .catalog import Catalog, read_catalog
-from .errors import BundleError, InputError, ZerogrError
 from .index import SidIndex, build_index
 from .runtime.items.constraints import ItemMask, ItemSets
 from .runtime.serving.follow import Follower, follow

@@ -19,10 +19,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from .base.device import parse_device
+from .base.dtypes import DTYPE_NAMES
+from .base.errors import InputError
 from .kernel_build import parse_kernel_archs
-from .runtime.device import parse_device
-from .runtime.dtypes import DTYPE_NAMES
 
 try:  # Python >= 3.11
     import tomllib

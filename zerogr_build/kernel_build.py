@@ -37,9 +37,9 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from .base.errors import InputError, ZerogrError
 from .bundle.files import temp_tag
 from .bundle.kernel_files import KERNEL_HEAD_BYTES, MAX_KERNEL_BYTES, kernel_problem
-from .errors import InputError, ZerogrError
 
 # The CUDA sources are package data next to the scoring code that loads them (found without importing it).
 KERNEL_DIR = Path(__file__).resolve().parent / "runtime" / "scoring" / "kernels"

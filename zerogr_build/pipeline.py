@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._compile_notice import on_first_compile
-from ._memlimit import memory_limit, physical_memory_bytes  # noqa: F401 - physical_memory_bytes: public here
+from .base.compile_notice import on_first_compile
+from .base.device import check_device
+from .base.errors import InputError
+from .base.memlimit import memory_limit, physical_memory_bytes  # noqa: F401 - physical_memory_bytes: public here
+from .base.progress import NULL_PROGRESS, Progress
 from .config import INFER_CODEBOOK_SIZES, BuildSettings, load_settings
-from .errors import InputError
 from .kernel_build import bundle_kernel_files
-from .progress import NULL_PROGRESS, Progress
-from .runtime.device import check_device
 
 if TYPE_CHECKING:
     from .catalog import Catalog
@@ -313,8 +313,8 @@ def quality_rows(opened: Any) -> list[dict[str, Any]]:
     """The quality gate's decisions recorded in an opened bundle, one row per quality/<key>.json: {file,
     model_version, order, passed, min_overlap, max_recall_gap, worst_overlap}, or {file, error} for a
     record that breaks the format (order="auto" ignores such a record: filter_first)."""
+    from .base.errors import BundleError
     from .bundle.quality import load_quality, quality_files, quality_row
-    from .errors import BundleError
 
     rows: list[dict[str, Any]] = []
     for key, name in sorted(quality_files(opened).items()):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zerogr_build.errors import InputError, ZerogrError
+from zerogr_build.base.errors import InputError, ZerogrError
 
 RECBOLE_VERSION = "1.2.1"
 INTER_MEMBER = "recbole/dataset_example/ml-100k/ml-100k.inter"

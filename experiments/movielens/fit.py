@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from zerogr_build.errors import InputError
+from zerogr_build.base.errors import InputError
 
 from .model import set_determinism
 

@@ -25,7 +25,7 @@ def run_dir() -> Path:
 
 def model_fn(bundle: Any, request_ids: list) -> tuple[list, Any]:
     """(weights, step_fn) for a batch of user ids (the compare contract); loads the run once per process."""
-    from zerogr_build.errors import InputError
+    from zerogr_build.base.errors import InputError
 
     from .run import load_run_model_fn
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zerogr_build.errors import InputError
+from zerogr_build.base.errors import InputError
 
 from .data import Interactions, ItemInfo, WheelSource, fetch_wheel, parse_inter, parse_items, read_members
 

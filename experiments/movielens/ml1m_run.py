@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from zerogr_build.base.errors import InputError, ZerogrError
 from zerogr_build.bundle.files import atomic_replace_bytes
 from zerogr_build.compare import CompareReport, Requests, compare_searches
-from zerogr_build.errors import InputError, ZerogrError
 
 from .causal import CausalFamily, CausalSettings
 from .data import Interactions, ItemInfo, Split, leave_one_out

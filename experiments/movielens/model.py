@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from zerogr_build.progress import NULL_PROGRESS, Progress
+from zerogr_build.base.progress import NULL_PROGRESS, Progress
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from zerogr_build.progress import NULL_PROGRESS, Progress
+from zerogr_build.base.progress import NULL_PROGRESS, Progress
 
 from .data import ItemInfo, Split
 from .sids import genre_features, interaction_embeddings, semantic_ids

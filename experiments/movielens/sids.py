@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zerogr_build.errors import InputError
+from zerogr_build.base.errors import InputError
 
 
 def interaction_embeddings(

@@ -12,7 +12,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from ..errors import BundleError
+from ..base.errors import BundleError
 from .files import (
     _crash_point,
     atomic_replace_bytes,

@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from ..errors import BundleError
+from ..base.errors import BundleError
 from .format import TEMP_PREFIX
 
 CHUNK_BYTES = 8 * 1024 * 1024

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BundleError
+from ..base.errors import BundleError
 from ..index.tables import leaf_map_dtype
 
 FORMAT_NAME = "zerogr-bundle"

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import BundleError
+from ..base.errors import BundleError
 from .files import temp_tag
 from .format import LOCK_NAME, TEMP_PREFIX
 

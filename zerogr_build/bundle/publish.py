@@ -29,10 +29,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._threads import prefetched
-from ..errors import InputError
+from ..base.errors import InputError
+from ..base.progress import NULL_PROGRESS, Progress
+from ..base.threads import prefetched
 from ..index.tables import leaf_map_dtype
-from ..progress import NULL_PROGRESS, Progress
 from .amend import recover_journal, recover_journals
 from .files import HashingFile, _crash_point, atomic_replace_bytes, fsync_dir, write_bytes_durable, write_npy
 from .format import (

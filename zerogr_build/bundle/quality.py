@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import BundleError
+from ..base.errors import BundleError
 
 QUALITY_FORMAT = "zerogr-quality"
 QUALITY_FORMAT_VERSION = 1

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BundleError
+from ..base.errors import BundleError
 from ..index import SidIndex, StepTable
 from ..index.tables import identity_leaf_offsets
 from .files import read_npy_header, read_small_file, sha256_file

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BundleError
+from ..base.errors import BundleError
 from ..index.formats import bits_for
 from .format import JOURNAL_NAME, MANIFEST_NAME
 from .kernel_files import KERNEL_HEAD_BYTES, kernel_problem

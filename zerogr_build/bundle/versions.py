@@ -12,7 +12,7 @@ import shutil
 import warnings
 from pathlib import Path
 
-from ..errors import BundleError, InputError
+from ..base.errors import BundleError, InputError
 from .files import _crash_point, atomic_replace_bytes, fsync_dir, read_small_file, temp_tag
 from .format import (
     COUNTER_NAME,

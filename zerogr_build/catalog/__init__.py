@@ -25,9 +25,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import InputError
+from ..base.errors import InputError
+from ..base.progress import NULL_PROGRESS, Progress
 from ..index.pack import PackedSids, packable
-from ..progress import NULL_PROGRESS, Progress
 from .files import find_catalog_files, fingerprint_files, locate_catalog
 from .ids import NUMBA_MIN_ROWS, first_duplicate_row, first_row_with_id
 from .reader import BATCH_ROWS, MAX_CODEBOOK_SIZE, BatchReader, describe_row, unsigned_dtype_for

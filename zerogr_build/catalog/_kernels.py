@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from .._memory import populated_zeros
+from ..base.memory import populated_zeros
 
 #: Use the bitmap when the id range needs at most this many bits per item (2 bytes per item at 16).
 _BITMAP_BITS_PER_ITEM = 16
@@ -145,7 +145,7 @@ def _probe_buckets(part: np.ndarray, starts: np.ndarray, groups: int, capacity: 
 def has_repeat_partitioned(keys: np.ndarray, chunks: int | None = None) -> bool:
     """True when some key occurs twice (keys int64 [N]). chunks: how many parallel slices the counting,
     scattering and probing are split into (default: numba's thread count); any value gives the same
-    answer. The partition buffer comes from _memory.populated_zeros rather than from numba: numba's
+    answer. The partition buffer comes from base.memory.populated_zeros rather than from numba: numba's
     allocations fault page by page on first write and measured several times slower."""
     n = keys.shape[0]
     chunks = max(1, int(chunks if chunks is not None else get_num_threads()))

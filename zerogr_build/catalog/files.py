@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import InputError, one_line
+from ..base.errors import InputError, one_line
 from .storage import (
     HIDDEN_PREFIXES,
     LOCAL,

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .._memory import fresh_zeros, populate_rows
-from ..errors import InputError, one_line
+from ..base.errors import InputError, one_line
+from ..base.memory import fresh_zeros, populate_rows
+from ..base.progress import Progress
 from ..index.pack import PackedSids
-from ..progress import Progress
 from .ids import NUMBA_MIN_ROWS
 from .schema import SidLayout
 from .storage import redact
@@ -32,7 +32,7 @@ MAX_ID_CHARS = 200
 
 def _fresh(shape: int | tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A large zeroed output array that batches are copied into; each batch maps its rows' pages first
-    (_memory.populate_rows: neither a page fault per 4 KiB nor a huge-page compaction stall, and memory is
+    (base.memory.populate_rows: neither a page fault per 4 KiB nor a huge-page compaction stall, and memory is
     committed only for rows that arrive, whatever the footers claim)."""
     return fresh_zeros(shape, dtype)
 

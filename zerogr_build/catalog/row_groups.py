@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import pyarrow.parquet as pq
 
-from .._threads import prefetched
-from ..errors import InputError
-from ..progress import Progress
+from ..base.errors import InputError
+from ..base.progress import Progress
+from ..base.threads import prefetched
 from .reader import BatchReader, iter_batches
 from .schema import parquet_file
 from .storage import OpenFile, Stamp, Store, changed_error

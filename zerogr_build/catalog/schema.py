@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import InputError, one_line
+from ..base.errors import InputError, one_line
 from .storage import OpenFile, redact
 
 

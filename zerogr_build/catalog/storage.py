@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pyarrow as pa
 
-from ..errors import InputError, one_line
+from ..base.errors import InputError, one_line
 
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 

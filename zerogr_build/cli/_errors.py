@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import typer
 
-from ..errors import ZerogrError, one_line
+from ..base.errors import ZerogrError, one_line
 from ._render import stderr_console
 
 DEBUG_ENV = "ZEROGR_DEBUG"

@@ -9,8 +9,8 @@ from typing import Annotated, Any, get_args
 
 import typer
 
+from ..base.errors import InputError
 from ..config import load_settings, parse_name_list
-from ..errors import InputError
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
 ConfigOpt = Annotated[

@@ -1,4 +1,4 @@
-"""zerogr_build.progress.Progress rendered on stderr: rich bars on a terminal, one line per stage in logs."""
+"""base.progress.Progress rendered on stderr: rich bars on a terminal, one line per stage in logs."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from ..progress import NullProgress
+from ..base.progress import NullProgress
 from ._render import stderr_console
 
 
 class RichProgress:
-    """zerogr_build.progress.Progress rendered as rich progress bars on stderr (one line per stage)."""
+    """zerogr_build.base.progress.Progress rendered as rich progress bars on stderr (one line per stage)."""
 
     def __init__(self, console: Console) -> None:
         self._bars = Progress(

@@ -8,11 +8,11 @@ from typing import Annotated, Any
 
 import typer
 
+from ..base.errors import InputError
 from ..bundle import promote_bundle
 from ..bundle.format import parse_version_dir
 from ..bundle.versions import check_out_dir
 from ..config import INFER_CODEBOOK_SIZES, load_settings, parse_int_list
-from ..errors import InputError
 from ..pipeline import build_bundle
 from ._errors import cli_errors, warnings_on_stderr
 from ._metrics import job_metrics

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
+from ..base.errors import InputError
 from ..compare.tables import report_tables
-from ..errors import InputError
 from ._errors import cli_errors, warnings_on_stderr
 from ._options import AvailableOpt, BundleArg, ConfigOpt, JsonOpt, bundle_path
 from ._progress import progress_for
@@ -143,11 +143,11 @@ def compare(
         if model_tag is not None and not model_tag.strip():
             raise InputError("--model-tag must not be empty")
         # Imported when the command runs: compare decodes with torch, `zerogr --help` should not load it.
+        from ..base.device import check_device
         from ..bundle import load_manifest, resolve_bundle
         from ..compare import parse_ks, run_compare
         from ..compare.gate import GateThresholds, decide, quality_document, record_quality
         from ..compare.inputs import beam_width_for
-        from ..runtime.device import check_device
 
         thresholds = None if min_overlap is None else GateThresholds(min_overlap, max_recall_gap)
         ks = parse_ks(k)

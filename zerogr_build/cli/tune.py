@@ -79,8 +79,8 @@ def tune(
     line per stage otherwise."""
     with job_metrics("tune", metrics_file) as metrics, cli_errors():
         # Imported when the command runs: tune needs torch, and `zerogr --help` should not pay for it.
+        from ..base.device import check_device, device_for
         from ..config import load_tune_settings
-        from ..runtime.device import check_device, device_for
         from ..tune import tune_bundle
 
         overrides = {

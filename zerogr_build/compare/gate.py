@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..base.errors import InputError
 from ..bundle.amend import add_bundle_files
 from ..bundle.quality import QUALITY_FORMAT, QUALITY_FORMAT_VERSION, quality_bytes, quality_file_name
-from ..errors import InputError
 from .report import CompareReport
 
 GATE_FAILED_EXIT = 10

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..base.errors import InputError
 from ..config import parse_int_list
-from ..errors import InputError
 
 DEFAULT_KS = (1, 5, 10, 20)
 

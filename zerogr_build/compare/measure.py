@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..base.errors import InputError
+from ..base.progress import NULL_PROGRESS, Progress
 from ..bundle import open_bundle, resolve_bundle
-from ..errors import InputError
 from ..index.tables import csr_gather
-from ..progress import NULL_PROGRESS, Progress
 from ..runtime.decoder import ORDERS, Decoder
 from ..runtime.items.constraints import ItemMask
 from ..runtime.weights import normalize_weights

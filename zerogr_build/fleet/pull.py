@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..base.errors import BundleError, InputError
+from ..base.progress import NULL_PROGRESS, Progress
 from ..bundle.files import atomic_replace_bytes, fsync_dir, read_small_file, write_bytes_durable
 from ..bundle.format import (
     COUNTER_NAME,
@@ -39,8 +41,6 @@ from ..bundle.reader import MAX_MANIFEST_BYTES, open_bundle
 from ..bundle.verify import verify_bundle
 from ..bundle.versions import check_out_dir, next_version, prune_versions, replace_latest
 from ..bundle.versions import read_latest as read_local_latest
-from ..errors import BundleError, InputError
-from ..progress import NULL_PROGRESS, Progress
 from .remote import (
     NothingPublished,
     RefusedRemoteVersion,

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..base.errors import BundleError
+from ..base.progress import NULL_PROGRESS, Progress
 from ..bundle.files import _crash_point, read_small_file
 from ..bundle.format import (
     LATEST_NAME,
@@ -42,8 +44,6 @@ from ..bundle.format import (
 from ..bundle.reader import MAX_MANIFEST_BYTES
 from ..bundle.verify import verify_bundle
 from ..bundle.versions import resolve_bundle
-from ..errors import BundleError
-from ..progress import NULL_PROGRESS, Progress
 from .remote import (
     CLAIM_NAME,
     PreconditionFailed,
@@ -102,7 +102,7 @@ def push_version(
     Raises InputError (bad arguments), RefusedRemoteVersion (the local version fails verification, exit 4),
     RemoteAccessError / RemoteError (the store refused or failed; nothing complete was changed)."""
     if keep is not None and (isinstance(keep, bool) or int(keep) < 1):
-        from ..errors import InputError
+        from ..base.errors import InputError
 
         raise InputError(f"--keep must be >= 1, got {keep}")
     remote = RemoteOut.parse(url)

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, BinaryIO
 
+from ..base.errors import BundleError, InputError, ZerogrError
 from ..bundle.format import LATEST_NAME, MANIFEST_NAME, parse_version_dir, version_dir_name
-from ..errors import BundleError, InputError, ZerogrError
 
 CLAIM_NAME = ".claim"
 STREAM_CHUNK = 1 << 20

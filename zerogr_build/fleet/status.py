@@ -21,12 +21,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..base.errors import BundleError, InputError, ZerogrError, one_line
 from ..bundle.format import MANIFEST_NAME, validate_manifest, version_dir_name
 from ..bundle.quality import MAX_QUALITY_BYTES, load_quality, parse_quality, quality_key_of, quality_row
 from ..bundle.reader import MAX_MANIFEST_BYTES, load_manifest
 from ..bundle.verify import verify_bundle
 from ..bundle.versions import read_latest, version_dirs
-from ..errors import BundleError, InputError, ZerogrError, one_line
 from .remote import CLAIM_NAME, RemoteOut, S3Store, is_remote, list_versions, version_name
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import InputError
+from ..base.errors import InputError
 from .formats import (
     FormatPolicy,
     choose_format,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError
+from ..base.errors import InputError
 from .tables import StepFormat
 
 FORMAT_CHOICES = ("auto", "sparse", "dense")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from .._memory import fresh_zeros, populate_rows
+from ..base.memory import fresh_zeros, populate_rows
 from .formats import bits_for
 
 

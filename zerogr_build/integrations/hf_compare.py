@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
+from ..base.progress import NULL_PROGRESS, Progress
 from ..bundle import open_bundle, resolve_bundle
 from ..compare.inputs import DEFAULT_KS, TokenRequests, beam_width_for, parse_ks, read_token_requests
 from ..compare.measure import CONSTRAINED, Search, StepMass, compare_searches
 from ..compare.report import CompareReport
-from ..progress import NULL_PROGRESS, Progress
 from ..runtime.items.constraints import ItemMask
 from .hf_generate import SidGenerator
 from .hf_load import load_hf_model, model_hash

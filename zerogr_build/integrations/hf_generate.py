@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..base.errors import InputError
 from ..bundle.quality import quality_files
-from ..errors import InputError
 from ..runtime.decoder import ORDERS, Decoder, SearchResult
 from .hf_load import model_hash
 from .hf_model import ModelSession, output_layer

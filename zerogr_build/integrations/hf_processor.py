@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from ..errors import InputError
+from ..base.errors import InputError
 from .sid_map import SidMap, catalog_token_table
 from .vocab_masks import TABLE_BYTES, VocabMasks
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..base.errors import InputError
 
 SID_MAP_FORMAT = "zerogr-sid-map"
 SID_MAP_FORMAT_VERSION = 1

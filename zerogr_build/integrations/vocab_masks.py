@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 
 TABLE_BYTES = 64 * 1024 * 1024  # largest per-step table (next rows or valid cells) built on the device
 

@@ -10,5 +10,5 @@
     weights.py      per-step output layers
     device.py       device strings and identity; dtypes.py: dtype names
 
-This package imports nothing itself, so `import zerogr_build.runtime.device` does not pay for torch.
+This package imports nothing itself, so `import zerogr_build.base.device` does not pay for torch.
 """

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..index import SidIndex
 from .beams import BeamState, SearchResult
 from .device_tables import DeviceStep, index_to_device

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..index import SidIndex, StepMeta, StepTable
 from .slots import default_slot_cap
 from .stream import LoadStats, Sink, load_arrays_to_device

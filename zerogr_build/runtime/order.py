@@ -16,8 +16,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from ..base.errors import BundleError
 from ..bundle.quality import QualityRecord, find_quality, load_quality, quality_files
-from ..errors import BundleError
 
 DEFAULT_ORDER = "filter_first"
 

@@ -36,9 +36,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from ..errors import BundleError, InputError
-from .device import device_key
-from .dtypes import DTYPE_NAMES, dtype_name
+from ..base.device import device_key
+from ..base.dtypes import DTYPE_NAMES, dtype_name
+from ..base.errors import BundleError, InputError
 
 PLAN_FORMAT = "zerogr-plan"
 PLAN_FORMAT_VERSION = 1

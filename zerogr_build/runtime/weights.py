@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from ..errors import InputError
-from .dtypes import dtype_name
+from ..base.dtypes import dtype_name
+from ..base.errors import InputError
 
 
 def normalize_weights(

@@ -31,13 +31,13 @@ from typing import Any
 import torch
 
 from .. import __version__
+from ..base.device import device_info, device_key
+from ..base.dtypes import DTYPE_NAMES, torch_dtype
+from ..base.errors import InputError
+from ..base.progress import NULL_PROGRESS, Progress
 from ..bundle import add_bundle_files, open_bundle
 from ..config import TuneSettings
-from ..errors import InputError
-from ..progress import NULL_PROGRESS, Progress
 from ..runtime.decoder import Decoder
-from ..runtime.device import device_info, device_key
-from ..runtime.dtypes import DTYPE_NAMES, torch_dtype
 from ..runtime.plan import PLAN_FORMAT, PLAN_FORMAT_VERSION
 from ..runtime.scoring import available_modes, get_mode
 from ..runtime.scoring.compile import KernelCompileError, compile_kernels

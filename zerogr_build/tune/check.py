@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..runtime.dtypes import dtype_name, torch_dtype
+from ..base.dtypes import dtype_name, torch_dtype
 
 # (rtol, atol) per dtype for kernel vs reference. Both read identically rounded inputs and accumulate in fp32,
 # so they differ only by summation order (~1e-6 for the O(1) scores of make_case); the bound is the same

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..base.device import device_info, device_key
+from ..base.errors import BundleError, InputError, ZerogrError, one_line
 from ..bundle import add_bundle_files, load_manifest, open_bundle, resolve_bundle
 from ..config import TuneSettings
-from ..errors import BundleError, InputError, ZerogrError, one_line
-from ..runtime.device import device_info, device_key
 from ..runtime.plan import load_plan
 
 REUSE_TOLERANCE = 0.10

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InputError
+from ...base.errors import InputError
 from ...index import SidIndex
 from .ids import (
     POSITIONS,

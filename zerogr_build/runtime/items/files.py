@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ...errors import InputError, one_line
+from ...base.errors import InputError, one_line
 
 
 def _name(path: Any) -> str:

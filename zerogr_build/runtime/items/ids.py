@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InputError
+from ...base.errors import InputError
 from ...index import SidIndex
 
 INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...errors import InputError
+from ...base.errors import InputError
 from ...index import SidIndex
 from .constraints import POSITIONS, ItemIds
 from .ids import IdValues, as_ids

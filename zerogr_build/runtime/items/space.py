@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...errors import InputError
+from ...base.errors import InputError
 from .constraints import ItemMask, ItemSets, index_of, row_item_bounds
 from .ids import accepted_bindings, binding_of
 

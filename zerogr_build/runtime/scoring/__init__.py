@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...errors import InputError
+from ...base.errors import InputError
 from . import full_torch, selective_numba, selective_torch
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from ...base.errors import BundleError
 from ...bundle.kernel_files import MAX_KERNEL_BYTES
-from ...errors import BundleError
 from .selective_cuda import (
     KernelChecksumError,
     KernelFallbackWarning,

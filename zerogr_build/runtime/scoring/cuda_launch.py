@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from ...errors import InputError
-from ..dtypes import dtype_name
+from ...base.dtypes import dtype_name
+from ...base.errors import InputError
 
 ENTRY_SUFFIX = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}  # dtype name -> kernel entry-point suffix
 MAX_WARPS = 8  # 256 threads per block; matches __launch_bounds__(256) in selective.cu

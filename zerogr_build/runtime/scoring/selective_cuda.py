@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...errors import ZerogrError
-from ..device import cuda_index
+from ...base.device import cuda_index
+from ...base.errors import ZerogrError
 from .compile import SELECTIVE_ENTRY_POINTS, read_kernel_source
 from .cuda_launch import (
     SLOTS_PER_BLOCK,

@@ -43,9 +43,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ...base.errors import BundleError, InputError, one_line
 from ...bundle.format import LATEST_NAME, parse_version_dir
 from ...bundle.versions import read_latest
-from ...errors import BundleError, InputError, one_line
 from .hotswap import HotSwap, LiveVersion
 
 log = logging.getLogger("zerogr_build.follow")

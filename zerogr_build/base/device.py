@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from .errors import InputError
 
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 

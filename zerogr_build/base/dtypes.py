@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import InputError
+from .errors import InputError
 
 DTYPE_NAMES = ("fp32", "fp16", "bf16")
 _TORCH_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
