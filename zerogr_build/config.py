@@ -11,9 +11,7 @@ every version), model_version = "", device = "" (tune).
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import stat
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 from .base.device import parse_device
 from .base.dtypes import DTYPE_NAMES
 from .base.errors import InputError
+from .base.small_files import read_small_bytes
 from .kernel_build import parse_kernel_archs
 
 try:  # Python >= 3.11
@@ -138,17 +137,8 @@ def _check_values(s: BuildSettings, where: str) -> None:
 
 
 def _read_config_text(path: Path) -> str:
-    """A config file's text: a regular file of at most MAX_CONFIG_BYTES (a FIFO or /dev/zero is refused
-    before reading; opened non-blocking so a FIFO cannot hang)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with open(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise InputError(f"{path}: not a regular file (a config file must be a TOML file)")
-        data = f.read(MAX_CONFIG_BYTES + 1)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise InputError(f"{path}: config file larger than {MAX_CONFIG_BYTES} bytes")
-    return data.decode("utf-8")
+    """A config file's text: a regular file of at most MAX_CONFIG_BYTES (base.small_files)."""
+    return read_small_bytes(path, MAX_CONFIG_BYTES, "config file").decode("utf-8")
 
 
 def read_config_table(config_file: str | Path, table: str) -> dict[str, Any]:

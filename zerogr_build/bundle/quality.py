@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import BundleError
+from ..base.small_files import parse_small_json, read_small_bytes
 
 QUALITY_FORMAT = "zerogr-quality"
 QUALITY_FORMAT_VERSION = 1
@@ -83,10 +84,9 @@ def load_quality(path: str | Path, *, expect_key: str | None = None) -> QualityR
     BundleError naming the file and the first broken rule."""
     path = Path(path)
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_QUALITY_BYTES + 1)
-    except OSError as exc:
-        raise BundleError(f"{path}: cannot read quality record ({exc})") from exc
+        raw = read_small_bytes(path, MAX_QUALITY_BYTES, "quality record", BundleError)
+    except FileNotFoundError:
+        raise BundleError(f"{path}: cannot read quality record (file not found)") from None
     record = parse_quality(raw, str(path), expect_key=expect_key)
     return replace(record, path=path)
 
@@ -95,13 +95,7 @@ def parse_quality(raw: bytes, where: str, *, expect_key: str | None = None) -> Q
     """A validated QualityRecord from a record's bytes (a local file's or a remote object's), by the
     same rules as load_quality: over MAX_QUALITY_BYTES, not JSON (NaN/Infinity included) or breaking the
     format raises BundleError naming `where`."""
-    if len(raw) > MAX_QUALITY_BYTES:
-        raise BundleError(f"{where}: quality record larger than {MAX_QUALITY_BYTES} bytes")
-    try:
-        data = json.loads(raw, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        problem = f"{type(exc).__name__}: {exc}"
-        raise BundleError(f"{where}: quality record is not valid JSON ({problem})") from None
+    data = parse_small_json(raw, where, "quality record", MAX_QUALITY_BYTES, BundleError)
     return validate_quality(data, where, expect_key=expect_key)
 
 
@@ -208,10 +202,6 @@ def validate_quality(data: Any, where: str, *, expect_key: str | None = None) ->
 
 def _is_number(value: Any) -> bool:
     return type(value) in (int, float) and math.isfinite(value)
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 __all__ = [

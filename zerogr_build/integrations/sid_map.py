@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import InputError
+from ..base.small_files import read_small_json
 
 SID_MAP_FORMAT = "zerogr-sid-map"
 SID_MAP_FORMAT_VERSION = 1
@@ -139,17 +140,7 @@ class SidMap:
         path = Path(path)
         if not path.is_file():
             raise InputError(f"{path}: sid map file not found (or not a regular file)")
-        try:
-            with path.open("rb") as f:
-                raw = f.read(MAX_SID_MAP_BYTES + 1)
-        except OSError as exc:
-            raise InputError(f"{path}: cannot read sid map ({exc.strerror or exc})") from None
-        if len(raw) > MAX_SID_MAP_BYTES:
-            raise InputError(f"{path}: sid map larger than {MAX_SID_MAP_BYTES} bytes")
-        try:
-            data = json.loads(raw, parse_constant=_refuse_constant)
-        except (ValueError, RecursionError) as exc:
-            raise InputError(f"{path}: sid map is not valid JSON ({type(exc).__name__}: {exc})") from None
+        data = read_small_json(path, MAX_SID_MAP_BYTES, "sid map")
         return cls.from_dict(data, str(path))
 
     @property
@@ -208,10 +199,6 @@ def catalog_token_table(sid_map: SidMap, index) -> tuple[np.ndarray, ...]:
         if missing.size:
             raise InputError(f"the catalog uses code {int(missing[0])} at step {t}; the SidMap spells none")
     return table
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _pair(value) -> tuple[int, int]:

@@ -27,7 +27,6 @@ a device in a bundle, `Plan.mode_for` answers the Decoder's question for (step, 
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -39,6 +38,7 @@ from typing import Any
 from ..base.device import device_key
 from ..base.dtypes import DTYPE_NAMES, dtype_name
 from ..base.errors import BundleError, InputError
+from ..base.small_files import read_small_json
 
 PLAN_FORMAT = "zerogr-plan"
 PLAN_FORMAT_VERSION = 1
@@ -111,7 +111,14 @@ def load_plan(
         return source
     if isinstance(source, (str, Path)):
         path = Path(source)
-        return _validate(_read_json(path), str(path), BundleError, whole=True, path=path, key=expect_key)
+        return _validate(
+            read_small_json(path, MAX_PLAN_BYTES, "plan", BundleError),
+            str(path),
+            BundleError,
+            whole=True,
+            path=path,
+            key=expect_key,
+        )
     if isinstance(source, Mapping):
         return _validate(source, "plan", InputError, whole=False)
     if isinstance(source, Sequence):
@@ -143,20 +150,6 @@ def auto_plan(bundle: Any, device: Any) -> Plan | None:
             return found
     warnings.warn(f"{reason}; using the heuristic", stacklevel=3)
     return None
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_PLAN_BYTES + 1)
-    except OSError as exc:
-        raise BundleError(f"{path}: cannot read plan ({exc})") from exc
-    if len(raw) > MAX_PLAN_BYTES:
-        raise BundleError(f"{path}: plan larger than {MAX_PLAN_BYTES} bytes")
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise BundleError(f"{path}: plan is not valid JSON ({type(exc).__name__}: {exc})") from exc
 
 
 def _validate(

@@ -1,0 +1,65 @@
+"""Small files read whole (configs, plans, SID maps, quality records): a regular file of bounded size, and
+JSON without NaN or Infinity. A FIFO, a device or an oversized file is refused before it is read."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+
+
+def read_small_bytes(path: str | Path, limit: int, what: str, error: type[Exception] = InputError) -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them. Opened non-blocking, so a FIFO cannot
+    hang the read. Raises FileNotFoundError when it is missing, else `error` naming the file and `what` it
+    should be for a special file, an unreadable one or one over `limit` bytes."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{path}: not a regular file (a {what} must be a regular file)")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise error(f"{path}: {what} larger than {limit} bytes")
+    return data
+
+
+def parse_small_json(
+    raw: bytes, where: str, what: str, limit: int, error: type[Exception] = InputError
+) -> Any:
+    """`raw` (a file's or an object's bytes, at most `limit`) as JSON; NaN and Infinity are not JSON.
+    Raises `error` naming `where` and `what` otherwise."""
+    if len(raw) > limit:
+        raise error(f"{where}: {what} larger than {limit} bytes")
+    try:
+        return json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise error(f"{where}: {what} is not valid JSON ({type(exc).__name__}: {exc})") from None
+
+
+def read_small_json(path: str | Path, limit: int, what: str, error: type[Exception] = InputError) -> Any:
+    """The JSON document in the regular file `path` of at most `limit` bytes (read_small_bytes, then
+    parse_small_json); a missing file raises `error` too."""
+    try:
+        raw = read_small_bytes(path, limit, what, error)
+    except FileNotFoundError:
+        raise error(f"{path}: cannot read {what} (file not found)") from None
+    return parse_small_json(raw, str(path), what, limit, error)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
