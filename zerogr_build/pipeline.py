@@ -1,6 +1,6 @@
 """`zerogr build`, `inspect` and `verify` as library calls: build_bundle (read_catalog -> build_index ->
-publish_bundle -> optionally stream the tables to a GPU), inspect_bundle and verify_with_catalog, plus the
-per-step summary rows that build and inspect report.
+publish_bundle -> optionally the caller's load_to_device), inspect_bundle and verify_with_catalog, plus
+the per-step summary rows that build and inspect report.
 
 Library code: never prints. Inferred codebook sizes are reported with `warnings.warn` (the CLI shows it on
 stderr as soon as the catalog is read); long work reports through `progress`.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from .kernel_build import bundle_kernel_files
 
 if TYPE_CHECKING:
     from .catalog import Catalog
+    from .index import SidIndex
 
 
 class KernelsSkippedWarning(UserWarning):
@@ -118,16 +119,27 @@ def check_codebook_sizes_given(settings: BuildSettings) -> tuple[int, ...] | Non
     return tuple(settings.codebook_sizes)
 
 
+DeviceLoad = Callable[["SidIndex", str], dict]
+
+
 def build_bundle(
-    catalog_path: str, settings: BuildSettings, *, progress: Progress = NULL_PROGRESS
+    catalog_path: str,
+    settings: BuildSettings,
+    *,
+    progress: Progress = NULL_PROGRESS,
+    load_to_device: DeviceLoad | None = None,
 ) -> dict[str, Any]:
     """_build_bundle, warning once with KernelCompileWarning when numba compiles (a cold first run)."""
     with on_first_compile(_warn_compiling):
-        return _build_bundle(catalog_path, settings, progress=progress)
+        return _build_bundle(catalog_path, settings, progress=progress, load_to_device=load_to_device)
 
 
 def _build_bundle(
-    catalog_path: str, settings: BuildSettings, *, progress: Progress = NULL_PROGRESS
+    catalog_path: str,
+    settings: BuildSettings,
+    *,
+    progress: Progress = NULL_PROGRESS,
+    load_to_device: DeviceLoad | None = None,
 ) -> dict[str, Any]:
     """Read and validate the catalog, build every step table, publish the next version under
     settings.out (and, with settings.device = cuda:N, stream the tables to that GPU).
@@ -228,20 +240,11 @@ def _build_bundle(
     timings["publish"] = time.perf_counter() - t
     del item_ids
     device_load = None
-    if settings.device != "cpu":
-        import torch
-
-        from .runtime.device_tables import index_to_device
-        from .runtime.stream import LoadStats
-
+    if settings.device != "cpu" and load_to_device is not None:
         t = time.perf_counter()
         progress.stage(f"to {settings.device}")
-        stats = LoadStats()
-        resident = index_to_device(index, settings.device, stats=stats)  # the Decoder's own load
-        torch.cuda.synchronize(settings.device)  # the widening kernels it queued are part of the load
+        device_load = load_to_device(index, settings.device)
         timings["to_device"] = time.perf_counter() - t
-        device_load = {"device": settings.device, **vars(stats)}
-        del resident
     seconds = time.perf_counter() - started
     return {
         "bundle": str(published.path),
@@ -264,13 +267,12 @@ def _build_bundle(
     }
 
 
-def inspect_bundle(path: str | Path | None = None, available: str | Path | None = None) -> dict[str, Any]:
+def inspect_bundle(path: str | Path | None = None) -> dict[str, Any]:
     """The JSON-ready report `zerogr inspect --json` prints for a bundle (a version dir, or an OUT dir via
     LATEST): manifest facts, step_rows, leaf_sharing, index bytes, and STATIC's bytes for the same catalog
     (static_bytes / ratio_to_static None for 1-token SIDs, which STATIC has no layout for). Checksums are
-    not read (`verify` does that). available: a Parquet availability file (ItemMask.from_parquet); adds
-    "available": {file, items, valid_prefixes: per step s = 1..L the prefixes (at s = L the leaves) that
-    keep an available item}."""
+    not read (`verify` does that). What an availability file keeps is runtime's
+    (runtime.items.constraints.available_prefixes)."""
     from .bundle import open_bundle
     from .index.static_layout import static_layout_bytes
 
@@ -297,15 +299,6 @@ def inspect_bundle(path: str | Path | None = None, available: str | Path | None 
         "ratio_to_static": (index.index_bytes / static["total"]) if static else None,
     }
     report["quality"] = quality_rows(opened)
-    if available is not None:
-        from .runtime.items.constraints import ItemMask, valid_rows_per_step
-
-        mask = ItemMask.from_parquet(opened, available)
-        report["available"] = {
-            "file": str(available),
-            "items": mask.num_available,
-            "valid_prefixes": valid_rows_per_step(index, mask.available),
-        }
     return report
 
 

@@ -141,7 +141,9 @@ def build(
         settings = load_settings(config, overrides)
         check_out_dir(settings.out)  # an OUT that cannot hold versions is a usage error, before the read
         with progress_for(quiet) as progress, warnings_on_stderr():
-            summary = build_bundle(catalog, settings, progress=progress)
+            summary = build_bundle(
+                catalog, settings, progress=progress, load_to_device=_device_load(settings)
+            )
         metrics.add_stages(summary["timings"])  # the library's own per-stage timings
         metrics.bundle(
             items=summary["items"], distinct_sids=summary["distinct_sids"],
@@ -204,3 +206,12 @@ def promote(
             promoted = promote_bundle(version_dir)
         metrics.bundle(version=parse_version_dir(promoted.name))
         sys.stdout.write(f"{promoted.parent / 'LATEST'} -> {promoted.name}\n")
+
+
+def _device_load(settings):
+    """The optional load after a build (--device cuda:N): the runtime's own, which needs torch."""
+    if settings.device == "cpu":
+        return None
+    from ..runtime.device_tables import measure_device_load
+
+    return measure_device_load

@@ -45,7 +45,11 @@ def inspect(
     compares with STATIC's layout for the same catalog, and the quality gate's recorded decision per model
     (filter_first or score_first); with --available, the prefixes and leaves that keep an available item."""
     with cli_errors(), warnings_on_stderr():
-        report = inspect_bundle(bundle_path(bundle, config), available)
+        report = inspect_bundle(bundle_path(bundle, config))
+        if available is not None:
+            from ..runtime.items.constraints import available_prefixes
+
+            report["available"] = available_prefixes(report["bundle"], available)
         if json_out:
             sys.stdout.write(json.dumps(report, default=str) + "\n")
             return

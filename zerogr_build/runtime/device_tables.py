@@ -170,3 +170,13 @@ def index_to_device(
     if sink is not None or torch.device(device).type == "cuda":
         resident = step_tables_on_device(index, device, low_priority=low_priority, sink=sink, stats=stats)
     return tuple(to_device(table, device, per_step[t], resident[t]) for t, table in enumerate(index.steps))
+
+
+def measure_device_load(index: SidIndex, device: str) -> dict:
+    """Load `index` onto `device` as the Decoder does (the load after a build), wait for the widening
+    kernels it queued, free it again, and return {"device", **LoadStats} (bytes, chunks, seconds)."""
+    stats = LoadStats()
+    resident = index_to_device(index, device, stats=stats)  # the Decoder's own load
+    torch.cuda.synchronize(device)  # the widening kernels it queued are part of the load
+    del resident
+    return {"device": device, **vars(stats)}

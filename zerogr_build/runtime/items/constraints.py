@@ -26,6 +26,7 @@ import functools
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -264,3 +265,18 @@ __all__ = [
     "row_item_bounds",
     "valid_rows_per_step",
 ]
+
+
+def available_prefixes(bundle: str | Path, available: str | Path) -> dict:
+    """What `zerogr inspect --available` adds for the bundle at `bundle` (no checksums read) under the
+    Parquet availability file `available` (ItemMask.from_parquet): {file, items, valid_prefixes: per step
+    s = 1..L the prefixes (at s = L the leaves) that keep an available item}."""
+    from ...bundle import open_bundle
+
+    opened = open_bundle(bundle, verify_checksums=False)
+    mask = ItemMask.from_parquet(opened, available)
+    return {
+        "file": str(available),
+        "items": mask.num_available,
+        "valid_prefixes": valid_rows_per_step(opened.index, mask.available),
+    }
