@@ -260,7 +260,7 @@ def train_and_check(
     """Train run.family under `stop` (checkpoint `<work_dir>/<family>-train.pt` after every epoch; resume
     continues it) and evaluate along the curve. Then save the best model (save_pretrained) as
     `<work_dir>/<family>-best` and evaluate it on the final users as `zerogr compare --hf-model` loads it
-    (integrations.hf_load), so the gate on that dir decodes the same model. eval_every=0: evaluate only
+    (integrations.hf.load), so the gate on that dir decodes the same model. eval_every=0: evaluate only
     after the last epoch.
     checkpoint_seconds: also checkpoint inside an epoch this often (quality.fit).
     deadline: a time.perf_counter() value; once passed, training pauses at the next batch (checkpointed,
@@ -306,7 +306,7 @@ def train_and_check(
         or state.final.get("epoch") != state.best_epoch
         or state.final["users"] != len(final)
     ):
-        from zerogr_build.integrations.hf_load import load_hf_model
+        from zerogr_build.integrations.hf.load import load_hf_model
 
         best_val = next((h.val_loss for h in state.history if h.epoch == state.best_epoch), float("nan"))
         # The saved model, not the one in memory: reloaded, a T5's logits can move by ~1e-7.

@@ -164,7 +164,7 @@ def compare(
         check_device(device)
         with progress_for(json_out) as progress:
             if hf_model is not None:
-                from ..integrations.hf_compare import run_hf_compare
+                from ..integrations.hf.compare import run_hf_compare
 
                 report = run_hf_compare(
                     version_dir, hf_model, sid_map, requests, beam_width=beam_width, ks=ks,

@@ -197,7 +197,7 @@ def compare_searches(
 ) -> CompareReport:
     """compare_orders over any beam search: search(ids, order, beam_width) -> (SearchResult, item ids
     [B][M], StepMass.per_step() of that search) for one batch of request ids, called once per order with
-    the same `ids` list. model_fn_search makes one from a model function; integrations.hf_compare from a
+    the same `ids` list. model_fn_search makes one from a model function; integrations.hf.compare from a
     Hugging Face model (decoded with its own KV cache).
     """
     ks = parse_ks(ks)

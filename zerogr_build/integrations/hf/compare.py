@@ -18,15 +18,15 @@ from pathlib import Path
 
 import torch
 
-from ..base.progress import NULL_PROGRESS, Progress
-from ..bundle import open_bundle, resolve_bundle
-from ..compare.inputs import DEFAULT_KS, TokenRequests, beam_width_for, parse_ks, read_token_requests
-from ..compare.measure import CONSTRAINED, Search, StepMass, compare_searches
-from ..compare.report import CompareReport
-from ..runtime.items.constraints import ItemMask
-from .hf_generate import SidGenerator
-from .hf_load import load_hf_model, model_hash
-from .sid_map import SidMap
+from ...base.progress import NULL_PROGRESS, Progress
+from ...bundle import open_bundle, resolve_bundle
+from ...compare.inputs import DEFAULT_KS, TokenRequests, beam_width_for, parse_ks, read_token_requests
+from ...compare.measure import CONSTRAINED, Search, StepMass, compare_searches
+from ...compare.report import CompareReport
+from ...runtime.items.constraints import ItemMask
+from ..sid_map import SidMap
+from .generate import SidGenerator
+from .load import load_hf_model, model_hash
 
 
 def hf_search(
@@ -87,8 +87,8 @@ def run_hf_compare(
     available: str | Path | None = None,
 ) -> CompareReport:
     """`zerogr compare --hf-model DIR --sid-map FILE --requests FILE`: load the saved model offline
-    (hf_load.load_hf_model), the SidMap (SidMap.load) and the token requests, then compare_searches over
-    hf_search. report.extra gets bundle, model (the dir), model_hash (hf_load.model_hash), sid_map and
+    (load.load_hf_model), the SidMap (SidMap.load) and the token requests, then compare_searches over
+    hf_search. report.extra gets bundle, model (the dir), model_hash (load.model_hash), sid_map and
     requests_file. available: a Parquet availability file, as for run_compare."""
     ks = parse_ks(ks)
     beam_width_for(ks, beam_width)

@@ -25,7 +25,7 @@ import inspect
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
-from ..base.errors import InputError
+from ...base.errors import InputError
 
 
 def output_layer(model) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -17,11 +17,11 @@ Importing this module imports transformers; `import zerogr_build` never does.
 
 from __future__ import annotations
 
-from .hf_compare import hf_search, run_hf_compare, token_inputs
-from .hf_generate import SidGenerator, generate
-from .hf_load import load_hf_model, model_hash
-from .hf_processor import SidLogitsProcessor
-from .sid_map import SidMap
+from ..sid_map import SidMap
+from .compare import hf_search, run_hf_compare, token_inputs
+from .generate import SidGenerator, generate
+from .load import load_hf_model, model_hash
+from .processor import SidLogitsProcessor
 
 __all__ = [
     "SidGenerator",

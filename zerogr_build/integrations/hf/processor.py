@@ -7,7 +7,7 @@
 At every call it masks each row of `scores` to the tokens that extend that row's generated SID prefix to a
 catalog prefix (after the last step: EOS only, when the SidMap has one). HF hands processors
 log_softmax(logits) over the whole vocabulary, so constrained HF beam search is score_first by
-construction; `integrations.hf_generate.generate(order="score_first")` reproduces it with the Decoder.
+construction; `integrations.hf.generate.generate(order="score_first")` reproduces it with the Decoder.
 
 Where the SID starts: a processor sees only input_ids [R, n] (prompt + generated, or decoder start token +
 generated). Give `prompt_length` (decoder-only: the padded prompt width; encoder-decoder: 1), or leave it
@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from ..base.errors import InputError
-from .sid_map import SidMap, catalog_token_table
-from .vocab_masks import TABLE_BYTES, VocabMasks
+from ...base.errors import InputError
+from ..sid_map import SidMap, catalog_token_table
+from ..vocab_masks import TABLE_BYTES, VocabMasks
 
 
 class SidLogitsProcessor(LogitsProcessor):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..base.errors import InputError
+from ...base.errors import InputError
 
 OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 

@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..base.errors import InputError
-from ..bundle.quality import quality_files
-from ..runtime.decoder import ORDERS, Decoder, SearchResult
-from .hf_load import model_hash
-from .hf_model import ModelSession, output_layer
-from .sid_map import SidMap, catalog_token_table
+from ...base.errors import InputError
+from ...bundle.quality import quality_files
+from ...runtime.decoder import ORDERS, Decoder, SearchResult
+from ..sid_map import SidMap, catalog_token_table
+from .load import model_hash
+from .model import ModelSession, output_layer
 
 
 class SidGenerator:
@@ -44,7 +44,7 @@ class SidGenerator:
     order: generate's default order, or "auto": the quality gate's decision recorded in the bundle for
         this model (Decoder(order="auto"); the record is `self.decoder.quality`), filter_first without one.
     model_version: the tag that record is filed under; default the bundle's model_version, else (when the
-        bundle holds quality records) hf_load.model_hash(model), the name `zerogr compare --hf-model
+        bundle holds quality records) load.model_hash(model), the name `zerogr compare --hf-model
         --record` files a record under when neither names the model.
     The head rows are copied here: rebuild the generator after changing the model's weights.
     """
