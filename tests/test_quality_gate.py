@@ -29,8 +29,8 @@ from zerogr_build.bundle.quality import (
     quality_key,
 )
 from zerogr_build.cli import app
+from zerogr_build.cli.compare import GATE_FAILED_EXIT
 from zerogr_build.compare import (
-    GATE_FAILED_EXIT,
     CompareReport,
     GateThresholds,
     Requests,

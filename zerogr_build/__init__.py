@@ -6,15 +6,18 @@ This is the public API of zerogr; everything else is reached through its submodu
     build_index(sids, codebook_sizes) -> SidIndex           the step tables, in memory (pure numpy/numba)
     publish_bundle / promote_bundle                         the versioned on-disk bundle (bundle-format.md)
     open_bundle(path) -> Bundle / verify_bundle(path)       read (checksums, shapes) / check every invariant
+    build_bundle(catalog, settings) / inspect_bundle(path)  `zerogr build` / `zerogr inspect` as calls
     Decoder(index_or_bundle, weights, device, order, plan)  constrained beam search (torch)
-    BeamState / SearchResult                                 the Decoder's step state and result
+    SearchResult                                             what Decoder.search returns
     ItemMask / ItemSets                                      serve-time item constraints (docs/constraints.md)
     HotSwap                                                  load the next version beside the live one, swap
     follow(out, weights, ...) -> Follower                    serve OUT/LATEST, swap as it moves (serving.md)
     tune_bundle(bundle, ...)                                 per-step scoring plans measured on a device
+    run_compare(bundle, model, requests) / run_gate(...)     filter-first vs score-first; the quality gate
     ZerogrError / InputError / BundleError                   what zerogr raises
 
 Nothing here imports torch, cupy or CUDA at import time: the names that need torch load on first use.
+The Decoder's step state (BeamState) and everything else is reached through its submodule.
 """
 
 from .base.errors import BundleError, InputError, ZerogrError
@@ -29,14 +32,18 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Decoder": "zerogr_build.runtime.decoder",
-    "BeamState": "zerogr_build.runtime.decoder",
     "SearchResult": "zerogr_build.runtime.decoder",
     "tune_bundle": "zerogr_build.tune",
+    "build_bundle": "zerogr_build.pipeline",
+    "inspect_bundle": "zerogr_build.pipeline",
+    "run_compare": "zerogr_build.compare",
+    "run_gate": "zerogr_build.compare",
 }
 
 
 def __getattr__(name: str):
-    """The names that import torch (the Decoder and its types, tune_bundle) load on first use."""
+    """The names that import torch or the build pipeline (the Decoder, tune, build, compare) load on
+    first use."""
     if name in _LAZY:
         import importlib
 
@@ -45,7 +52,6 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "BeamState",
     "Bundle",
     "BundleError",
     "Catalog",
@@ -58,12 +64,16 @@ __all__ = [
     "SearchResult",
     "SidIndex",
     "ZerogrError",
+    "build_bundle",
     "build_index",
     "follow",
+    "inspect_bundle",
     "open_bundle",
     "promote_bundle",
     "publish_bundle",
     "read_catalog",
+    "run_compare",
+    "run_gate",
     "tune_bundle",
     "verify_bundle",
 ]

@@ -10,13 +10,13 @@ from typing import Annotated
 import typer
 
 from ..base.errors import InputError
-from ..compare.tables import report_tables
 from ._errors import cli_errors, warnings_on_stderr
 from ._options import AvailableOpt, BundleArg, ConfigOpt, JsonOpt, bundle_path
 from ._progress import progress_for
 from ._render import stdout_console
 
-GATE_FAILED_EXIT = 10  # = compare.gate.GATE_FAILED_EXIT (that module loads torch; --help should not)
+GATE_FAILED_EXIT = 10
+"""Exit code of `zerogr compare --min-overlap ...` when the gate fails (0 passes, 2 bad input)."""
 
 
 def compare(
@@ -146,8 +146,9 @@ def compare(
         from ..base.device import check_device
         from ..bundle import load_manifest, resolve_bundle
         from ..compare import parse_ks, run_compare
-        from ..compare.gate import GateThresholds, decide, quality_document, record_quality
+        from ..compare.gate import GateThresholds, run_gate
         from ..compare.inputs import beam_width_for
+        from ..compare.tables import report_tables
 
         thresholds = None if min_overlap is None else GateThresholds(min_overlap, max_recall_gap)
         ks = parse_ks(k)
@@ -177,24 +178,17 @@ def compare(
                     device=device, request_column=request_column, target_column=target_column,
                     progress=progress, available=available,
                 )  # fmt: skip
-        decision = None if thresholds is None else decide(report, thresholds)
-        recorded = None
-        if record:
-            tag = model_tag or bundle_tag or report.extra.get("model_hash")
-            document = quality_document(
-                report, thresholds, decision, tag, bundle_version=load_manifest(version_dir)["version"],
-                model={k: report.extra[k] for k in ("model", "model_hash", "sid_map") if k in report.extra},
-            )  # fmt: skip
-            recorded = {"file": record_quality(version_dir, document), "model_version": tag}
+        gate = (
+            None
+            if thresholds is None
+            else run_gate(report, thresholds, version_dir, record=record, model_tag=model_tag)
+        )
+        decision = None if gate is None else gate.decision
+        recorded = None if gate is None else gate.recorded
         if json_out:
             out = report.to_dict()
-            if decision is not None:
-                out["gate"] = {
-                    **decision.to_dict(),
-                    "min_overlap": thresholds.min_overlap,
-                    "max_recall_gap": thresholds.max_recall_gap,
-                    "recorded": recorded,
-                }
+            if gate is not None:
+                out["gate"] = gate.to_dict()
             sys.stdout.write(json.dumps(out, default=str) + "\n")
         else:
             console = stdout_console()

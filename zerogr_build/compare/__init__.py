@@ -30,19 +30,27 @@ The function is called once per batch of requests; its weights should not depend
 The quality gate (`gate`): `--min-overlap X [--max-recall-gap Y]` turns the report into a decision,
 filter_first when overlap@K >= X at every K (and the recall filter-first loses is at most Y), else
 score_first; `--record` writes it into the bundle as quality/<model tag>.json, which
-`Decoder(order="auto")` follows. A failed gate exits with GATE_FAILED_EXIT (10).
+`Decoder(order="auto")` follows (run_gate: the decision and the record; `zerogr compare` exits 10 when
+the gate fails).
 
 Modules: `inputs` (the model function, the requests files, K), `gate` (thresholds, decision, record),
 `measure` (compare_orders, run_compare, and
 compare_searches for any beam search, e.g. a Hugging Face model's), `metrics` (overlap@K, Recall@K,
-NDCG@K, top-K item lists), `report` (CompareReport). The tables are drawn by the CLI
-(zerogr_build.cli._render).
+NDCG@K, top-K item lists), `report` (CompareReport), `tables` (the report as rich tables).
 """
 
 from __future__ import annotations
 
 from ..runtime.decoder import ORDERS
-from .gate import GATE_FAILED_EXIT, GateDecision, GateThresholds, decide, quality_document, record_quality
+from .gate import (
+    GateDecision,
+    GateOutcome,
+    GateThresholds,
+    decide,
+    quality_document,
+    record_quality,
+    run_gate,
+)
 from .inputs import (
     DEFAULT_KS,
     ModelFn,
@@ -71,11 +79,11 @@ from .report import CompareReport
 __all__ = [
     "CONSTRAINED",
     "DEFAULT_KS",
-    "GATE_FAILED_EXIT",
     "MASS_CHUNK",
     "ORDERS",
     "CompareReport",
     "GateDecision",
+    "GateOutcome",
     "GateThresholds",
     "ModelFn",
     "Requests",
@@ -94,6 +102,7 @@ __all__ = [
     "read_requests",
     "read_token_requests",
     "record_quality",
+    "run_gate",
     "run_compare",
     "valid_token_mask",
 ]

@@ -23,10 +23,8 @@ from typing import Any
 from ..base.errors import InputError
 from ..bundle.amend import add_bundle_files
 from ..bundle.quality import QUALITY_FORMAT, QUALITY_FORMAT_VERSION, quality_bytes, quality_file_name
+from ..bundle.reader import load_manifest
 from .report import CompareReport
-
-GATE_FAILED_EXIT = 10
-"""Exit code of `zerogr compare --min-overlap ...` when the gate fails (0 passes, 2 bad input)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +136,50 @@ def record_quality(version_dir: str | Path, document: dict[str, Any]) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class GateOutcome:
+    """One gate run: the decision under `thresholds`, and where it was recorded ({file, model_version},
+    None when not recorded)."""
+
+    decision: GateDecision
+    thresholds: GateThresholds
+    recorded: dict[str, str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `gate` entry of `zerogr compare --json`."""
+        return {
+            **self.decision.to_dict(),
+            "min_overlap": self.thresholds.min_overlap,
+            "max_recall_gap": self.thresholds.max_recall_gap,
+            "recorded": self.recorded,
+        }
+
+
+def run_gate(
+    report: CompareReport,
+    thresholds: GateThresholds,
+    version_dir: str | Path,
+    *,
+    record: bool = False,
+    model_tag: str | None = None,
+) -> GateOutcome:
+    """Decide on a compare report of the version `version_dir`; with record, write the decision into that
+    version as the quality record of model_tag (default: the bundle's model version, else the report's
+    model_hash) for `Decoder(order="auto")`."""
+    decision = decide(report, thresholds)
+    if not record:
+        return GateOutcome(decision, thresholds)
+    manifest = load_manifest(version_dir)
+    tag = model_tag or manifest["model_version"] or report.extra.get("model_hash")
+    document = quality_document(
+        report, thresholds, decision, tag, bundle_version=manifest["version"],
+        model={k: report.extra[k] for k in ("model", "model_hash", "sid_map") if k in report.extra},
+    )  # fmt: skip
+    return GateOutcome(
+        decision, thresholds, {"file": record_quality(version_dir, document), "model_version": tag}
+    )
+
+
 def _finite(value: Any) -> Any:
     """The report with NaN / infinities as null (the record is strict JSON)."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -150,10 +192,11 @@ def _finite(value: Any) -> Any:
 
 
 __all__ = [
-    "GATE_FAILED_EXIT",
     "GateDecision",
+    "GateOutcome",
     "GateThresholds",
     "decide",
     "quality_document",
+    "run_gate",
     "record_quality",
 ]
