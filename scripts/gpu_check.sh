@@ -190,8 +190,9 @@ else
 import shutil, sys, warnings
 from pathlib import Path
 from zerogr_build.bundle import open_bundle
-from zerogr_build.runtime.scoring import available_modes, selective_cuda as sc
-from zerogr_build.runtime.scoring.bundle_kernels import load_bundle_kernels
+from zerogr_build.cuda import selective as sc
+from zerogr_build.runtime.scoring import available_modes
+from zerogr_build.cuda.bundle_kernels import load_bundle_kernels
 bundle, device, work = open_bundle(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 arch = sc.device_arch(device)
 print("kernel files:", ", ".join(bundle.files("kernels/")) or "none")

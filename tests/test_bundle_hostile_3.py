@@ -166,7 +166,7 @@ def test_g16_verify_checks_the_kernel_kind_and_arch_from_the_head(tmp_path, cata
 
 
 def test_g16_the_serving_loader_refuses_an_oversized_kernel_before_reading_it(tmp_path, catalog, monkeypatch):
-    from zerogr_build.runtime.scoring import bundle_kernels as bk
+    from zerogr_build.cuda import bundle_kernels as bk
 
     _, published = publish_catalog(catalog, tmp_path / "out")
     name = "kernels/sm_90/selective.ptx"

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from zerogr_build.runtime.scoring import selective_cuda as sc
+from zerogr_build.cuda import selective as sc
 
 pytestmark = [
     pytest.mark.gpu,
@@ -54,8 +54,8 @@ def _fresh(monkeypatch):
 
 def test_built_bundle_kernels_load_as_cubin_and_serve(built, monkeypatch):
     from zerogr_build.bundle import open_bundle
+    from zerogr_build.cuda.bundle_kernels import load_bundle_kernels
     from zerogr_build.runtime.scoring import available_modes
-    from zerogr_build.runtime.scoring.bundle_kernels import load_bundle_kernels
 
     _fresh(monkeypatch)
     with warnings.catch_warnings():
@@ -67,7 +67,7 @@ def test_built_bundle_kernels_load_as_cubin_and_serve(built, monkeypatch):
 
 def test_corrupt_cubin_steps_down_to_ptx_and_no_kernels_to_nvrtc(built, tmp_path, monkeypatch):
     from zerogr_build.bundle import open_bundle
-    from zerogr_build.runtime.scoring.bundle_kernels import load_bundle_kernels
+    from zerogr_build.cuda.bundle_kernels import load_bundle_kernels
 
     _fresh(monkeypatch)
     copy = tmp_path / built.name

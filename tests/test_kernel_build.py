@@ -17,11 +17,12 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from zerogr_build import kernel_build as kb
 from zerogr_build.base.errors import BundleError, InputError
 from zerogr_build.bundle import open_bundle, verify_bundle
 from zerogr_build.cli import app
 from zerogr_build.config import BuildSettings, load_settings
+from zerogr_build.cuda import cache as kc
+from zerogr_build.cuda import nvcc as kn
 from zerogr_build.pipeline import KernelCompileWarning, KernelsSkippedWarning, build_bundle
 
 NVCC = shutil.which("nvcc")
@@ -93,9 +94,9 @@ def test_empty_kernel_archs_ship_nothing_and_do_not_warn(tmp_path):
 
 def test_without_nvcc_the_build_warns_in_one_line_and_publishes(tmp_path, monkeypatch):
     def no_nvcc() -> str:
-        raise kb.KernelCompileError("nvcc not found on PATH (install the CUDA toolkit)\nsecond line")
+        raise kn.KernelCompileError("nvcc not found on PATH (install the CUDA toolkit)\nsecond line")
 
-    monkeypatch.setattr(kb, "find_nvcc", no_nvcc)
+    monkeypatch.setattr(kc, "find_nvcc", no_nvcc)
     with pytest.warns(KernelsSkippedWarning) as record:
         summary = _build(tmp_path)
     assert [str(w.message) for w in record if not issubclass(w.category, KernelCompileWarning)] == [
@@ -118,28 +119,28 @@ def _counting_nvcc(tmp_path: Path) -> tuple[str, Path]:
 def test_the_cache_runs_nvcc_only_for_a_new_source_or_arch(tmp_path):
     nvcc, log = _counting_nvcc(tmp_path)
     cache = tmp_path / "cache"
-    first = kb.cached_kernel_files(["sm_90"], nvcc=nvcc, cache_dir=cache)
+    first = kc.cached_kernel_files(["sm_90"], nvcc=nvcc, cache_dir=cache)
     compiles = [line for line in log.read_text().splitlines() if "--version" not in line]
     assert len(compiles) == 2
     assert sorted(first) == ["kernels/sm_90/selective.cubin", "kernels/sm_90/selective.ptx"]
-    assert kb.cached_kernel_files(["sm_90"], nvcc=nvcc, cache_dir=cache) == first  # warm: no nvcc
+    assert kc.cached_kernel_files(["sm_90"], nvcc=nvcc, cache_dir=cache) == first  # warm: no nvcc
     assert [line for line in log.read_text().splitlines() if "--version" not in line] == compiles
-    kb.cached_kernel_files(["sm_80", "sm_90"], nvcc=nvcc, cache_dir=cache)  # only sm_80 is new
+    kc.cached_kernel_files(["sm_80", "sm_90"], nvcc=nvcc, cache_dir=cache)  # only sm_80 is new
     assert len([line for line in log.read_text().splitlines() if "--version" not in line]) == 4
     changed = tmp_path / "src" / "selective.cu"
     changed.parent.mkdir()
-    changed.write_text(kb.kernel_sources()[0].read_text() + "\n// changed\n")
-    assert kb.cache_key(nvcc, [changed]) != kb.cache_key(nvcc)
-    kb.cached_kernel_files(["sm_90"], nvcc=nvcc, cache_dir=cache, sources=[changed])
+    changed.write_text(kn.kernel_sources()[0].read_text() + "\n// changed\n")
+    assert kc.cache_key(nvcc, [changed]) != kc.cache_key(nvcc)
+    kc.cached_kernel_files(["sm_90"], nvcc=nvcc, cache_dir=cache, sources=[changed])
     assert len([line for line in log.read_text().splitlines() if "--version" not in line]) == 6
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("ZEROGR_CACHE_DIR", str(tmp_path / "c"))
-    assert kb.kernel_cache_dir() == tmp_path / "c" / "kernels"
+    assert kc.kernel_cache_dir() == tmp_path / "c" / "kernels"
     monkeypatch.delenv("ZEROGR_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
-    assert kb.kernel_cache_dir() == tmp_path / "x" / "zerogr" / "kernels"
+    assert kc.kernel_cache_dir() == tmp_path / "x" / "zerogr" / "kernels"
 
 
 def test_kernel_archs_setting_flag_and_config(tmp_path):

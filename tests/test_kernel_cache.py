@@ -27,10 +27,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from zerogr_build import kernel_build as kb
 from zerogr_build.bundle import open_bundle, verify_bundle
 from zerogr_build.cli import app
 from zerogr_build.config import BuildSettings
+from zerogr_build.cuda import cache as kc
+from zerogr_build.cuda import nvcc as kn
 from zerogr_build.pipeline import KernelsSkippedWarning, build_bundle
 
 NVCC = shutil.which("nvcc")
@@ -41,9 +42,9 @@ SM90 = ["kernels/sm_90/selective.cubin", "kernels/sm_90/selective.ptx"]
 
 @pytest.fixture(autouse=True)
 def _fresh_toolkit_memory():
-    kb.forget_failed_toolkits()
+    kn.forget_failed_toolkits()
     yield
-    kb.forget_failed_toolkits()
+    kn.forget_failed_toolkits()
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def warm(tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not on PATH")
     cache = tmp_path_factory.mktemp("warm") / "cache"
-    files = kb.cached_kernel_files(["sm_90"], nvcc=NVCC, cache_dir=cache)
+    files = kc.cached_kernel_files(["sm_90"], nvcc=NVCC, cache_dir=cache)
     return cache, files
 
 
@@ -71,8 +72,8 @@ def _entry(cache: Path, name: str) -> Path:
 def _cached(cache: Path) -> tuple[dict[str, bytes], list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        files = kb.cached_kernel_files(["sm_90"], nvcc=NVCC, cache_dir=cache)
-    return files, [str(w.message) for w in caught if issubclass(w.category, kb.KernelCacheWarning)]
+        files = kc.cached_kernel_files(["sm_90"], nvcc=NVCC, cache_dir=cache)
+    return files, [str(w.message) for w in caught if issubclass(w.category, kc.KernelCacheWarning)]
 
 
 def _fake_nvcc(tmp_path: Path, body: str, name: str = "nvcc") -> Path:
@@ -155,15 +156,15 @@ def _valid_header_for_garbage(entry: Path, tmp_path: Path) -> None:
     """Someone who knows the entry layout writes a consistent entry (right length and sha256) around bytes
     that are not a CUDA cubin: the kind check still refuses it."""
     garbage = b"\x7fELF\x02\x01\x01" + bytes(57) + b"payload " * 500
-    entry.write_bytes(kb.cache_entry_bytes("sm_90", "selective.cubin", garbage))
+    entry.write_bytes(kc.cache_entry_bytes("sm_90", "selective.cubin", garbage))
 
 
 def _other_arch_cubin_with_valid_header(entry: Path, tmp_path: Path) -> None:
     other = tmp_path / "sm80.cubin"
     subprocess.run(
-        [NVCC, "-cubin", "-arch=sm_80", "-O3", "-o", str(other), str(kb.kernel_sources()[0])], check=True
+        [NVCC, "-cubin", "-arch=sm_80", "-O3", "-o", str(other), str(kn.kernel_sources()[0])], check=True
     )
-    entry.write_bytes(kb.cache_entry_bytes("sm_90", "selective.cubin", other.read_bytes()))
+    entry.write_bytes(kc.cache_entry_bytes("sm_90", "selective.cubin", other.read_bytes()))
 
 
 POISONS = {
@@ -239,7 +240,7 @@ def test_g1_a_poisoned_cache_never_reaches_a_published_bundle(warm, tmp_path, mo
     _symlink_to_secret(_entry(cache, "selective.ptx"), tmp_path)
     monkeypatch.setenv("ZEROGR_CACHE_DIR", str(tmp_path / "zc"))
     settings = BuildSettings(out=str(tmp_path / "out"), codebook_sizes=(8, 8, 8), kernel_archs=("sm_90",))
-    with pytest.warns(kb.KernelCacheWarning):
+    with pytest.warns(kc.KernelCacheWarning):
         summary = build_bundle(str(_catalog(tmp_path / "cat.parquet")), settings)
     bundle = open_bundle(summary["bundle"])
     assert {n: bundle.file(n).read_bytes() for n in bundle.files("kernels/")} == warm[1]
@@ -267,8 +268,8 @@ def test_g10_an_unusable_cache_dir_compiles_into_a_temporary_dir(warm, tmp_path,
         os.chown(key_dir, 12345, 12345)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        files = kb.cached_kernel_files(["sm_90"], nvcc=NVCC, cache_dir=root)
-    said = [str(w.message) for w in caught if issubclass(w.category, kb.KernelCacheWarning)]
+        files = kc.cached_kernel_files(["sm_90"], nvcc=NVCC, cache_dir=root)
+    said = [str(w.message) for w in caught if issubclass(w.category, kc.KernelCacheWarning)]
     assert files == warm[1]
     assert len(said) == 1 and "unusable" in said[0] and "temporary dir" in said[0], said
 
@@ -337,12 +338,12 @@ def test_g11_nvcc_output_that_is_not_a_kernel_is_neither_cached_nor_shipped(tmp_
         pytest.skip("nvcc not on PATH")
     nvcc = _fake_nvcc(tmp_path, output(tmp_path))
     cache = tmp_path / "cache"
-    with pytest.raises(kb.KernelCompileError, match=r"wrote a bad (cubin|ptx) for sm_90"):
-        kb.cached_kernel_files(["sm_90"], nvcc=str(nvcc), cache_dir=cache)
+    with pytest.raises(kn.KernelCompileError, match=r"wrote a bad (cubin|ptx) for sm_90"):
+        kc.cached_kernel_files(["sm_90"], nvcc=str(nvcc), cache_dir=cache)
     assert [p for p in cache.rglob("*") if p.is_file()] == []
-    kb.forget_failed_toolkits()
-    with pytest.raises(kb.KernelCompileError):  # and again: nothing was cached to ship next time
-        kb.cached_kernel_files(["sm_90"], nvcc=str(nvcc), cache_dir=cache)
+    kn.forget_failed_toolkits()
+    with pytest.raises(kn.KernelCompileError):  # and again: nothing was cached to ship next time
+        kc.cached_kernel_files(["sm_90"], nvcc=str(nvcc), cache_dir=cache)
 
 
 def test_g11_a_build_with_a_garbage_nvcc_publishes_a_version_that_verifies(tmp_path, monkeypatch):
@@ -379,8 +380,8 @@ def _hanging(tmp_path: Path, when: str = '[ -n "$out" ]') -> tuple[Path, Path]:
 def test_g18_a_timeout_kills_the_whole_group_and_the_toolkit_is_not_run_again(tmp_path):
     nvcc, pids = _hanging(tmp_path)
     t = time.monotonic()
-    with pytest.raises(kb.KernelCompileError, match="timed out after 1 s"):
-        kb.compile_kernels("sm_90", "cubin", tmp_path / "out", nvcc=str(nvcc), timeout_s=1)
+    with pytest.raises(kn.KernelCompileError, match="timed out after 1 s"):
+        kn.compile_kernels("sm_90", "cubin", tmp_path / "out", nvcc=str(nvcc), timeout_s=1)
     assert time.monotonic() - t < 10
     (pid,) = map(int, pids.read_text().split())
     deadline = time.monotonic() + 5
@@ -388,15 +389,15 @@ def test_g18_a_timeout_kills_the_whole_group_and_the_toolkit_is_not_run_again(tm
         time.sleep(0.05)
     assert not _alive(pid), "nvcc's child survived the timeout"
     t = time.monotonic()
-    with pytest.raises(kb.KernelCompileError, match="not run again"):
-        kb.compile_kernels("sm_90", "ptx", tmp_path / "out", nvcc=str(nvcc), timeout_s=1)
+    with pytest.raises(kn.KernelCompileError, match="not run again"):
+        kn.compile_kernels("sm_90", "ptx", tmp_path / "out", nvcc=str(nvcc), timeout_s=1)
     assert time.monotonic() - t < 0.5 and pids.read_text().split() == [str(pid)]
 
 
 def test_g18_a_hung_toolkit_costs_one_timeout_per_process_not_per_build(tmp_path, monkeypatch):
     nvcc, pids = _hanging(tmp_path, when='[ "$1" = "--version" ]')
     monkeypatch.setenv("PATH", f"{nvcc.parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setattr(kb, "NVCC_VERSION_TIMEOUT_S", 1)
+    monkeypatch.setattr(kc, "NVCC_VERSION_TIMEOUT_S", 1)
     cat = _catalog(tmp_path / "cat.parquet")
     for _ in range(3):
         settings = BuildSettings(out=str(tmp_path / "out"), codebook_sizes=(8, 8, 8), kernel_archs=("sm_90",))
@@ -409,8 +410,8 @@ def test_g18_a_build_killed_mid_compile_leaves_no_temp_file_in_the_cache(tmp_pat
     nvcc, pids = _hanging(tmp_path)
     cache = tmp_path / "cache"
     code = (
-        "import sys\nfrom zerogr_build import kernel_build as kb\n"
-        "kb.cached_kernel_files(['sm_90'], nvcc=sys.argv[1], cache_dir=sys.argv[2])\n"
+        "import sys\nfrom zerogr_build.cuda import cache as kc\n"
+        "kc.cached_kernel_files(['sm_90'], nvcc=sys.argv[1], cache_dir=sys.argv[2])\n"
     )
     # A session of its own, so the clean-up below can kill whatever it left without touching pytest.
     proc = subprocess.Popen(
@@ -441,7 +442,7 @@ def test_g18_stale_temp_files_in_the_cache_are_swept(warm, tmp_path):
     stale, live = arch_dir / ".selective.cubin.entry.1-dead.tmp", arch_dir / ".selective.ptx.entry.2-live.tmp"
     stale.write_bytes(b"half")
     live.write_bytes(b"half")
-    old = time.time() - 2 * kb.STALE_TMP_S
+    old = time.time() - 2 * kc.STALE_TMP_S
     os.utime(stale, (old, old))
     files, said = _cached(cache)
     assert files == warm[1] and said == []

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from zerogr_build.bundle import add_bundle_files, open_bundle
-from zerogr_build.runtime.scoring import bundle_kernels as bk
-from zerogr_build.runtime.scoring import selective_cuda as sc
+from zerogr_build.cuda import bundle_kernels as bk
+from zerogr_build.cuda import selective as sc
 from zerogr_build.runtime.scoring import selective_torch
 from zerogr_build.testing import FakeDriverError, FakeKernelLoader, publish_catalog, random_catalog
 
@@ -186,7 +186,7 @@ def test_from_bytes_hands_the_driver_exactly_the_checked_bytes(monkeypatch):
 
 def test_int64_slot_tokens_are_narrowed_without_wrapping():
     """D4: 2**32 + 3 must not become the valid token 3; anything outside [0, V) is an empty slot (-1)."""
-    from zerogr_build.runtime.scoring.cuda_launch import prepare_call
+    from zerogr_build.cuda.launch import prepare_call
 
     tokens = torch.tensor([[2**32 + 3, 5, -(2**40), 9, 2**31, 0]], dtype=torch.int64)
     call = prepare_call(torch.zeros(1, 4), torch.zeros(9, 4), None, tokens, require_cuda=False)

@@ -32,11 +32,11 @@ from hypothesis import strategies as st
 
 from zerogr_build.base.dtypes import dtype_name
 from zerogr_build.bundle import add_bundle_files, open_bundle, publish_bundle
+from zerogr_build.cuda import bundle_kernels as bk
+from zerogr_build.cuda import compile as kc
+from zerogr_build.cuda import launch as cl
+from zerogr_build.cuda import selective as sc
 from zerogr_build.index import build_index
-from zerogr_build.runtime.scoring import bundle_kernels as bk
-from zerogr_build.runtime.scoring import compile as kc
-from zerogr_build.runtime.scoring import cuda_launch as cl
-from zerogr_build.runtime.scoring import selective_cuda as sc
 from zerogr_build.testing import make_case
 from zerogr_build.tune.check import CHECK_TOLERANCE
 
@@ -162,7 +162,7 @@ def test_source_compiles_with_nvrtc_without_include_paths(arch: str) -> None:
 
 def test_importing_the_loader_does_not_import_cupy() -> None:
     code = (
-        "import sys, zerogr_build.runtime.scoring.selective_cuda as s; "
+        "import sys, zerogr_build.cuda.selective as s; "
         "assert 'cupy' not in sys.modules, 'cupy imported at module load'; print(s.is_available())"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

@@ -1,8 +1,8 @@
-"""The CUDA kernels' logic, run on the CPU: kernels/selective.cu compiled as C++ against a tiny emulation of
+"""The CUDA kernels' logic, run on the CPU: cuda/selective.cu compiled as C++ against a tiny emulation of
 the CUDA features it uses, then compared with the torch reference (selective_torch).
 
 Why: CPU CI has no GPU, and compiling with nvcc proves only that the kernels build. Here the packaged
-source itself (indexing, slot loops, block partitioning from `cuda_launch`'s launch geometry, vectorised
+source itself (indexing, slot loops, block partitioning from `cuda.launch`'s launch geometry, vectorised
 and scalar paths, warp shuffles, the online log-sum-exp and its block reduction, -inf handling) runs with
 one OS thread per CUDA thread: `__syncthreads` is a block-wide barrier, `__shfl_xor_sync` a warp-wide
 exchange through memory between two barriers, `__shared__` memory is shared by the block's threads, and
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from zerogr_build.runtime.scoring import compile as kc
-from zerogr_build.runtime.scoring import cuda_launch as cl
+from zerogr_build.cuda import compile as kc
+from zerogr_build.cuda import launch as cl
 from zerogr_build.runtime.scoring import selective_torch as st
 from zerogr_build.testing import make_case
 

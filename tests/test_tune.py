@@ -18,10 +18,12 @@ from zerogr_build.base.device import device_for, device_key
 from zerogr_build.base.errors import InputError
 from zerogr_build.bundle import add_bundle_files, open_bundle, publish_bundle, verify_bundle
 from zerogr_build.config import TuneSettings, parse_dtypes, parse_positive_ints
+from zerogr_build.cuda import selective as selective_cuda
+from zerogr_build.cuda.bundle_kernels import load_bundle_kernels
 from zerogr_build.index import build_index
 from zerogr_build.runtime.decoder import Decoder
 from zerogr_build.runtime.plan import find_plan
-from zerogr_build.runtime.scoring import get_mode, selective_cuda
+from zerogr_build.runtime.scoring import get_mode
 from zerogr_build.runtime.weights import load_weights_file
 from zerogr_build.testing import SeededModel
 from zerogr_build.tune import compile_and_check_kernels, tune_bundle
@@ -257,7 +259,7 @@ def test_gpu_tune_checks_kernels_and_ships_them(bundle_dir):
     assert verify_bundle(bundle_dir)["ok"]
     bundle = open_bundle(bundle_dir)
     assert set(bundle.files("kernels/")) == set(shipped)
-    loaded = selective_cuda.load_bundle_kernels(bundle, "cuda:0")  # what Decoder(plan="auto") loads
+    loaded = load_bundle_kernels(bundle, "cuda:0")  # what Decoder(plan="auto") loads
     assert loaded is not None and loaded.origin == str(bundle.file(shipped[0]))
 
 

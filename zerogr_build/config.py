@@ -21,7 +21,7 @@ from .base.device import parse_device
 from .base.dtypes import DTYPE_NAMES
 from .base.errors import InputError
 from .base.small_files import read_small_bytes
-from .kernel_build import parse_kernel_archs
+from .cuda.nvcc import parse_kernel_archs
 
 try:  # Python >= 3.11
     import tomllib

@@ -22,7 +22,7 @@ from .base.errors import InputError
 from .base.memlimit import memory_limit, physical_memory_bytes  # noqa: F401 - physical_memory_bytes: public here
 from .base.progress import NULL_PROGRESS, Progress
 from .config import INFER_CODEBOOK_SIZES, BuildSettings, load_settings
-from .kernel_build import bundle_kernel_files
+from .cuda.cache import bundle_kernel_files
 
 if TYPE_CHECKING:
     from .catalog import Catalog

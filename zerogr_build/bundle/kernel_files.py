@@ -1,7 +1,7 @@
 """What a compiled kernel file must look like (docs/bundle-format.md section 11.2), checked from its first
 KERNEL_HEAD_BYTES and its size alone, so a check never reads a whole (possibly huge, hostile) file.
 
-Pure functions, shared by `verify`, the serving loader and the kernel cache (zerogr_build/kernel_build.py),
+Pure functions, shared by `verify`, the serving loader and the kernel cache (zerogr_build/cuda/nvcc.py),
 which applies the same rules to nvcc's fresh output and to every cache entry before its bytes are shipped.
 """
 

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..base.errors import InputError
+from ..cuda.bundle_kernels import load_bundle_kernels
 from ..index import SidIndex
 from .beams import BeamState, SearchResult
 from .device_tables import DeviceStep, index_to_device
@@ -44,7 +45,6 @@ from .lanes import plan_lanes
 from .order import auto_order
 from .plan import ModeChooser, auto_plan, load_plan
 from .scoring import available_modes, get_mode
-from .scoring.bundle_kernels import load_bundle_kernels
 from .scoring.full_torch import full_logits, read_slots
 from .scoring.selective_torch import masked_log_softmax
 from .slots import fill_slots, row_extent

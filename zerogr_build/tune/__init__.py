@@ -37,11 +37,11 @@ from ..base.errors import InputError
 from ..base.progress import NULL_PROGRESS, Progress
 from ..bundle import add_bundle_files, open_bundle
 from ..config import TuneSettings
+from ..cuda.compile import KernelCompileError, compile_kernels
+from ..cuda.selective import SelectiveKernels
 from ..runtime.decoder import Decoder
 from ..runtime.plan import PLAN_FORMAT, PLAN_FORMAT_VERSION
 from ..runtime.scoring import available_modes, get_mode
-from ..runtime.scoring.compile import KernelCompileError, compile_kernels
-from ..runtime.scoring.selective_cuda import SelectiveKernels
 from ..runtime.weights import load_weights_file, random_weights
 from .check import check_mode_against_reference
 from .reuse import tune_dtypes

@@ -2,7 +2,7 @@
 
     full            full_torch.py       one GEMM over all V_t, then read the slots       every device
     selective       selective_torch.py  score only the slots' tokens, torch reference    every device
-    selective_cuda  selective_cuda.py   the same contract as a CUDA kernel (CuPy)        CUDA, where it runs
+    selective_cuda  cuda/selective.py   the same contract as a CUDA kernel (CuPy)        CUDA, where it runs
     selective_numba selective_numba.py  the same contract as a numba kernel (lazy import) CPU
 
 Every mode implements the selective-scoring contract (`selective_scores`, `selective_log_softmax`; see
@@ -69,7 +69,7 @@ def _load_selective_cuda() -> ScoringMode | None:
         return None
     try:
         importlib.import_module("cupy")
-        module = importlib.import_module(f"{__name__}.selective_cuda")
+        module = importlib.import_module("zerogr_build.cuda.selective")
     except Exception:  # noqa: BLE001 - any import failure means "backend not available here"
         return None
     usable = getattr(module, "usable", None)

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ...base.errors import BundleError
-from ...bundle.kernel_files import MAX_KERNEL_BYTES
-from .selective_cuda import (
+from ..base.errors import BundleError
+from ..bundle.kernel_files import MAX_KERNEL_BYTES
+from .selective import (
     KernelChecksumError,
     KernelFallbackWarning,
     SelectiveKernels,

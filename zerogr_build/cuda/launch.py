@@ -1,7 +1,7 @@
 """The pure half of the CUDA selective-scoring backend: operand checks, launch geometry, kernel arguments.
 
 Nothing here needs CuPy or a GPU, so all of it is tested on the CPU (tests/test_kernels.py, and
-tests/test_kernels_emulated.py runs the kernels with exactly this geometry). selective_cuda.py loads the
+tests/test_kernels_emulated.py runs the kernels with exactly this geometry). selective.py loads the
 kernels and launches them with what this module computes.
 """
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from ...base.dtypes import dtype_name
-from ...base.errors import InputError
+from ..base.dtypes import dtype_name
+from ..base.errors import InputError
 
 ENTRY_SUFFIX = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}  # dtype name -> kernel entry-point suffix
 MAX_WARPS = 8  # 256 threads per block; matches __launch_bounds__(256) in selective.cu

@@ -3,9 +3,9 @@
 `tune` ships the compiled files inside a bundle (``kernels/<arch>/<name>.<kind>``, docs/bundle-format.md
 section 11) so a serving process loads them with `bundle_kernels.load_bundle_kernels` instead of compiling
 at start-up. The CUDA sources are
-package data (``zerogr_build/runtime/scoring/kernels/*.cu``), found next to this module.
+package data (``zerogr_build/cuda/*.cu``), found next to this module.
 
-The nvcc invocation and the compiled-file cache are zerogr_build/kernel_build.py's (torch-free, so the
+The nvcc invocation and the compiled-file cache are zerogr_build/cuda/nvcc.py's (torch-free, so the
 build uses it without importing torch); this module re-exports them next to the entry-point list.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from ...kernel_build import (
+from .nvcc import (
     KERNEL_DIR,
     KINDS,
     SUPPORTED_ARCHS,
@@ -26,7 +26,7 @@ from ...kernel_build import (
     run_nvcc,
 )
 
-# Every extern "C" entry point of kernels/selective.cu; the loader and the tests check against this list.
+# Every extern "C" entry point of cuda/selective.cu; the loader and the tests check against this list.
 SELECTIVE_ENTRY_POINTS = (
     "selective_scores_f32",
     "selective_scores_f16",

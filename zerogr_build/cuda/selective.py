@@ -1,4 +1,4 @@
-"""Selective scoring with the package's CUDA kernels (kernels/selective.cu), loaded through CuPy.
+"""Selective scoring with the package's CUDA kernels (cuda/selective.cu), loaded through CuPy.
 
 Contract (the same function as the torch reference, selective_torch.py):
 
@@ -19,7 +19,7 @@ graph.
 The kernels are compiled at load time with NVRTC (`SelectiveKernels.from_source`) or loaded from a cubin /
 PTX file compiled ahead of time by compile.py (`SelectiveKernels.from_file`); `load_bundle_kernels` loads
 the ones `zerogr tune` shipped in a bundle (``kernels/<arch>/selective.cubin``). Operand checks and launch
-geometry are pure functions in cuda_launch.py. CuPy is an optional dependency, imported only inside
+geometry are pure functions in launch.py. CuPy is an optional dependency, imported only inside
 functions.
 """
 
@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...base.device import cuda_index
-from ...base.errors import ZerogrError
+from ..base.device import cuda_index
+from ..base.errors import ZerogrError
 from .compile import SELECTIVE_ENTRY_POINTS, read_kernel_source
-from .cuda_launch import (
+from .launch import (
     SLOTS_PER_BLOCK,
     LaunchGeometry,
     SelectiveCall,
@@ -141,7 +141,7 @@ class SelectiveKernels:
 
     @classmethod
     def from_source(cls, device: torch.device | str | int | None = None) -> SelectiveKernels:
-        """Compiles kernels/selective.cu with NVRTC for the device (CuPy caches the binary on disk)."""
+        """Compiles cuda/selective.cu with NVRTC for the device (CuPy caches the binary on disk)."""
         index = _device_index(device)
         cupy = _cupy()
         with cupy.cuda.Device(index):
@@ -328,7 +328,7 @@ def probe_kernels(kernels: Any) -> None:
     """Launch the kernels once on a tiny case (one row: a valid slot, an empty one and an out-of-range one,
     d = 5 so the scalar path runs) and compare with the torch reference; raises with the cause otherwise.
     This, not importing CuPy, is what decides that selective_cuda runs on a device."""
-    from . import selective_torch
+    from ..runtime.scoring import selective_torch
 
     dev = torch.device("cuda", kernels.device_index)
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -384,7 +384,7 @@ def failure_cause(exc: BaseException) -> str:
 def _launch_or_fallback(method: str, hidden: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
     """Run a kernel launch on the device's kernels; any failure other than a bad operand drops the mode on
     that device (one warning) and the torch reference answers instead, so a search never fails on it."""
-    from . import selective_torch
+    from ..runtime.scoring import selective_torch
 
     index = hidden.device.index if hidden.device.index is not None else 0  # CUDA tensors carry one
     if index not in _FAILED:
