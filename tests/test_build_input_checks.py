@@ -155,7 +155,7 @@ def test_f18_cgroup_headroom_is_read_from_the_process_cgroup_and_its_ancestors(t
 
 def test_f18_the_tightest_limit_sets_the_forced_dense_check(monkeypatch):
     """memory_limit() is the smallest of physical memory, RLIMIT_AS headroom and cgroup headroom."""
-    from zerogr_build import _memlimit
+    from zerogr_build.base import memlimit as _memlimit
     from zerogr_build.base.errors import InputError
     from zerogr_build.index import FormatPolicy, choose_format
 
