@@ -4,7 +4,6 @@ live, and the one item-id type shared by all files."""
 from __future__ import annotations
 
 import re
-import weakref
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -21,29 +20,6 @@ class SidLayout:
     list_column: str | None
     columns: tuple[str, ...]
     fixed_length: int | None  # L known from the schema (fixed-size list or separate columns)
-
-
-def open_parquet(name: str) -> pq.ParquetFile:
-    """The local Parquet file `name` (its footer read); InputError naming it when it is not Parquet.
-
-    Arrow takes paths as UTF-8 only; a file whose name is not UTF-8 (surrogate-escaped by Python) is opened
-    by Python and handed over as a file object instead of being refused."""
-    handle = None
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        handle = open(name, "rb")  # noqa: SIM115 - closed when the ParquetFile is collected (below)
-    try:
-        parquet = pq.ParquetFile(name if handle is None else handle)
-        if handle is not None:
-            weakref.finalize(parquet, handle.close)
-        return parquet
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        if handle is not None:
-            handle.close()
-        raise InputError(
-            f"{name}: not a readable Parquet file ({one_line(exc)}){_convert_hint(name)}"
-        ) from None
 
 
 def parquet_file(opened: OpenFile, metadata: pq.FileMetaData | None = None) -> pq.ParquetFile:
