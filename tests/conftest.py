@@ -10,7 +10,7 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
-# --- GPU kernels (issue 10) ---
+# --- GPU kernels ---
 # Every bundle the suite builds ships compiled kernels when nvcc is found: one session-wide cache folder
 # means nvcc runs once per (source, arch, kind) for the whole run, not once per build, and the user's
 # ~/.cache/zerogr is never touched. CLI subprocesses inherit it through the environment.
@@ -20,7 +20,7 @@ if not os.environ.get("ZEROGR_CACHE_DIR"):
     os.environ["ZEROGR_CACHE_DIR"] = tempfile.mkdtemp(prefix="zerogr-test-cache-")
 
 
-# --- hf integration (issue 12) ---
+# --- hf integration ---
 # Tiny, seeded, randomly initialised transformers models (no downloads). Vocabulary: 0 pad, 1 eos,
 # 2 bos / decoder start, SID tokens from HF_SID_OFFSET on, and ordinary words above them, so normalising
 # over the whole vocabulary differs from normalising over the SID codes.
@@ -68,7 +68,7 @@ def tiny_hf_models() -> dict:
     return {kind: _tiny_hf_model(kind, seed) for seed, kind in enumerate(HF_CONFIGS, start=1)}
 
 
-# --- slow tests (issue 13) ---
+# --- slow tests ---
 # `@pytest.mark.slow` tests (the real datasets, real training) are skipped unless asked for with
 # `python -m pytest --run-slow` (or selected with `-m slow --run-slow`); the default suite stays fast.
 def pytest_addoption(parser):

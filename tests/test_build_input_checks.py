@@ -46,7 +46,7 @@ def small_catalog(path: Path, n: int = 60) -> Path:
         ("1=dens", r"--step-formats: unknown format 'dens' for step 1"),
     ],
 )
-def test_g19_step_formats_syntax_is_refused_before_the_read_without_codebook_sizes(tmp_path, spec, message):
+def test_step_formats_syntax_is_refused_before_the_read_without_codebook_sizes(tmp_path, spec, message):
     """Without --codebook-sizes (L unknown until the read) a malformed spec is still refused before the
     read: one line, no inferred-sizes warning, and a catalog that is not Parquet is never opened."""
     res = invoke(
@@ -58,7 +58,7 @@ def test_g19_step_formats_syntax_is_refused_before_the_read_without_codebook_siz
     assert re.search(message, one_error_line(res))
 
 
-def test_g19_a_step_out_of_range_is_still_found_once_the_length_is_known(tmp_path):
+def test_a_step_out_of_range_is_still_found_once_the_length_is_known(tmp_path):
     res = invoke(
         "build",
         small_catalog(tmp_path / "cat.parquet"),
@@ -77,7 +77,7 @@ def test_g19_a_step_out_of_range_is_still_found_once_the_length_is_known(tmp_pat
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_f18_a_forced_dense_table_over_the_address_space_limit_is_bad_input_naming_the_step(tmp_path):
+def test_a_forced_dense_table_over_the_address_space_limit_is_bad_input_naming_the_step(tmp_path):
     """Under `ulimit -v` (RLIMIT_AS) a forced dense table that fits the machine's memory but not the
     process's limit is exit 2, one line naming the step, before it is allocated. Before: exit 1, a
     MemoryError from numpy (the check knew physical memory only)."""
@@ -128,7 +128,7 @@ def test_f18_a_forced_dense_table_over_the_address_space_limit_is_bad_input_nami
 
 
 @pytest.mark.parametrize("version", [1, 2])
-def test_f18_cgroup_headroom_is_read_from_the_process_cgroup_and_its_ancestors(tmp_path, version):
+def test_cgroup_headroom_is_read_from_the_process_cgroup_and_its_ancestors(tmp_path, version):
     """cgroup v2 (memory.max / memory.current) and v1 (memory.limit_in_bytes / usage), the tightest of the
     process's cgroup and its ancestors; 'max' and v1's huge 'no limit' value are no limit."""
     from zerogr_build.base.memlimit import cgroup_headroom
@@ -153,7 +153,7 @@ def test_f18_cgroup_headroom_is_read_from_the_process_cgroup_and_its_ancestors(t
     assert cgroup_headroom(tmp_path, tmp_path / "proc") is None
 
 
-def test_f18_the_tightest_limit_sets_the_forced_dense_check(monkeypatch):
+def test_the_tightest_limit_sets_the_forced_dense_check(monkeypatch):
     """memory_limit() is the smallest of physical memory, RLIMIT_AS headroom and cgroup headroom."""
     from zerogr_build.base import memlimit as _memlimit
     from zerogr_build.base.errors import InputError

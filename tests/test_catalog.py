@@ -200,7 +200,7 @@ def test_missing_path(tmp_path):
 def test_missing_columns(tmp_path):
     sids, ids = random_catalog(5)
     path = write(tmp_path / "c.parquet", sids, ids)
-    # issue 21: each says which option names the right column
+    # each says which option names the right column
     with raises_input(
         r"c\.parquet: column 'sids' not found \(columns: item_id, sid\); .*--sid-column .*--sid-columns"
     ):

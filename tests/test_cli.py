@@ -154,7 +154,7 @@ def test_manifest_records_settings_catalog_and_model_version(tmp_path):
 
 
 def test_missing_codebook_sizes_exit_2_and_say_what_to_pass(tmp_path):
-    """issue 21: a forgotten --codebook-sizes cannot slip through a cron job: exit 2, one line, nothing
+    """a forgotten --codebook-sizes cannot slip through a cron job: exit 2, one line, nothing
     published, and the line names both ways out."""
     make_catalog(tmp_path / "cat.parquet")
     res = invoke("build", str(tmp_path / "cat.parquet"), "--out", str(tmp_path / "b"), "--json")
@@ -489,7 +489,7 @@ def test_help_on_every_command():
 
 
 def test_usage_lines_name_arguments_bare():
-    """issue 21: `zerogr build [OPTIONS] CATALOG`, not Typer's `{CATALOG}`, for every command."""
+    """`zerogr build [OPTIONS] CATALOG`, not Typer's `{CATALOG}`, for every command."""
     import typer
 
     group = typer.main.get_command(app)

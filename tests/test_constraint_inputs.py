@@ -1,8 +1,7 @@
-"""Hostile and careless input to the item constraints (hostile-input review, round 3: G2, G4-G7, G12, G14,
-G17): every accepted container of ids works, anything else is refused with one clear InputError; a null id
-never empties a mask; a mask or sets object is bound to its item order and copied; concurrent setters lose
-no update; set words cost no per-pair memory; availability and sets files are read as strictly as a
-catalog (exit 2, one line naming the file)."""
+"""Hostile and careless input to the item constraints: every accepted container of ids works, anything else
+is refused with one clear InputError; a null id never empties a mask; a mask or sets object is bound to
+its item order and copied; concurrent setters lose no update; set words cost no per-pair memory;
+availability and sets files are read as strictly as a catalog (exit 2, one line naming the file)."""
 
 from __future__ import annotations
 

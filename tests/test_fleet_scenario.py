@@ -1,5 +1,5 @@
-"""The whole path from the build box to two serving hosts, as one test against the moto S3 server
-(issue 19, "Done when"): build -> verify -> push -> two hosts pull -> a follower on each swaps -> a new good
+"""The whole path from the build box to two serving hosts, as one test against the moto S3 server:
+build -> verify -> push -> two hosts pull -> a follower on each swaps -> a new good
 version travels the same way and is swapped in while searches run -> a bad version is pushed (one object
 corrupted on the store after the push) -> both hosts' pulls refuse it (exit 4, one line naming the object),
 each local OUT byte-identical, the followers keep serving the last good version -> `zerogr status` (local

@@ -1,6 +1,6 @@
-"""Hostile and careless input to the catalog reader, the config and the CLI (hostile-input review, round 2:
-F2, F4, F11-F13, F17, F19, F21, F23): a catalog is read exactly or refused with exit 2, nothing hangs,
-exit codes mean what the README says, and user text is never rich markup."""
+"""Hostile and careless input to the catalog reader, the config and the CLI: a catalog is read exactly or
+refused with exit 2, nothing hangs, exit codes mean what the README says, and user text is never rich
+markup."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Compiled kernels in every bundle (issue 10 item 4): `zerogr build` ships a cubin per configured arch plus
+"""Compiled kernels in every bundle: `zerogr build` ships a cubin per configured arch plus
 PTX, listed with checksums in the manifest, compiled through a cache keyed by (source hash, nvcc version,
 arch); without nvcc it says so in one line and carries on; `verify` checks the files."""
 

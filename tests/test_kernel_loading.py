@@ -1,4 +1,4 @@
-"""Kernel loading that never fails a search (issue 10 items 2 and 3), on a CPU: the order cubin -> PTX ->
+"""Kernel loading that never fails a search, on a CPU: the order cubin -> PTX ->
 NVRTC -> torch with one warning per step down, checksums before any driver call, availability by a probe
 launch, launch failures falling back to the torch reference. The driver is zerogr_build.testing's
 FakeKernelLoader; what would reach it is checked byte for byte."""

@@ -101,7 +101,7 @@ def _step_fn(dim: int = 6):
 
 
 @pytest.mark.parametrize("name", V1_BUNDLES)
-def test_v1_bundle_opens_verifies_and_decodes_like_v2(tmp_path, name):
+def test_bundle_opens_verifies_and_decodes_like_v2(tmp_path, name):
     v1 = tmp_path / name
     shutil.copytree(FIXTURES / name, v1)
     old = open_bundle(v1)
@@ -133,7 +133,7 @@ def test_v1_bundle_opens_verifies_and_decodes_like_v2(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", V1_BUNDLES)
-def test_v2_changes_only_the_leaf_map_and_manifest(tmp_path, name):
+def test_changes_only_the_leaf_map_and_manifest(tmp_path, name):
     """Same catalog: every step file and items.parquet keep their bytes; the manifest changes
     format_version and the leaves entry; leaves.offsets.npy becomes int32 (shared) or disappears (unique)."""
     v1 = FIXTURES / name
@@ -207,7 +207,7 @@ def test_hostile_leaf_map_manifests_are_refused(tmp_path, name, change, message)
         open_bundle(bundle, verify_checksums=False)
 
 
-def test_v2_offsets_file_with_wrong_header_dtype_is_refused(tmp_path):
+def test_offsets_file_with_wrong_header_dtype_is_refused(tmp_path):
     """A v2 manifest saying '<i4' over an int64 offsets file (a v1 file left in place)."""
     bundle = tmp_path / "b"
     shutil.copytree(FIXTURES / "bundle_v1_shared", bundle)

@@ -1,4 +1,4 @@
-"""The MovieLens-1M check (issues 13 and 20): ML-1M parsing (CRLF, `1m_` users, title items), the pinned
+"""The MovieLens-1M check: ML-1M parsing (CRLF, `1m_` users, title items), the pinned
 sha256, leave-one-out with capped histories, SIDs, both model families (T5, decoder-only GPT-2), the
 training loop's stopping rule and --resume, and tiny end-to-end runs through the Hugging Face integration
 whose report has every field. Real data / real training: @pytest.mark.slow."""

@@ -220,7 +220,7 @@ class _OnStage:
 
 
 @pytest.mark.parametrize("workers", [1, 3])
-def test_g3_a_catalog_replaced_after_its_footer_was_read_is_refused(tmp_path, workers):
+def test_a_catalog_replaced_after_its_footer_was_read_is_refused(tmp_path, workers):
     """The exporter renames a new catalog over the old one between the footer pass and the data: the
     read refuses it naming the file (before: the new rows were read under the old footer, exit 0)."""
     path, new = tmp_path / "c.parquet", tmp_path / "next.parquet"
@@ -231,7 +231,7 @@ def test_g3_a_catalog_replaced_after_its_footer_was_read_is_refused(tmp_path, wo
         read_catalog(path, codebook_sizes=SIZES, pack=True, workers=workers, progress=replace)
 
 
-def test_g3_a_catalog_replaced_during_the_pooled_read_is_never_mixed(tmp_path, monkeypatch):
+def test_a_catalog_replaced_during_the_pooled_read_is_never_mixed(tmp_path, monkeypatch):
     """The review's reproducer: the new file is renamed over the catalog at the third ParquetFile made for
     it. The read is the old file whole (with the old file's fingerprint) or a refusal naming the file;
     never rows of both (before: 10 old rows and 290 new ones, exit 0)."""
@@ -259,7 +259,7 @@ def test_g3_a_catalog_replaced_during_the_pooled_read_is_never_mixed(tmp_path, m
     assert pooled.fingerprint == old.fingerprint
 
 
-def test_g3_a_catalog_rewritten_in_place_while_read_is_refused(tmp_path):
+def test_a_catalog_rewritten_in_place_while_read_is_refused(tmp_path):
     """Rewritten in place (same inode) after its first rows were read: refused at the end of the file."""
     path = tmp_path / "c.parquet"
     pq.write_table(_catalog_table(300, 1), path, row_group_size=10)
@@ -283,7 +283,7 @@ def test_g3_a_catalog_rewritten_in_place_while_read_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [1, 3])
-def test_g9_each_footer_is_parsed_once_and_each_file_opened_once_for_its_data(tmp_path, monkeypatch, workers):
+def test_each_footer_is_parsed_once_and_each_file_opened_once_for_its_data(tmp_path, monkeypatch, workers):
     """A file of 400 row groups: the footer (which lists all 400) is parsed once, in the footer pass, and
     the data pass opens the file once. Before, every pooled task reopened the file and parsed the whole
     footer again: quadratic in the row groups (20,000 groups did not finish in 300 s)."""

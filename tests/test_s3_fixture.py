@@ -3,7 +3,7 @@
 import pytest
 
 
-def test_s3_server_enforces_conditional_writes_and_pyarrow_reads_it(s3_bucket):
+def test_server_enforces_conditional_writes_and_pyarrow_reads_it(s3_bucket):
     import boto3
     from botocore.exceptions import ClientError
     from pyarrow import fs as pafs
