@@ -1,4 +1,5 @@
-"""This checkout's CLI in tests: in process (typer's CliRunner), and scripts/rebuild.sh as cron runs it."""
+"""This checkout's CLI in tests: in process (typer's CliRunner), and `zerogr rebuild` in its own process as
+cron runs it."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from zerogr_build.cli import app
 from zerogr_build.testing import stderr_lines
 
 REPO = Path(__file__).resolve().parent.parent
-REBUILD = REPO / "scripts" / "rebuild.sh"
-# Tiny, fast tune settings for rebuild.sh runs (--tune-args).
+REBUILD_SH = REPO / "scripts" / "rebuild.sh"
+# Tiny, fast tune settings for rebuild runs (--tune-args).
 TUNE_ARGS = "--batch-sizes 2 --beam-width 4 --warmup 0 --iters 1 --hidden-dim 8"
 
 runner = CliRunner()
@@ -33,16 +34,20 @@ def one_error_line(result, code: int = 2) -> str:
     return lines[0]
 
 
+def zerogr_command() -> list[str]:
+    """This environment's zerogr as a command line (the interpreter running the tests, so a venv's)."""
+    return [sys.executable, "-m", "zerogr_build.cli"]
+
+
 def run_rebuild(
     *args, cwd: Path, env: dict | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
-    """scripts/rebuild.sh ARGS... with this checkout's zerogr (not whatever `zerogr` is on PATH), stderr
-    not a terminal (as under cron); `env` adds to or overrides the environment."""
-    full_env = {**os.environ, "PYTHON": sys.executable, "ZEROGR": f"{sys.executable} {REPO / 'cli.py'}"}
+    """`zerogr rebuild ARGS...` in its own process, stderr not a terminal (as under cron); `env` adds to or
+    overrides the environment."""
     return subprocess.run(
-        ["bash", str(REBUILD), *map(str, args)],
+        [*zerogr_command(), "rebuild", *map(str, args)],
         cwd=cwd,
-        env={**full_env, **(env or {})},
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

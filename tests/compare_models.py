@@ -64,3 +64,13 @@ def wrong_length_model(bundle, request_ids: list):
 
 
 NOT_CALLABLE = 3
+
+
+def random_model(bundle, request_ids: list):
+    """Unseeded random hidden vectors: a model that is not deterministic (compare must refuse it)."""
+    weights, _ = model_fn(bundle, request_ids)
+
+    def step_fn(step, prefixes, batch):
+        return torch.randn(prefixes.shape[0], D)
+
+    return weights, step_fn

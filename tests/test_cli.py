@@ -20,6 +20,8 @@ from zerogr_build.cli import app
 from zerogr_build.config import KNOWN_TABLES, BuildSettings, load_settings
 from zerogr_build.testing import stderr_lines as nonblank_stderr_lines
 
+from .cli_runs import run_rebuild
+
 try:
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover
@@ -353,18 +355,16 @@ def test_load_settings_layers_recorded_catalog_columns(tmp_path):
 
 
 def test_rebuild_verifies_a_catalog_read_through_custom_columns(tmp_path):
-    """scripts/rebuild.sh passes no column options to verify: it must still read the catalog as build did."""
+    """rebuild passes no column options to verify: it must still read the catalog as build did."""
     rng = np.random.default_rng(2)
     sids = rng.integers(0, 8, size=(300, 3))
     columns = {"pid": [f"p{i}" for i in range(300)], **{f"c{t}": sids[:, t] for t in range(3)}}
     pq.write_table(pa.table(columns), tmp_path / "cat.parquet")
     out = tmp_path / "bundles"
-    proc = subprocess.run(
-        ["bash", str(REPO / "scripts" / "rebuild.sh"), str(tmp_path / "cat.parquet"), "--out", str(out),
-         "--sid-columns", "c0,c1,c2", "--item-column", "pid", "--codebook-sizes", "8,8,8", "--device", "cpu",
-         "--tune-args", "--batch-sizes 2 --beam-width 2 --warmup 0 --iters 1 --hidden-dim 4"],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHON": sys.executable, "ZEROGR": f"{sys.executable} {REPO / 'cli.py'}"},
+    proc = run_rebuild(
+        tmp_path / "cat.parquet", "--out", out, "--sid-columns", "c0,c1,c2", "--item-column", "pid",
+        "--codebook-sizes", "8,8,8", "--device", "cpu",
+        "--tune-args", "--batch-sizes 2 --beam-width 2 --warmup 0 --iters 1 --hidden-dim 4", cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"{(out / 'v000001').resolve()}\n"
@@ -445,7 +445,8 @@ COMMANDS = {
     "build": ("CATALOG", "--out", "-o", "--config", "-c", "--codebook-sizes", "--infer-codebook-sizes",
               "--sid-column", "--sid-columns",
               "--item-column", "--workers", "-j", "--step-formats", "--device", "--model-version", "--keep",
-              "--promote", "--no-promote", "--kernel-archs", "--json", "--quiet", "-q", "--metrics-file"),
+              "--promote", "--no-promote", "--kernel-archs", "--engine", "--ray-address", "--partitions",
+              "--json", "--quiet", "-q", "--metrics-file"),
     "inspect": ("BUNDLE", "--config", "-c", "--json", "--available"),
     "verify": ("BUNDLE", "--catalog", "--config", "-c", "--sid-column", "--sid-columns", "--item-column",
                "--json", "--quiet", "-q", "--metrics-file"),
@@ -460,6 +461,11 @@ COMMANDS = {
              "--metrics-file"),
     "pull": ("S3_URL", "OUT", "--version", "--keep", "--verify", "--json", "--quiet", "-q", "--metrics-file"),
     "status": ("OUT", "--verify", "--config", "-c", "--json"),
+    "rebuild": ("--gpu", "--device", "--tune-args", "--retune", "--gate-model", "--gate-sid-map",
+                "--gate-model-fn", "--gate-requests", "--min-overlap", "--gate-args", "--push", "--push-keep",
+                "--metrics-file"),
+    "config": ("--show-defaults",),
+    "demo-catalog": ("OUT", "--items", "-n", "--codebook-sizes", "-V", "--seed", "--mode", "--item-ids"),
 }  # fmt: skip
 
 
@@ -526,12 +532,12 @@ def test_repo_shim_runs_as_a_subprocess(tmp_path):
 
 
 def test_default_toml_matches_the_dataclass_defaults():
-    data = tomllib.loads((REPO / "configs" / "default.toml").read_text())
+    data = tomllib.loads((REPO / "zerogr_build" / "configs" / "default.toml").read_text())
     assert "build" in data and set(data) <= KNOWN_TABLES  # other commands keep their own tables
     defaults = {f.name: getattr(BuildSettings(), f.name) for f in dataclasses.fields(BuildSettings)}
     as_toml = {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()}
     assert data["build"] == as_toml
-    assert load_settings(REPO / "configs" / "default.toml") == BuildSettings()
+    assert load_settings(REPO / "zerogr_build" / "configs" / "default.toml") == BuildSettings()
 
 
 def test_overrides_beat_the_file_and_none_means_not_given(tmp_path):

@@ -1,5 +1,5 @@
-"""--metrics-file on build, verify, tune, promote and scripts/rebuild.sh, parsed back with prometheus-client's
-parser; rebuild.sh's progress on stderr, its stdout on exit 5 and its plan reuse."""
+"""--metrics-file on build, verify, tune, promote and `zerogr rebuild`, parsed back with prometheus-client's
+parser; rebuild's progress on stderr, its stdout on exit 5 and its plan reuse."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def test_rebuild_metrics_progress_plan_reuse_and_exit_5(tmp_path):
     common += ["--metrics-file", prom]
 
     usage = run_rebuild(catalog, *common[1:], "--gate-model", tmp_path, cwd=tmp_path)  # gate files missing
-    assert usage.returncode == 2 and "--gate-sid-map" in usage.stderr
+    assert usage.returncode == 2 and "--gate-requests" in usage.stderr
     assert value(metrics(prom), "job_exit_status", "rebuild") == 2  # a usage error is reported too
     prom.unlink()
     bad = run_rebuild(tmp_path / "missing.parquet", *common[1:], cwd=tmp_path)
@@ -140,7 +140,10 @@ def test_rebuild_metrics_progress_plan_reuse_and_exit_5(tmp_path):
     got = metrics(prom)
     assert value(got, "job_exit_status", "rebuild") == 2
     assert ("zerogr_job_last_success_timestamp_seconds", ("job", "rebuild")) not in got
-    assert [k[2] for k in got if k[0] == "zerogr_job_stage_duration_seconds"] == [("stage", "build")]
+    stages = [k[2] for k in got if k[0] == "zerogr_job_stage_duration_seconds"]
+    assert sorted(stages) == [("stage", "build"), ("stage", "setup")]
+    (failure,) = [dict(k[1:]) for k in got if k[0] == "zerogr_job_failure_info"]
+    assert failure["stage"] == "build" and "missing.parquet" in failure["reason"]
 
     first = run_rebuild(*common, "--tune-args", TUNE_ARGS, cwd=tmp_path)
     assert first.returncode == 0, first.stderr

@@ -265,6 +265,7 @@ def test_cli_compare_json_and_table(bundle, tmp_path):
         ("tests.compare_models:wrong_shape_model", {"request_id": [0]}, r"weights[2] has shape [3, 8]"),
         ("tests.compare_models:wrong_length_model", {"request_id": [0]}, "2 per-step output layers"),
         ("tests.compare_models:model_fn", {"user_id": [0]}, "missing column 'request_id'"),
+        ("tests.compare_models:random_model", {"request_id": [0, 1]}, "function must be deterministic"),
     ],
 )
 def test_cli_compare_errors_exit_2(bundle, tmp_path, model, columns, message):

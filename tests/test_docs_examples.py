@@ -4,12 +4,14 @@ The convention (docs/development.md, "Tests"):
 - the blocks of one document run in order in one fresh scratch dir, each in its own process: bash with
   `-e -o pipefail`, python with the scratch dir first on sys.path (as `python -c`). A later block may use
   the files an earlier one made, not its variables;
-- the checkout's scripts/ and configs/ are reachable from the scratch dir at the same relative paths, and
-  `zerogr` (this checkout's code) is on PATH;
+- the checkout's scripts/ is reachable from the scratch dir at the same relative path, and `zerogr` and
+  `python` run this test run's interpreter (sys.executable, a venv's included: no symlinked interpreter,
+  which would start the base install instead of the venv);
 - a first line `# needs: X` marks a block: gpu (skipped without a CUDA device), s3 (runs with AWS_* pointing
   at the suite's moto S3 server, where a bucket `zerogr-demo` exists, emptied per document), slow (only
   with --run-slow), install (starts with `python -m pip install` of this checkout: the install command is
-  checked and the rest runs), ci (the test command itself: .ci/run must run it verbatim).
+  checked and the rest runs), ci (the test command itself: .ci/run must run it verbatim), vllm (needs vLLM,
+  which has its own venv: skipped here, run by tests_vllm/test_docs.py in that venv).
 A document whose block fails fails here, naming the file, the line and the output.
 """
 
@@ -32,7 +34,7 @@ except ModuleNotFoundError:  # pragma: no cover
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_LANGS = ("bash", "python")
-NEEDS = ("gpu", "s3", "slow", "install", "ci")
+NEEDS = ("gpu", "s3", "slow", "install", "ci", "vllm")
 S3_BUCKET = "zerogr-demo"
 BLOCK_TIMEOUT_S = 600
 _FENCE = re.compile(r"^(`{3,}|~{3,})\s*([\w+-]*)[^\n]*$")
@@ -99,19 +101,19 @@ def _cuda_available() -> bool:
 
 
 def _scratch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """A fresh working dir with scripts/ and configs/ linked in, and the environment the blocks run with."""
+    """A fresh working dir with scripts/ linked in, and the environment the blocks run with: `python` and
+    `zerogr` first on PATH, both running sys.executable by its own path (so a venv's interpreter finds its
+    pyvenv.cfg), then the interpreter's bin dir (the venv's pip, moto_server, ...)."""
     work = tmp_path / "work"
     work.mkdir()
-    for name in ("scripts", "configs"):
-        (work / name).symlink_to(REPO / name, target_is_directory=True)
+    (work / "scripts").symlink_to(REPO / "scripts", target_is_directory=True)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
-    zerogr = bin_dir / "zerogr"
-    zerogr.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m zerogr_build.cli "$@"\n')
-    zerogr.chmod(0o755)
+    for name, args in (("python", ""), ("zerogr", " -m zerogr_build.cli")):
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)}{args} "$@"\n')
+        (bin_dir / name).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    env["PATH"] = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env["HOME"] = env.get("HOME", str(tmp_path))
     env.pop("ZEROGR_DEBUG", None)
@@ -201,6 +203,9 @@ def test_every_block_of_the_document_runs(path: Path, tmp_path: Path, request) -
             for command in commands:
                 assert command in ci_run, f"{block.where}: .ci/run does not run {command!r} verbatim"
             continue
+        if "vllm" in block.needs:
+            skipped.append(f"{block.where} (vllm: tests_vllm)")
+            continue
         if "gpu" in block.needs and not _cuda_available():
             skipped.append(f"{block.where} (gpu)")
             continue
@@ -252,7 +257,7 @@ def test_a_failing_block_fails_the_document(tmp_path: Path) -> None:
     scripts = tmp_path / "blocks"
     scripts.mkdir()
     run_block(
-        Block("d", 1, "bash", "zerogr --help > /dev/null\ntest -d scripts -a -d configs\n", ()),
+        Block("d", 1, "bash", "zerogr --help > /dev/null\ntest -d scripts\npython -c 'import pyarrow'\n", ()),
         work,
         env,
         scripts,
@@ -279,7 +284,7 @@ def test_readme_setup_commands_are_what_ci_runs() -> None:
 
 # ------------------------------------------------------------------------- what users read, nowhere else
 
-USER_TEXT = ("README.md", "docs", "zerogr_build", "scripts", "experiments", "benchmarks", "configs", "cli.py",
+USER_TEXT = ("README.md", "docs", "zerogr_build", "scripts", "experiments", "benchmarks", "cli.py",
              "mkdocs.yml", "docs_hooks")  # fmt: skip
 _INTERNAL_LABEL = re.compile(r"\bissues?[ -]?#?\d+|\bG\d{1,2}\b(?!-)", re.IGNORECASE)
 
@@ -319,3 +324,15 @@ def test_cli_reference_covers_every_command() -> None:
         assert f"## zerogr {name}\n" in rendered
         assert f"Usage: zerogr {name} [OPTIONS]" in rendered
     assert hook.MARKER in (REPO / "docs" / "cli.md").read_text()
+
+
+def test_blocks_run_the_interpreter_of_the_test_run(tmp_path: Path) -> None:
+    """`python` in a block is this interpreter with its environment (a venv stays a venv: its prefix and
+    its packages), and `zerogr` runs this checkout's code."""
+    work, env = _scratch(tmp_path)
+    probe = "import sys, zerogr_build; print(sys.prefix); print(zerogr_build.__file__)"
+    got = subprocess.run(
+        ["bash", "-c", f'python -c "{probe}"'], cwd=work, env=env, capture_output=True, text=True
+    )
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split("\n")[:2] == [sys.prefix, str(REPO / "zerogr_build" / "__init__.py")]

@@ -1,4 +1,4 @@
-"""scripts/rebuild.sh with the quality gate (--gate-model/--gate-sid-map/--gate-requests), on two tiny BART
+"""`zerogr rebuild` with the quality gate (--gate-model/--gate-sid-map/--gate-requests), on two tiny BART
 models saved with save_pretrained that differ only in final_logits_bias on the tokens that spell no code:
 
 - clean: -60 there. The catalog holds every code combination and every step shares one code vocabulary
@@ -6,7 +6,7 @@ models saved with save_pretrained that differ only in final_logits_bias on the t
   tokens, filter-first equals score-first, the gate passes and records filter_first.
 - leaky: +2 there: most of the mass sits on invalid tokens, differently per beam, so filter-first's
   renormalisation reorders the beams; overlap@5 is 0.875 < 0.995, the gate records score_first, and
-  rebuild.sh promotes anyway and exits 10.
+  rebuild promotes anyway and exits 10.
 """
 
 from __future__ import annotations
@@ -124,9 +124,18 @@ def test_a_gate_that_cannot_run_does_not_promote(gate_inputs, tmp_path):
     empty.mkdir()
     done = _rebuild(gate_inputs, out, empty)
     assert done.returncode == 11, done.stderr
-    assert done.stdout == "" and "NOT promoted" in done.stderr and "no config.json" in done.stderr
-    assert (out / "v000001" / "manifest.json").is_file() and not (out / "LATEST").exists()
+    assert (
+        done.stdout == "" and "quality gate could not run" in done.stderr and "no config.json" in done.stderr
+    )
+    assert "removed the unpromoted version v000001" in done.stderr
+    assert not (out / "v000001").exists() and not (out / "LATEST").exists()  # no orphan left behind
     half_gate = ("--out", out, "--gate-model", "x")
     half = run_rebuild(gate_inputs / "catalog.parquet", *half_gate, cwd=tmp_path, timeout=60)
-    assert half.returncode == 2 and "together" in half.stderr
-    assert sorted(p.name for p in out.glob("v*")) == ["v000001"]  # nothing built
+    assert half.returncode == 2 and "--gate-requests" in half.stderr
+    missing = run_rebuild(
+        gate_inputs / "catalog.parquet", "--out", out, "--codebook-sizes", "4,4,4", "--gate-model", empty,
+        "--gate-sid-map", tmp_path / "nope.json", "--gate-requests", gate_inputs / "requests.parquet",
+        cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert missing.returncode == 2 and "--gate-sid-map" in missing.stderr and "no such file" in missing.stderr
+    assert not list(out.glob("v*"))  # set-up errors are found before anything is built

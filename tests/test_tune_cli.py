@@ -50,7 +50,7 @@ def test_tune_cli_usage_errors_exit_2(tmp_path):
 
 def test_tune_settings_from_config_and_overrides(tmp_path):
     root = Path(__file__).resolve().parent.parent
-    settings, device = load_tune_settings(root / "configs" / "default.toml")
+    settings, device = load_tune_settings(root / "zerogr_build" / "configs" / "default.toml")
     assert settings == TuneSettings() and device is None  # the shipped file states the defaults
     cfg = tmp_path / "z.toml"
     cfg.write_text('[tune]\ndevice = "cpu"\nbatch_sizes = "2,4"\ndtypes = ["bf16"]\niters = 5\n')

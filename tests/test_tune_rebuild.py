@@ -1,17 +1,16 @@
-"""scripts/rebuild.sh: build (unpromoted) -> verify -> tune -> promote -> the new version on stdout, and its
+"""`zerogr rebuild`: build (unpromoted) -> verify -> tune -> promote -> the new version on stdout, and its
 exit codes."""
 
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from .cli_runs import REPO, TUNE_ARGS, run_rebuild
+from .cli_runs import TUNE_ARGS, invoke, run_rebuild
 
 
 @pytest.fixture
@@ -58,48 +57,62 @@ def test_rebuild_exit_codes(catalog, tmp_path):
     assert bad_tune.stdout == f"{(out / 'v000001').resolve()}\n"
     assert (out / "v000001" / "manifest.json").is_file()  # published and verified, just not tuned
     assert (out / "LATEST").read_text() == "v000001\n"  # ... and promoted: it is valid
-    assert run_rebuild(catalog, cwd=tmp_path, env={"ZEROGR": "/nonexistent/zerogr"}).returncode == 6
 
 
-def test_failed_verify_never_moves_latest(catalog, tmp_path):
-    """A zerogr whose build output gets corrupted before verify: exit 4, and LATEST named the previous
-    version at every zerogr call after the build (never the new one), with --keep 1 sparing both."""
+def test_failed_verify_never_moves_latest(catalog, tmp_path, monkeypatch):
+    """A build whose output gets corrupted before verify: exit 4, LATEST never names the new version (it
+    still names the previous one at verify time), the bad version is kept for inspection and marked
+    unpromoted by status, and --keep 1 spares both LATEST's version and the new one."""
+    import zerogr_build.pipeline as pipeline
+    from zerogr_build.fleet.status import out_status
+
     out = tmp_path / "bundles"
-    seen = tmp_path / "latest_seen.txt"
-    cli = REPO / "cli.py"
-    corrupting = tmp_path / "zerogr_corrupting_build.sh"
-    corrupting.write_text(
-        f'[ "$1" = --help ] || echo "$1 $(cat "{out}/LATEST" 2>/dev/null || echo none)" >> "{seen}"\n'
-        f'"{sys.executable}" "{cli}" "$@" || exit $?\n'
-        'if [ "$1" = build ]; then\n'
-        f'    newest=$(ls -d "{out}"/v* | sort | tail -n 1)\n'
-        f'    echo "after-build $(cat "{out}/LATEST" 2>/dev/null || echo none)" >> "{seen}"\n'
-        '    printf x >> "$newest/items.parquet"\n'
-        "fi\n"
-    )
+    real_build, real_verify = pipeline.build_bundle, pipeline.verify_with_catalog
+    seen = []
+
+    def corrupting_build(*args, **kwargs):
+        summary = real_build(*args, **kwargs)
+        seen.append(
+            ("after-build", (out / "LATEST").read_text().strip() if (out / "LATEST").exists() else None)
+        )
+        with open(f"{summary['bundle']}/items.parquet", "ab") as f:
+            f.write(b"x")
+        return summary
+
+    def watching_verify(*args, **kwargs):
+        seen.append(("verify", (out / "LATEST").read_text().strip() if (out / "LATEST").exists() else None))
+        return real_verify(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "verify_with_catalog", watching_verify)
     args = [catalog, "--out", out, "--codebook-sizes", "16,16,16", "--device", "cpu", "--keep", "1"]
     args += ["--tune-args", TUNE_ARGS]
-    bad_env = {"ZEROGR": f"bash {corrupting}"}
 
-    first_bad = run_rebuild(*args, cwd=tmp_path, env=bad_env)
-    assert first_bad.returncode == 4 and first_bad.stdout == "", first_bad.stderr
-    assert "LATEST was not moved" in first_bad.stderr
+    def run(corrupt: bool):
+        monkeypatch.setattr(pipeline, "build_bundle", corrupting_build if corrupt else real_build)
+        return invoke("rebuild", *args)
+
+    first_bad = run(corrupt=True)
+    assert first_bad.exit_code == 4 and first_bad.stdout == "", first_bad.stderr
+    assert "LATEST was not moved" in first_bad.stderr and "kept for inspection" in first_bad.stderr
     assert (out / "v000001").is_dir() and not (out / "LATEST").exists()
-    assert seen.read_text().split("\n")[:-1] == ["build none", "after-build none", "verify none"]
+    assert seen == [("after-build", None), ("verify", None)]
+    assert [v["unpromoted"] for v in out_status(out)["versions"]] == [True]
 
-    good = run_rebuild(*args, cwd=tmp_path)
-    assert good.returncode == 0, good.stderr
+    good = run(corrupt=False)
+    assert good.exit_code == 0, good.stderr
     assert (out / "LATEST").read_text() == "v000002\n"
 
-    seen.unlink()
-    bad = run_rebuild(*args, cwd=tmp_path, env=bad_env)
-    assert bad.returncode == 4 and bad.stdout == "", bad.stderr
+    seen.clear()
+    bad = run(corrupt=True)
+    assert bad.exit_code == 4 and bad.stdout == "", bad.stderr
     assert (out / "LATEST").read_text() == "v000002\n"
     assert sorted(p.name for p in out.glob("v*")) == ["v000002", "v000003"]  # keep 1 spared LATEST's
-    assert seen.read_text().split("\n")[:-1] == ["build v000002", "after-build v000002", "verify v000002"]
+    assert seen == [("after-build", "v000002"), ("verify", "v000002")]
+    status = {v["name"]: v for v in out_status(out)["versions"]}
+    assert status["v000003"]["unpromoted"] and not status["v000002"]["unpromoted"]
 
-    again = run_rebuild(*args, cwd=tmp_path)
-    assert again.returncode == 0, again.stderr
+    again = run(corrupt=False)
+    assert again.exit_code == 0, again.stderr
     assert again.stdout.strip() == str((out / "v000004").resolve())
     assert (out / "LATEST").read_text() == "v000004\n"
     assert sorted(p.name for p in out.glob("v*")) == ["v000002", "v000004"]  # v2 was LATEST while pruning

@@ -2,7 +2,8 @@
 overrides.
 
 Precedence: dataclass defaults < `[build]` / `[tune]` table of the config file < CLI flags.
-configs/default.toml lists every key with its default (a test keeps the two in step). TOML has no null, so
+The packaged zerogr_build/configs/default.toml (`zerogr config --show-defaults`) lists every key with its
+default (a test keeps the two in step). TOML has no null, so
 "not set" is spelled as an empty value: sid_columns = [] (use sid_column), codebook_sizes = [] (not set: a
 build refuses to run; "infer" asks for max token + 1 per step), workers = 0 (all cores), keep = 0 (keep
 every version), model_version = "", device = "" (tune).
@@ -28,17 +29,30 @@ try:  # Python >= 3.11
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+#: The packaged config listing every key with its default (`zerogr config --show-defaults`).
+DEFAULT_CONFIG_RESOURCE = "configs/default.toml"
+
+
+def default_config_text() -> str:
+    """The text of the packaged default config (every [build] and [tune] key with its default)."""
+    from importlib.resources import files
+
+    return files(__package__).joinpath(DEFAULT_CONFIG_RESOURCE).read_text(encoding="utf-8")
+
+
 #: Tables a config file may hold.
 KNOWN_TABLES = frozenset({"build", "tune"})
 MAX_CONFIG_BYTES = 1 << 20
 _INT_RE = re.compile(r"[+-]?[0-9]+")
+#: Where `zerogr build` runs: in this process, or partitioned on a Ray cluster.
+ENGINES = ("local", "ray")
 #: codebook_sizes = "infer" (or `zerogr build --infer-codebook-sizes`): max token + 1 per step, by choice.
 INFER_CODEBOOK_SIZES = "infer"
 
 
 @dataclass(frozen=True)
 class BuildSettings:
-    """Every option of `zerogr build` (each has a CLI flag and a key in configs/default.toml)."""
+    """Every option of `zerogr build` (each has a CLI flag and a key in the default config)."""
 
     out: str = "bundles"
     """OUT dir: versions are published under it, LATEST names the newest."""
@@ -69,6 +83,13 @@ class BuildSettings:
     """Point LATEST at the new version when publishing (False: publish it unpromoted; `zerogr promote`)."""
     kernel_archs: tuple[str, ...] = ("sm_80", "sm_90")
     """CUDA archs whose cubins (plus PTX) the bundle ships when nvcc is found (empty: ship no kernels)."""
+    engine: str = "local"
+    """local (this process), or ray: a partitioned build on a Ray cluster (the same bundle, byte for byte)."""
+    ray_address: str = ""
+    """engine = ray: the cluster (host:port of its head, ray://host:port, or auto); empty starts a Ray
+    instance on this machine for the build."""
+    partitions: int = 0
+    """engine = ray: partitions of the catalog, each built by one task (0: one per CPU of the cluster)."""
 
     def manifest_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the settings (tuples as lists), recorded in the bundle manifest."""
@@ -132,6 +153,12 @@ def _check_values(s: BuildSettings, where: str) -> None:
         raise InputError(f"{where}: codebook sizes must be >= 1, got {list(s.codebook_sizes)}")
     parse_device(s.device, f"{where}: device")
     parse_kernel_archs(s.kernel_archs, f"{where}: kernel_archs")
+    if s.engine not in ENGINES:
+        raise InputError(f"{where}: engine must be one of {', '.join(ENGINES)}, got {s.engine!r}")
+    if s.partitions < 0:
+        raise InputError(
+            f"{where}: partitions must be >= 0 (0 = one per CPU of the cluster), got {s.partitions}"
+        )
     if s.sid_columns and len(set(s.sid_columns)) != len(s.sid_columns):
         raise InputError(f"{where}: sid_columns names a column twice: {list(s.sid_columns)}")
 

@@ -21,7 +21,7 @@ Collisions (several items with one SID) arise on their own where a parent's last
 
 Everything is vectorised numpy over all items at once (a few passes per step), so 20M rows take seconds.
 
-Writing one: `python scripts/make_catalog.py OUT.parquet -n N -L 3 -V 8192` (the CLI over this module).
+Writing one: `zerogr demo-catalog OUT.parquet -n N -V 8192,8192,8192` (the CLI over this module).
 """
 
 from __future__ import annotations

@@ -118,17 +118,24 @@ def prune_versions(out: Path, keep: int) -> list[str]:
     for name in doomed:
         if name == latest:
             continue
-        trash = out / f"{DELETE_PREFIX}{temp_tag()}"
         try:
-            os.rename(out / name, trash)
-            fsync_dir(out)
+            discard_version(out, name)
         except OSError as exc:
             warnings.warn(f"{out / name}: could not prune ({exc.strerror or exc})", stacklevel=2)
             continue
-        _crash_point("pruning")
-        shutil.rmtree(trash, ignore_errors=True)
         removed.append(name)
     return removed
+
+
+def discard_version(out: Path, name: str) -> None:
+    """Remove the version dir OUT/name: renamed to .tmp-del-* first (it vanishes atomically; a crash
+    mid-delete leaves only a temp name that the next writer removes), then deleted. Call under the OUT
+    lock, never for the version LATEST names. Raises OSError when the rename fails."""
+    trash = out / f"{DELETE_PREFIX}{temp_tag()}"
+    os.rename(out / name, trash)
+    fsync_dir(out)
+    _crash_point("pruning")
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def check_out_dir(out: str | Path) -> Path:

@@ -2,7 +2,8 @@
 
     build.py    build, promote          bundle.py   inspect, verify
     tune.py     tune                    compare.py  compare
-    fleet.py    push, pull, status
+    fleet.py    push, pull, status      rebuild.py  rebuild (cron: build -> ... -> promote -> push)
+    config.py   config --show-defaults  demo.py     demo-catalog
     _options.py shared option aliases   _errors.py  exception -> exit code, warnings on stderr
     _usage.py   plain usage lines
     _progress.py progress renderers     _render.py  rich tables and consoles
@@ -25,7 +26,11 @@ from ._usage import UsageGroup
 from .build import build, promote
 from .bundle import inspect, verify
 from .compare import compare
+from .config import config
+from .demo import demo_catalog
 from .fleet import pull, push, status
+from .rebuild import COMMAND_SETTINGS as REBUILD_SETTINGS
+from .rebuild import rebuild
 from .tune import tune
 
 app = typer.Typer(
@@ -69,6 +74,9 @@ app.command()(compare)
 app.command()(push)
 app.command()(pull)
 app.command()(status)
+app.command(**REBUILD_SETTINGS)(rebuild)
+app.command()(config)
+app.command("demo-catalog")(demo_catalog)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,6 +13,7 @@ import typer
 
 from ..base.errors import ZerogrError, one_line
 from ._render import stderr_console
+from ._signals import interrupt_exit_code
 
 DEBUG_ENV = "ZEROGR_DEBUG"
 
@@ -25,9 +26,9 @@ def cli_errors() -> Iterator[None]:
         yield
     except typer.Exit:
         raise
-    except KeyboardInterrupt:
-        sys.stderr.write("zerogr: interrupted\n")
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as exc:
+        sys.stderr.write(f"zerogr: {exc or 'interrupted'}\n")
+        raise typer.Exit(interrupt_exit_code(exc)) from None
     except ZerogrError as exc:
         if os.environ.get(DEBUG_ENV):
             traceback.print_exc()

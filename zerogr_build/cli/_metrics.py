@@ -27,11 +27,13 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from ._signals import interrupt_exit_code, signals_as_interrupts
 
 PREFIX = "zerogr"
 BUNDLE_GAUGES = {
@@ -52,6 +54,11 @@ class JobMetrics:
         self.started = time.time()
         self.stages: dict[str, float] = {}
         self.values: dict[str, float] = {}
+        self.failure: tuple[str, str] | None = None  # (stage, one-line reason) of a failed run
+
+    def fail(self, stage: str, reason: str) -> None:
+        """Name what failed: written as zerogr_job_failure_info{stage, reason} 1 when the run fails."""
+        self.failure = (stage, " ".join(reason.split())[:300])
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -111,6 +118,14 @@ class JobMetrics:
             gauge(LAST_SUCCESS, "When the last successful run ended (unix seconds).", last_success)
         gauge(f"{PREFIX}_job_exit_status", "Exit code of the last run (0 = ok).", exit_status)
         gauge(f"{PREFIX}_job_duration_seconds", "Wall time of the last run.", now - self.started)
+        if exit_status != 0 and self.failure is not None:
+            stage, reason = self.failure
+            gauge(
+                f"{PREFIX}_job_failure_info",
+                "What failed in the last run.",
+                1,
+                {"stage": stage, "reason": reason},
+            )
         if self.stages:
             g = Gauge(
                 f"{PREFIX}_job_stage_duration_seconds", "Wall time per stage of the last run.",
@@ -159,41 +174,26 @@ def bundle_facts(path: str | os.PathLike) -> dict[str, float]:
     return facts
 
 
-def write_script_metrics(
-    path: str | os.PathLike,
-    job: str,
-    exit_status: int,
-    started: float,
-    stages: Mapping[str, tuple[float, float]],
-    facts_from: Sequence[str | os.PathLike] = (),
-) -> None:
-    """Write a shell script's job metrics (scripts/rebuild.sh): its exit status, its wall time since
-    `started` (unix seconds), each stage's duration from its (start, end) unix times, and the bundle facts
-    found in the metrics files of the commands it ran (`facts_from`, later files win)."""
-    metrics = JobMetrics(job, path)
-    metrics.started = float(started)
-    for stage, (begin, end) in stages.items():
-        metrics.add_stage(stage, max(0.0, float(end) - float(begin)))
-    for source in facts_from:
-        metrics.bundle(**bundle_facts(source))
-    metrics.write(int(exit_status))
-
-
 @contextlib.contextmanager
 def job_metrics(job: str, path: str | os.PathLike | None) -> Iterator[JobMetrics]:
     """Yield a JobMetrics and write it when the block ends: exit status 0, the typer Exit code, 130
-    on Ctrl-C, 1 on any other exception. A metrics file that cannot be written is one warning line on
-    stderr; it never changes the command's own exit code."""
+    on Ctrl-C, 128 + N on signal N (SIGTERM and SIGHUP end the block like Ctrl-C), 1 on any other
+    exception. A metrics file that cannot be written is one warning line on stderr; it never changes the
+    command's own exit code."""
     metrics = JobMetrics(job, path)
     status = 1
     try:
-        yield metrics
+        with signals_as_interrupts():
+            yield metrics
         status = 0
     except typer.Exit as exc:
         status = int(exc.exit_code or 0)
+        if status > 128 and metrics.failure is None:
+            metrics.fail("signal", f"ended by signal {status - 128}")
         raise
-    except KeyboardInterrupt:
-        status = 130
+    except KeyboardInterrupt as exc:
+        status = interrupt_exit_code(exc)
+        metrics.fail("signal", str(exc) or "interrupted")
         raise
     finally:
         try:

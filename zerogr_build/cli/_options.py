@@ -18,7 +18,7 @@ ConfigOpt = Annotated[
     typer.Option(
         "--config",
         "-c",
-        help="TOML file with a [build] table (see configs/default.toml).",
+        help="TOML file with a [build] table (zerogr config --show-defaults prints one).",
         show_default=False,
     ),
 ]

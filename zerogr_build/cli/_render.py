@@ -95,9 +95,10 @@ def _gate(rows: list[dict[str, Any]]) -> str:
 
 
 def status_table(report: dict[str, Any]) -> Table:
-    """The versions of `zerogr status` (fleet.status.out_status): LATEST marked, age, size, model tag,
-    plans, kernels, the quality gate's decision per model tag ("tag: filter_first"; "BROKEN <file>" for a
-    record that breaks the format) and the check's outcome. User text (paths, tags, errors) is plain Text."""
+    """The versions of `zerogr status` (fleet.status.out_status): LATEST and unpromoted ones marked, age,
+    size, model tag, plans, kernels, the quality gate's decision per model tag ("tag: filter_first";
+    "BROKEN <file>" for a record that breaks the format) and the check's outcome. User text (paths, tags,
+    errors) is plain Text."""
     check = {"full": "verified", "sizes": "sizes ok", "sha256": "sha256 ok"}[report["check"]]
     title = f"{report['out']}: LATEST -> {report['latest'] or '(none)'}"
     table = Table(title=Text(title), title_justify="left")
@@ -110,7 +111,7 @@ def status_table(report: dict[str, Any]) -> Table:
         outcome = check if v["ok"] else (v["error"] or "failed")
         table.add_row(
             v["name"],
-            "LATEST" if v["latest"] else "",
+            "LATEST" if v["latest"] else ("unpromoted" if v.get("unpromoted") else ""),
             _age(v["age_s"]),
             human_bytes(v["bytes"]) if v["bytes"] is not None else "-",
             f"{v['items']:,}" if v["items"] is not None else "-",

@@ -17,7 +17,8 @@ from ._render import plan_table, stderr_console, stdout_console
 
 TuneConfigOpt = with_help(
     ConfigOpt,
-    "TOML file with a [tune] table (see configs/default.toml); its [build] out is the default BUNDLE.",
+    "TOML file with a [tune] table (zerogr config --show-defaults prints one); its [build] out is the "
+    "default BUNDLE.",
 )
 
 

@@ -130,24 +130,57 @@ def _run_order(dec: Any, step_fn: Callable, batch_size: int, beam_width: int, or
 def model_fn_search(bundle: Any, model_fn: ModelFn, device: str = "cpu", available: ItemMask | None = None):
     """The Search (see compare_searches) of a `zerogr compare` model function through runtime.Decoder.
 
-    model_fn is called once per batch of request ids (the three orders of a batch share its result).
+    model_fn is called once per batch of request ids (the three orders of a batch share its result), and
+    twice more on the first batch, whose step functions are called at step 0 only: when those two disagree
+    (weights, or step 0's hidden vectors) it raises InputError, since the comparison assumes a
+    deterministic model.
     """
     sizes = tuple(int(v) for v in bundle.index.codebook_sizes)
     last: dict[str, Any] = {}
 
+    def call(ids: list) -> tuple[list, Callable]:
+        out = model_fn(bundle, list(ids))
+        if not isinstance(out, (tuple, list)) or len(out) != 2 or not callable(out[1]):
+            raise InputError("model function must return (weights, step_fn) with step_fn callable")
+        return normalize_weights(out[0], sizes, source="model"), out[1]
+
     def search(ids: list, order: str, beam_width: int):
         if last.get("ids") is not ids:
-            out = model_fn(bundle, list(ids))
-            if not isinstance(out, (tuple, list)) or len(out) != 2 or not callable(out[1]):
-                raise InputError("model function must return (weights, step_fn) with step_fn callable")
-            dec = Decoder(bundle, normalize_weights(out[0], sizes, source="model"), device=device)
+            weights, step_fn = call(ids)
+            dec = Decoder(bundle, weights, device=device)
             dec.set_availability(available)
-            last.update(ids=ids, dec=dec, step_fn=out[1])
+            if not last:  # two more calls, so a step_fn that keeps state is searched fresh
+                check_deterministic(dec, call(ids), call(ids), len(ids), beam_width)
+            last.update(ids=ids, dec=dec, step_fn=step_fn)
         dec = last["dec"]
         res, masses = _run_order(dec, last["step_fn"], len(ids), beam_width, order)
         return res, dec.items(res), masses
 
     return search
+
+
+def check_deterministic(
+    dec: Any, first: tuple[list, Callable], second: tuple[list, Callable], batch_size: int, beam_width: int
+) -> None:
+    """InputError unless two calls of a model function on one batch agree: the same per-step weights and
+    the same hidden vectors [R, d] at step 0 (to fp32 rounding: GPU reductions may reorder sums)."""
+    state = dec.start(batch_size, beam_width, "filter_first")
+    hidden = [torch.as_tensor(fn(0, state.prefixes, state.batch)).float().cpu() for _, fn in (first, second)]
+    tensors = [(hidden[0], hidden[1])]
+    for (w1, b1), (w2, b2) in zip(first[0], second[0], strict=True):
+        tensors.append((w1.float().cpu(), w2.float().cpu()))
+        if (b1 is None) != (b2 is None):
+            tensors.append((torch.zeros(1), torch.ones(1)))
+        elif b1 is not None:
+            tensors.append((b1.float().cpu(), b2.float().cpu()))
+    if any(
+        a.shape != b.shape or not torch.allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True)
+        for a, b in tensors
+    ):
+        raise InputError(
+            "the model function must be deterministic: two calls on the first batch gave different "
+            "outputs (seed it, and call model.eval() to turn dropout off)"
+        )
 
 
 def _boost_spread(boost: np.ndarray, owner: np.ndarray, batch_size: int) -> tuple[float, int]:

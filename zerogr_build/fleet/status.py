@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import BundleError, InputError, ZerogrError, one_line
-from ..bundle.format import MANIFEST_NAME, validate_manifest, version_dir_name
+from ..bundle.format import MANIFEST_NAME, parse_version_dir, validate_manifest, version_dir_name
 from ..bundle.quality import MAX_QUALITY_BYTES, load_quality, parse_quality, quality_key_of, quality_row
 from ..bundle.reader import MAX_MANIFEST_BYTES, load_manifest
 from ..bundle.verify import verify_bundle
@@ -33,9 +33,10 @@ from .remote import CLAIM_NAME, RemoteOut, S3Store, is_remote, list_versions, ve
 def out_status(target: str | Path, *, verify: bool = False, store: S3Store | None = None) -> dict:
     """{"out", "remote", "check", "latest", "ok", "versions": [...]} for a local OUT dir or an s3:// URL.
 
-    Each version: {"version", "name", "latest", "complete", "created_at", "age_s", "bytes", "files",
-    "model_version", "items", "plans", "kernels", "quality", "ok", "error"}; "quality" lists the gate's
-    recorded decisions, one {"file", "model_version", "order", "passed", "min_overlap", "max_recall_gap",
+    Each version: {"version", "name", "latest", "unpromoted" (newer than LATEST's, or no LATEST),
+    "complete", "created_at", "age_s", "bytes", "files", "model_version", "items", "plans", "kernels",
+    "quality", "ok", "error"}; "quality" lists the gate's recorded decisions, one {"file", "model_version",
+    "order", "passed", "min_overlap", "max_recall_gap",
     "worst_overlap"} per record, or {"file", "error"} for one that breaks the format. "ok" (top level) is
     True when LATEST names a complete version that passes its check and no complete version fails it."""
     if is_remote(str(target)):
@@ -68,10 +69,14 @@ def _summary(manifest: dict) -> dict[str, Any]:
 
 def _empty(number: int, latest: str | None) -> dict[str, Any]:
     name = version_dir_name(number)
+    latest_number = parse_version_dir(latest) if latest else None
     return {
         "version": number,
         "name": name,
         "latest": name == latest,
+        # Newer than the version LATEST names (or no LATEST): never served from this OUT, e.g. a version a
+        # rebuild kept after it failed verification.
+        "unpromoted": latest_number is None or number > latest_number,
         "complete": False,
         "created_at": None,
         "age_s": None,

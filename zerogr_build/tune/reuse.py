@@ -1,5 +1,5 @@
 """Plan reuse: copy the previous version's tuned plan into a new version instead of measuring again, when
-nothing that decides the measurement has changed (`zerogr tune --reuse-from PREV`, `scripts/rebuild.sh`).
+nothing that decides the measurement has changed (`zerogr tune --reuse-from PREV`, `zerogr rebuild`).
 
 A plan is reused only when all of these hold (`reuse_refusal` checks them in this order; docs/operations.md):
 

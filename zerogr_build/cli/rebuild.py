@@ -1,0 +1,320 @@
+"""`zerogr rebuild`: the build box's job for cron, over zerogr_build.rebuild (build -> verify -> tune ->
+gate -> promote -> push). This module parses the options (CATALOG and build's options by build's own
+parser, --tune-args by tune's, --gate-args by compare's) and reports: the version on stdout, one line per
+step on stderr, the metrics file on every exit (usage errors included)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any
+
+import typer
+
+from ..base.errors import InputError, one_line
+from ._errors import cli_errors, warnings_on_stderr
+from ._metrics import JobMetrics, job_metrics
+from ._options import MetricsFileOpt
+from ._progress import progress_for
+from ._render import stderr_console
+from ._usage import UsageCommand
+
+# click's exception base, as the click that typer runs on defines it (recent typers carry their own copy).
+ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+TUNE_KEYS = ("batch_sizes", "beam_width", "dtypes", "hidden_dim", "weights", "warmup", "iters")
+GATE_KEYS = ("k", "beam_width", "batch_size", "max_recall_gap", "model_tag")
+# build options rebuild sets itself
+RESERVED_BUILD_OPTIONS = {"promote": "--promote/--no-promote", "json_out": "--json", "quiet": "--quiet"}
+
+EXIT_CODES = """\b
+Exit codes (what a scheduler should do; stdout holds the version dir on 0, 5, 10 and 12):
+   0  built, verified, tuned, gated, promoted (and pushed): LATEST names the printed version
+   1  an unexpected error (a bug; ZEROGR_DEBUG=1 for the traceback); the new version, if any, removed
+   2  bad input, usage or set-up (catalog, option, config, gate files, push URL): nothing was published;
+      fix it, do not retry
+   3  build failed otherwise (disk full, out of memory), promote failed, or the run was interrupted:
+      LATEST not moved, the new version removed; retry later
+   4  the new version failed verification: do NOT serve it; alert a human. LATEST not moved; the
+      version is kept in OUT for inspection (status shows it unpromoted)
+   5  tune failed: the version is valid, verified, promoted (and pushed) without a plan for this
+      device; decoders use the heuristic mode choice. Rerun zerogr tune VERSION --device D
+  10  the quality gate failed: promoted (and pushed) with score_first recorded for the model
+      (Decoder(order="auto") decodes exactly, slower). Precedence over 5
+  11  the quality gate could not run: not promoted, the new version removed; fix the gate inputs
+  12  --push failed: promoted here, the fleet keeps its version; retry zerogr push VERSION URL
+ 143  ended by SIGTERM (129 SIGHUP, 130 Ctrl-C): the new version, if unpromoted, removed"""
+
+
+def _metrics_path(args: Sequence[str]) -> str | None:
+    """--metrics-file's value in raw arguments (a usage error stops before the options are parsed)."""
+    for i, arg in enumerate(args):
+        if arg == "--metrics-file" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--metrics-file="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+class MonitoredCommand(UsageCommand):
+    """A command whose usage errors (unknown option, bad value) still write its --metrics-file, and whose
+    usage line names the build arguments it passes on."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "CATALOG", "[BUILD OPTIONS]"]
+
+    def make_context(self, info_name: Any, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        raw = list(args)
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except ClickException as exc:
+            path = _metrics_path(raw)
+            if path:
+                metrics = JobMetrics(self.name or "rebuild", path)
+                metrics.fail("usage", exc.format_message())
+                try:
+                    metrics.write(exc.exit_code)
+                except OSError as err:
+                    sys.stderr.write(f"WARNING: could not write the metrics file {path}: {err}\n")
+            raise
+
+
+COMMAND_SETTINGS = {
+    "cls": MonitoredCommand,
+    "context_settings": {"ignore_unknown_options": True, "allow_extra_args": True},
+}
+
+
+def given_options(command: Callable, args: Sequence[str], what: str) -> dict[str, Any]:
+    """Parse `args` with `command`'s own options (a Typer command function); return the values given on
+    that line (the names of its parameters). InputError on a usage error, naming `what`."""
+    app = typer.Typer()
+    app.command()(command)
+    click_command = typer.main.get_command(app)
+    try:
+        ctx = click_command.make_context(what, list(args))
+    except ClickException as exc:
+        raise InputError(f"{what}: {exc.format_message()}") from None
+    if ctx.args:
+        raise InputError(f"{what}: unexpected argument {ctx.args[0]!r}")
+    return {k: v for k, v in ctx.params.items() if ctx.get_parameter_source(k).name == "COMMANDLINE"}
+
+
+def _only(values: dict[str, Any], allowed: Sequence[str], what: str, options: str) -> dict[str, Any]:
+    extra = sorted(set(values) - set(allowed))
+    if extra:
+        raise InputError(f"{what} takes only {options}; not {extra[0].replace('_', '-')}")
+    return values
+
+
+def rebuild(
+    ctx: typer.Context,
+    gpu: Annotated[
+        int | None, typer.Option("--gpu", help="Tune (and gate) on GPU N.", show_default=False)
+    ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            "--device",
+            help="Tune (and gate) on cpu or cuda:N [default: cuda:0 if torch sees a GPU, else cpu]",
+            show_default=False,
+        ),
+    ] = None,
+    tune_args: Annotated[
+        str,
+        typer.Option(
+            "--tune-args",
+            help="zerogr tune options, e.g. '--batch-sizes 1,32 --iters 5' (also the config's [tune] table).",
+            show_default=False,
+        ),
+    ] = "",
+    retune: Annotated[
+        bool, typer.Option("--retune", help="Measure even when the previous plan could be reused.")
+    ] = False,
+    gate_model: Annotated[
+        str | None,
+        typer.Option(
+            "--gate-model",
+            help="Quality gate with a saved Hugging Face model dir (with "
+            "--gate-sid-map; requests hold input_ids).",
+            show_default=False,
+        ),
+    ] = None,
+    gate_sid_map: Annotated[
+        str | None, typer.Option("--gate-sid-map", help="The SID map of --gate-model.", show_default=False)
+    ] = None,
+    gate_model_fn: Annotated[
+        str | None,
+        typer.Option(
+            "--gate-model-fn",
+            help="Quality gate with a module:function model (the contract of "
+            "zerogr compare --model; imported from the current dir; requests hold request_id).",
+            show_default=False,
+        ),
+    ] = None,
+    gate_requests: Annotated[
+        str | None, typer.Option("--gate-requests", help="The gate's requests (Parquet).", show_default=False)
+    ] = None,
+    min_overlap: Annotated[
+        float, typer.Option("--min-overlap", help="The gate passes when overlap@K >= this at every K.")
+    ] = 0.995,
+    gate_args: Annotated[
+        str,
+        typer.Option(
+            "--gate-args",
+            help="More zerogr compare options: --k, --beam-width, --batch-size, "
+            "--max-recall-gap, --model-tag.",
+            show_default=False,
+        ),
+    ] = "",
+    push: Annotated[
+        str | None,
+        typer.Option(
+            "--push",
+            help="After promote, publish the version to this remote OUT (s3://bucket/"
+            "prefix; needs zerogr[s3]) and move its LATEST; also on exit 5 and 10.",
+            show_default=False,
+        ),
+    ] = None,
+    push_keep: Annotated[
+        int | None,
+        typer.Option("--push-keep", help="Then keep only the newest N remote versions.", show_default=False),
+    ] = None,
+    metrics_file: MetricsFileOpt = None,
+) -> None:
+    """Build CATALOG into the next version, verify it, tune it (reusing the previous plan), run the quality
+    gate, promote it, and push it: the build box's whole job, for cron. Prints the version dir.
+
+    CATALOG and every other option go to `zerogr build` (--out, --config, --codebook-sizes, --model-version,
+    --keep, ... see zerogr build --help); rebuild decides --promote. Steps: build publishes OUT/vNNNNNN
+    without moving LATEST; verify checks it against CATALOG; tune writes the device's plan (copied from the
+    version LATEST named before, when nothing that decides it changed; --retune measures); verify again;
+    the gate (optional) records filter_first or score_first; promote moves LATEST; --push publishes it.
+    Progress and one line per step go to stderr, the version dir to stdout. A version that fails after
+    its build is removed, except one that fails verification (kept for inspection). --metrics-file is
+    written on every exit, naming the failed stage (zerogr_job_failure_info).
+
+    EXIT_CODES_PLACEHOLDER
+    """
+    with job_metrics("rebuild", metrics_file) as metrics, cli_errors():
+        try:
+            request = _request(
+                ctx.args,
+                gpu=gpu,
+                device=device,
+                tune_args=tune_args,
+                retune=retune,
+                gate_model=gate_model,
+                gate_sid_map=gate_sid_map,
+                gate_model_fn=gate_model_fn,
+                gate_requests=gate_requests,
+                min_overlap=min_overlap,
+                gate_args=gate_args,
+                push=push,
+                push_keep=push_keep,
+            )
+        except InputError as exc:
+            metrics.fail("usage", one_line(exc))
+            raise
+        _run(request, metrics)
+
+
+rebuild.__doc__ = (rebuild.__doc__ or "").replace(
+    "EXIT_CODES_PLACEHOLDER", EXIT_CODES.replace("\n", "\n    ")
+)
+
+
+def _log(line: str) -> None:
+    stderr_console().print(f"rebuild: {line}", markup=False, soft_wrap=True)
+
+
+def _run(request: Any, metrics: JobMetrics) -> None:
+    from ..rebuild import PROMOTED_CODES, RebuildResult
+    from ..rebuild import rebuild as run_rebuild
+
+    result = RebuildResult()
+    try:
+        with progress_for(False) as progress, warnings_on_stderr():
+            run_rebuild(request, progress=progress, log=_log, result=result)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (cli._signals): name the signal
+        result.failure = None
+        metrics.fail("signal", str(exc) or "interrupted")
+        raise
+    except Exception as exc:
+        metrics.fail("crash", f"{type(exc).__name__}: {one_line(exc)}")
+        raise
+    finally:
+        metrics.add_stages(result.stages)
+        metrics.bundle(**result.facts)
+        if result.failure is not None:
+            metrics.fail(result.failure.stage, result.failure.message)
+    for note in result.notes:
+        _log(note)
+    if result.exit_code in PROMOTED_CODES and result.version_dir is not None:
+        sys.stdout.write(f"{result.version_dir}\n")
+    if result.failure is not None:
+        _log(f"exit {result.exit_code}: {result.failure.stage}: {result.failure.message}")
+    else:
+        _log(f"ready: {result.version_dir.name if result.version_dir else '-'}")
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
+
+
+def _request(build_args: Sequence[str], **opts: Any) -> Any:
+    """The RebuildRequest of the command line."""
+    from ..base.device import device_for, parse_device
+    from ..config import load_tune_settings
+    from ..rebuild import GateSpec, PushSpec, RebuildRequest, default_tune_device
+    from .build import build, build_settings
+    from .compare import compare
+    from .tune import tune
+
+    given = given_options(build, build_args, "rebuild (build options)")
+    if "catalog" not in given:
+        raise InputError("rebuild: missing CATALOG (the first argument, as for zerogr build)")
+    reserved = sorted(set(given) & set(RESERVED_BUILD_OPTIONS))
+    if reserved:
+        raise InputError(f"rebuild decides {RESERVED_BUILD_OPTIONS[reserved[0]]} itself; leave it out")
+    catalog, config = given.pop("catalog"), given.pop("config", None)
+    settings = build_settings(config, **given)
+    tune_given = given_options(tune, shlex.split(opts["tune_args"]), "--tune-args")
+    tune_given = _only(tune_given, TUNE_KEYS, "--tune-args", "tune's measurement options")
+    tune_settings, config_device = load_tune_settings(config, tune_given)
+    gpu, device = opts["gpu"], opts["device"]
+    tune_device = device_for(gpu, device) if gpu is not None or device is not None else config_device
+    tune_device = parse_device(tune_device) if tune_device else default_tune_device()
+    gate = None
+    gate_opts = (opts["gate_model"], opts["gate_sid_map"], opts["gate_model_fn"], opts["gate_requests"])
+    if any(v is not None for v in gate_opts) or opts["gate_args"]:
+        if opts["gate_requests"] is None:
+            raise InputError("the quality gate needs --gate-requests FILE")
+        extra = given_options(compare, [*shlex.split(opts["gate_args"]), "--requests", "-"], "--gate-args")
+        extra.pop("requests", None)
+        extra = _only(
+            extra, GATE_KEYS, "--gate-args", "--k, --beam-width, --batch-size, --max-recall-gap, --model-tag"
+        )
+        from ..compare.inputs import parse_ks
+
+        if "k" in extra:
+            extra["ks"] = tuple(parse_ks(extra.pop("k")))
+        gate = GateSpec(
+            requests=opts["gate_requests"],
+            min_overlap=opts["min_overlap"],
+            model_dir=opts["gate_model"],
+            sid_map=opts["gate_sid_map"],
+            model_fn=opts["gate_model_fn"],
+            **extra,
+        )
+    push = None if opts["push"] is None else PushSpec(opts["push"], opts["push_keep"])
+    if push is None and opts["push_keep"] is not None:
+        raise InputError("--push-keep needs --push")
+    return RebuildRequest(
+        catalog=catalog,
+        settings=settings,
+        tune_device=tune_device,
+        tune_settings=tune_settings,
+        retune=opts["retune"],
+        gate=gate,
+        push=push,
+    )
