@@ -12,8 +12,10 @@ Rows (same index, weights, step function, order and mode in every search row; me
   + exclude 200 / request       each request also excludes 200 item ids (already seen)
   + include 2 of 20 sets        each request also names 2 of 20 overlapping item sets (category-only)
   start() of that search        the host-side compile of the include/exclude lists (included above)
-The min column is there for shared machines (other jobs only ever add time).
-Target: the last search row <= 1.3x the baseline on CPU. Then set_availability on the same
+The min column is there for shared machines (other jobs only ever add time). "paired x" is the median over
+iterations of (the row's time / the baseline's time in the same iteration): the rows of one iteration run
+back to back, so a neighbour's burst inflates both and the ratio holds up on a busy machine.
+Target: the last search row <= 1.3x the baseline on CPU (paired). Then set_availability on the same
 decoder (sets attached: their per-row words are recomputed too), the device bytes of one mask + sets
 (O(rows)), and set_availability on a bundle of --swap-items items without sets (target <= 100 ms on CPU).
 """
@@ -124,12 +126,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# bench_constraints: {n:,} items, L={len(sizes)}, V={sizes}, d={args.dim}, batch {args.batch} x "
           f"beam {args.beam}, {args.order}, mode={args.mode or 'auto'}, device {args.device}, "
           f"torch threads {torch.get_num_threads()}, index build {build_s:.1f} s")  # fmt: skip
-    print(f"{'search':<34} {'median ms':>10} {'x baseline':>11} {'min ms':>10} {'x baseline':>11}")
+    paired = {
+        name: statistics.median(t / b for t, b in zip(v, times["no item constraints"], strict=True))
+        for name, v in times.items()
+    }
+    print(f"{'search':<34} {'median ms':>10} {'x baseline':>11} {'min ms':>10} {'x baseline':>11} "
+          f"{'paired x':>9}")  # fmt: skip
     for name, ms in med.items():
         low = best[name]
-        print(f"{name:<34} {ms:>10.2f} {ms / base:>10.2f}x {low:>10.2f} {low / base_low:>10.2f}x")
-    verdict = med[f"+ include {args.include} of {args.sets} sets"] / base
-    print(f"target: all constraints <= 1.30x baseline: {verdict:.2f}x {'PASS' if verdict <= 1.3 else 'FAIL'}")
+        print(f"{name:<34} {ms:>10.2f} {ms / base:>10.2f}x {low:>10.2f} {low / base_low:>10.2f}x "
+              f"{paired[name]:>8.2f}x")  # fmt: skip
+    verdict = paired[f"+ include {args.include} of {args.sets} sets"]
+    verdict_word = "PASS" if verdict <= 1.3 else "FAIL"
+    print(f"target: all constraints <= 1.30x baseline (paired): {verdict:.2f}x {verdict_word}")
     flipped = ItemMask(~mask.available, mask.binding)
     with_sets = [time_ms(lambda m=m: dec.set_availability(m)) for m in (mask, flipped) * 3]
     dec.set_availability(mask)

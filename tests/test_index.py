@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from tests.reference import reference_steps
 from zerogr_build import InputError, build_index
+from zerogr_build.base import memory as _memory
 from zerogr_build.index import FormatPolicy, SidIndex, csr_gather, parse_step_formats
 from zerogr_build.index.sort import _lexsort_layout, sort_and_mark
 
@@ -185,3 +187,49 @@ def test_child_parents_and_leaf_items_equal_brute_force(catalog, fmt):
     values, offsets = index.leaf_items(picks, names)
     got = [values[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
     assert got == [[f"item-{i}" for i in leaf_items[j]] if j >= 0 else [] for j in picks.tolist()]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(0, 4000),
+    buckets=st.integers(1, 2500),
+    token_bits=st.integers(0, 12),
+    distinct=st.integers(1, 300),
+    segments=st.integers(1, 5),
+    mapped=st.booleans(),
+)
+def test_bucket_scatter_and_sort_equal_a_full_sort(seed, n, buckets, token_bits, distinct, segments, mapped):
+    """The first-token scatter (in rounds, handing consumed source rows back) and the per-bucket sort give
+    every bucket its words in ascending order of the whole word (tokens, then row): exactly
+    np.lexsort((words, first)), for skewed buckets, few distinct token values (long runs of equal SIDs),
+    no token bits, any number of parallel segments, and sources that are fresh mappings or plain arrays."""
+    rng = np.random.default_rng(seed)
+    row_bits = max(1, int(n).bit_length())
+    first = (rng.zipf(1.3, n) % buckets).astype(np.uint16)
+    token_values = rng.integers(0, 1 << token_bits, distinct, dtype=np.uint64)
+    tokens = token_values[rng.integers(0, distinct, n)] if n else np.zeros(0, np.uint64)
+    words = (tokens << np.uint64(row_bits)) | np.arange(n, dtype=np.uint64)
+    expect = words[np.lexsort((words, first))]
+    src_first, src_words = first.copy(), words.copy()
+    with mock.patch.object(_memory, "MAPPED_MIN_BYTES", 0 if mapped else _memory.MAPPED_MIN_BYTES):
+        if mapped and n:  # tiny fresh mappings, so their consumed pages are really handed back
+            src_first, src_words = _memory.fresh_zeros(n, np.uint16), _memory.fresh_zeros(n, np.uint64)
+            src_first[:], src_words[:] = first, words
+        got = _scatter_and_sort(src_first, src_words, first, buckets, segments, row_bits, token_bits)
+    np.testing.assert_array_equal(got, expect)
+
+
+def _scatter_and_sort(src_first, src_words, first, buckets, segments, row_bits, token_bits):
+    from zerogr_build.index import in_place
+    from zerogr_build.index.sort import _chunk_buckets, _segment_histograms, _sort_buckets
+
+    n = first.shape[0]
+    cuts = np.linspace(0, n, segments + 1).astype(np.int64)
+    hist = _segment_histograms(first, cuts, buckets)
+    starts = np.zeros(buckets + 1, dtype=np.int64)
+    np.cumsum(hist.sum(axis=0), out=starts[1:])
+    offsets = starts[:-1][None, :] + np.cumsum(hist, axis=0) - hist
+    got = in_place.scatter_releasing(src_first, src_words, cuts, offsets)
+    _sort_buckets(got, starts, _chunk_buckets(starts, 4), row_bits, token_bits)
+    return got

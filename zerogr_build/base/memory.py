@@ -77,6 +77,26 @@ def populate_rows(array: np.ndarray, start: int, stop: int) -> None:
         mapping.madvise(MADV_POPULATE_WRITE, first, end - first)
 
 
+def release_rows(array: np.ndarray, start: int, stop: int) -> bool:
+    """Hand the pages that lie wholly inside rows [start, stop) of `array` (1-D, from fresh_zeros, or a
+    view of one) back to the kernel (MADV_DONTNEED: they read as zeros if touched again), so rows that are
+    no longer needed stop counting in the process's memory. False (nothing done) for an array that is no
+    such mapping or where the kernel refuses."""
+    found = _mapping_of(array)
+    if found is None:
+        return False
+    mapping, offset = found
+    first = -(-(offset + start * array.itemsize) // PAGE) * PAGE
+    end = (offset + stop * array.itemsize) // PAGE * PAGE
+    if end <= first:
+        return True
+    try:
+        mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return True
+
+
 def populated_zeros(shape: int | tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     """fresh_zeros with every page mapped now: for a buffer that is about to be written whole."""
     array = fresh_zeros(shape, dtype)

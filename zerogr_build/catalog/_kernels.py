@@ -26,6 +26,10 @@ from ..base.memory import populated_zeros
 _BITMAP_BITS_PER_ITEM = 16
 #: Target keys per bucket of the partitioned check (its table: 4x this many int64 slots, ~1 MiB).
 _BUCKET_KEYS = 1 << 15
+#: The partitioned check scatters and probes its buckets in this many ranges, one after the other: its
+#: buffer holds 8 / PARTITION_PASSES bytes per key (2 B/item at a build's read peak instead of 8), for
+#: PARTITION_PASSES - 1 more hashing passes over the keys.
+PARTITION_PASSES = 4
 
 
 @njit(cache=True, nogil=True)
@@ -99,10 +103,12 @@ def _chunk_fill_starts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @njit(cache=True, parallel=True)
-def _scatter_hashes(keys: np.ndarray, bits: int, fill: np.ndarray, part: np.ndarray) -> None:
-    """part[starts[b]:starts[b+1]] = hashes of bucket b, each chunk writing its own slices (fill, from
-    _chunk_fill_starts; advanced in place). The hash is a bijection of the key (xor-shifts and odd
-    multiplications), so equal hashes mean equal keys and the keys themselves are not needed."""
+def _scatter_hashes(keys: np.ndarray, bits: int, fill: np.ndarray, part: np.ndarray, lo: int, hi: int,
+                    base: int) -> None:  # fmt: skip
+    """part[starts[b] - base : starts[b+1] - base] = hashes of bucket b, for buckets lo <= b < hi only,
+    each chunk writing its own slices (fill, from _chunk_fill_starts; advanced in place). The hash is a
+    bijection of the key (xor-shifts and odd multiplications), so equal hashes mean equal keys and the
+    keys themselves are not needed."""
     n = keys.shape[0]
     chunks = fill.shape[0]
     shift = np.uint64(64 - bits)
@@ -110,8 +116,9 @@ def _scatter_hashes(keys: np.ndarray, bits: int, fill: np.ndarray, part: np.ndar
         for i in range(n * c // chunks, n * (c + 1) // chunks):
             h = _mix(keys[i])
             b = np.int64(h >> shift)
-            part[fill[c, b]] = np.int64(h)
-            fill[c, b] += 1
+            if lo <= b < hi:
+                part[fill[c, b] - base] = np.int64(h)
+                fill[c, b] += 1
 
 
 @njit(cache=True, parallel=True)
@@ -154,11 +161,20 @@ def has_repeat_partitioned(keys: np.ndarray, chunks: int | None = None) -> bool:
         bits += 1
     bits = max(bits, 1)
     starts, fill = _chunk_fill_starts(_chunk_bucket_counts(keys, bits, chunks))
-    part = populated_zeros(n, np.int64)
-    _scatter_hashes(keys, bits, fill, part)
     largest = int((starts[1:] - starts[:-1]).max())
     capacity = 1 << max(int(2 * largest - 1).bit_length(), 1)
-    return bool(_probe_buckets(part, starts, min(chunks, 1 << bits), capacity))
+    # The buckets in PARTITION_PASSES ranges, one at a time: each pass scatters only its range's keys, so
+    # the partition holds about N / passes hashes (a repeat and its twin share a bucket, so a range).
+    buckets = 1 << bits
+    passes = min(PARTITION_PASSES, buckets)
+    ranges = [(buckets * p // passes, buckets * (p + 1) // passes) for p in range(passes)]
+    part = populated_zeros(int(max(starts[hi] - starts[lo] for lo, hi in ranges)), np.int64)
+    for lo, hi in ranges:
+        _scatter_hashes(keys, bits, fill, part, lo, hi, starts[lo])
+        bounds = starts[lo : hi + 1] - starts[lo]
+        if _probe_buckets(part, bounds, min(chunks, hi - lo), capacity):
+            return True
+    return False
 
 
 @njit(cache=True)

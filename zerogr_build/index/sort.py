@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit, prange
 
 from .formats import bits_for, indptr_dtype, token_dtype
+from .in_place import item_order_from, scatter_releasing
 from .pack import PackedSids, pack_sids, packable
 
 #: Above this many first-token buckets per item, the first tokens are renumbered by rank first, so the
@@ -123,7 +124,10 @@ def _parallel_layout(packed: PackedSids, threads: int, consume: bool = False) ->
         first = np.searchsorted(first_values, first).astype(np.uint32)
     num_buckets = codebook_sizes[0] if first_values is None else int(first_values.shape[0])
 
-    # 1. Stable counting sort by first token, moving each packed word (tokens 1.., row) to its bucket.
+    # 1. Stable counting sort by first token, moving each packed word (tokens 1.., row) to its bucket. The
+    # source rows are handed back as they are consumed, so the words never exist twice.
+    if not consume:  # the caller keeps its PackedSids as they are
+        first, packed_words = first.copy(), packed_words.copy()
     segments = np.linspace(0, n, threads + 1).astype(np.int64)
     seg_hist = _segment_histograms(first, segments, num_buckets)
     bucket_sizes = seg_hist.sum(axis=0)
@@ -131,8 +135,7 @@ def _parallel_layout(packed: PackedSids, threads: int, consume: bool = False) ->
     np.cumsum(bucket_sizes, out=bucket_starts[1:])
     # Segment s writes bucket b from bucket_starts[b] + (rows of b in earlier segments): stable order.
     seg_offsets = bucket_starts[:-1][None, :] + np.cumsum(seg_hist, axis=0) - seg_hist
-    words = np.empty(n, dtype=np.uint64)
-    _scatter_words(first, packed_words, segments, seg_offsets, words)
+    words = scatter_releasing(first, packed_words, segments, seg_offsets)
     del first, packed_words, seg_hist, seg_offsets
 
     # 2. Chunks: contiguous bucket ranges holding about n / (8 * threads) rows each.
@@ -183,8 +186,7 @@ def _parallel_layout(packed: PackedSids, threads: int, consume: bool = False) ->
     position_dtype = np.int32 if n < 2**31 else np.int64
     # item_order first, then the words (8 B/item) go, and only then the leaf offsets (4 B/leaf) exist:
     # the two never overlap the words at the build's peak.
-    item_order = np.empty(n, dtype=position_dtype)
-    _fill_item_order(words, row_bits, item_order)
+    item_order = item_order_from(words, row_bits, position_dtype, _fill_item_order)
     del words
     leaf_offsets = np.empty(int(counts[-1]) + 1, dtype=position_dtype)
     leaf_offsets[-1] = n
@@ -222,18 +224,6 @@ def _segment_histograms(first, segments, num_buckets):
         for i in range(segments[s], segments[s + 1]):
             hist[s, first[i]] += 1
     return hist
-
-
-@njit(cache=True, parallel=True)
-def _scatter_words(first, packed_words, segments, seg_offsets, words):
-    """words[pos] = packed_words[i] with pos from a stable counting sort on first[i]."""
-    num_segments = segments.shape[0] - 1
-    for s in prange(num_segments):
-        cursor = seg_offsets[s].copy()
-        for i in range(segments[s], segments[s + 1]):
-            b = first[i]
-            words[cursor[b]] = packed_words[i]
-            cursor[b] += 1
 
 
 @njit(cache=True, parallel=True)

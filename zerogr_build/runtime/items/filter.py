@@ -117,6 +117,35 @@ def _kill_slots(kills: Kills, tokens: torch.Tensor, start: torch.Tensor, used: t
     tokens.view(-1).scatter_reduce_(0, target, value, "amin")
 
 
+def _cpu_kernel_applies(constraints: RequestConstraints, tokens: torch.Tensor, step: int) -> bool:
+    """Whether a sparse step's slots take the numba kernel: CPU, no static shapes, one word per row."""
+    if tokens.device.type != "cpu" or not NUMPY_ON_CPU or constraints.static:
+        return False
+    return constraints.set_mask is None or constraints.resident.row_bits[step - 1].ndim == 1
+
+
+def _mask_slots_cpu(constraints: RequestConstraints, table: Any, tokens: torch.Tensor, start: torch.Tensor,
+                    used: torch.Tensor, request: torch.Tensor) -> None:  # fmt: skip
+    """mask_slots on the CPU in one serial numba pass, in place (see _slot_kernels.mask_slot_rows)."""
+    from ._slot_kernels import mask_slot_rows
+
+    step = table.step + 1
+    kills = constraints.kills[step - 1]
+    if constraints.set_mask is None and kills is None:
+        return
+    if constraints.set_mask is not None:
+        bits, words = constraints.resident.row_bits[step - 1].numpy(), constraints.set_mask.numpy()
+    else:
+        bits = words = _NO_WORDS
+    query = _NO_KILLS if kills is None else kills.slot_query.numpy()
+    mask_slot_rows(tokens.numpy(), start.numpy(), used.numpy(), request.numpy(), bits, words, query,
+                   table.nnz + 1)  # fmt: skip
+
+
+_NO_WORDS = np.zeros(0, dtype=np.int64)
+_NO_KILLS = np.zeros(0, dtype=np.int64)
+
+
 def mask_slots(constraints: RequestConstraints | None, table: Any, tokens: torch.Tensor, start: torch.Tensor,
                used: torch.Tensor, request: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """Sparse-step slots (already filled from slot_source) emptied (-1) where the request's include sets or
@@ -137,6 +166,9 @@ def mask_slots(constraints: RequestConstraints | None, table: Any, tokens: torch
     width = tokens.shape[1]
     step = table.step + 1
     used = used.clamp(max=width)
+    if _cpu_kernel_applies(constraints, tokens, step):
+        _mask_slots_cpu(constraints, table, tokens, start, used, request)
+        return tokens
     if constraints.set_mask is not None:  # every slot (a window copy, no host read)
         tokens = torch.where(include_slots(constraints, step, start, width, request), tokens, -1)
     kills = constraints.kills[step - 1]

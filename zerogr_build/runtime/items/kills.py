@@ -51,51 +51,6 @@ def expand_sets(req: np.ndarray, set_flat: np.ndarray, set_off: np.ndarray) -> t
     return entry, set_flat[set_off[req[entry]] + rank]
 
 
-def _search(sorted_array: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """np.searchsorted (left) with the queries sorted first: numpy narrows each search from the previous
-    result, so scattered queries into a large array take about 3x less time."""
-    order = np.argsort(queries, kind="stable")
-    out = np.empty(queries.shape[0], dtype=np.int64)
-    out[order] = np.searchsorted(sorted_array, queries[order])
-    return out
-
-
-def _all_in_runs(ok: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """bool [groups]: every entry of each consecutive run (sizes int64 [groups], all >= 1) of ok is True."""
-    starts = np.zeros(sizes.shape[0], dtype=np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
-    return np.logical_and.reduceat(ok, starts) if ok.size else np.zeros(0, dtype=bool)
-
-
-def _set_kills(resident: Resident, step: int, req: np.ndarray, sid: np.ndarray, row: np.ndarray,
-               set_flat: np.ndarray, set_off: np.ndarray) -> tuple[np.ndarray, ...]:  # fmt: skip
-    """Requests with sets at step `step`: (killed pair keys b * rows + row, sorted; dead bool per distinct
-    pair; inverse: the pair of each entry) for entries (req, set sid, row) int64 [m] (module docstring).
-
-    A row holding a single item is killed outright: that item is the excluded available member e, so
-    cnt_i(R) = |{e} ∩ set_i| = |E_b ∩ avail ∩ set_i ∩ R| for every i (most leaves, and most rows just
-    above them, hold one item). Only rows with more items pay for the per-set binary searches."""
-    space, nsets = resident.space, len(resident.set_bits.sets.names)
-    bounds, rows = space.bounds[step - 1], space.rows[step - 1]
-    pairs, inverse, _ = unique_counts(req * rows + row)
-    b, r = pairs // rows, pairs % rows
-    dead = np.ones(pairs.shape[0], dtype=bool)
-    wide = np.flatnonzero(bounds[r + 1] - bounds[r] > 1)
-    if wide.size:
-        per_set, _, per_set_excluded = unique_counts((req * nsets + sid) * rows + row)
-        wb, wr = b[wide], r[wide]
-        pair, each = expand_sets(wb, set_flat, set_off)  # one entry per (pair, set of its request)
-        stride = space.num_items + 1
-        keys = resident.set_keys
-        low, high = each * stride + bounds[wr[pair]], each * stride + bounds[wr[pair] + 1]
-        available = _search(keys, high) - _search(keys, low)  # cnt_i(R): set i's available items in R
-        q = (wb[pair] * nsets + each) * rows + wr[pair]
-        at = np.searchsorted(per_set, q).clip(max=per_set.shape[0] - 1)
-        excluded = np.where(per_set[at] == q, per_set_excluded[at], 0)
-        dead[wide] = _all_in_runs(available == excluded, set_off[wb + 1] - set_off[wb])
-    return pairs[dead], dead, inverse
-
-
 def killed_rows(resident: Resident, req: np.ndarray, pos: np.ndarray, set_req: np.ndarray, set_id: np.ndarray,
                 set_pos: np.ndarray, set_flat: np.ndarray,
                 set_off: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:  # fmt: skip
@@ -109,31 +64,36 @@ def killed_rows(resident: Resident, req: np.ndarray, pos: np.ndarray, set_req: n
             request with sets that is an available member of set i in S_b (unique triples).
         set_flat, set_off: the sets S_b of request b are set_flat[set_off[b] : set_off[b + 1]] (sorted).
     """
+    from ._kill_kernels import plain_step_kills, set_step_kills
+
     space = resident.space
     steps = len(space.bounds)
+    cum = _NO_CUM if resident.cum is None else resident.cum
+    if set_req.size:
+        assert resident.set_bits is not None and resident.set_keys is not None
     row, set_row = space.leaf_of(pos), space.leaf_of(set_pos)
     out: list[tuple[np.ndarray, np.ndarray]] = [(np.zeros(0, np.int64),) * 2] * steps
     for step in range(steps, 0, -1):
-        rows = space.rows[step - 1]
+        rows, bounds = space.rows[step - 1], space.bounds[step - 1]
         keys = []
         if req.size:  # without sets: killed iff every available item of the row is excluded
-            unique, inverse, excluded = unique_counts(req * rows + row)
-            dead = resident.available_in(step, unique % rows) == excluded
-            keys.append(unique[dead])
-            keep = dead[inverse]  # carried up: the items of killed rows only (exact, see above)
-            req, row = req[keep], row[keep]
-        if set_req.size:
-            killed, dead, inverse = _set_kills(resident, step, set_req, set_id, set_row, set_flat, set_off)
+            killed, keep = plain_step_kills(req, row, rows, bounds, cum, resident.cum is not None)
             keys.append(killed)
-            keep = dead[inverse]
+            req, row = req[keep], row[keep]  # carried up: the items of killed rows only (exact, see above)
+        if set_req.size:
+            killed, keep = set_step_kills(set_req, set_id, set_row, rows, bounds, set_flat, set_off,
+                                          resident.set_keys, space.num_items + 1)  # fmt: skip
+            keys.append(killed)
             set_req, set_id, set_row = set_req[keep], set_id[keep], set_row[keep]
         if keys:
-            both = np.sort(np.concatenate(keys))  # disjoint requests: no duplicates
+            both = np.sort(np.concatenate(keys)) if len(keys) > 1 else keys[0]  # disjoint requests
             out[step - 1] = (both // rows, both % rows)
         if step > 1:
             parent = space.parent[step - 1]
             row, set_row = parent[row].astype(np.int64), parent[set_row].astype(np.int64)
     return out
 
+
+_NO_CUM = np.zeros(1, dtype=np.int32)
 
 __all__ = ["expand_sets", "killed_rows", "unique_counts"]

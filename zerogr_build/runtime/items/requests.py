@@ -7,6 +7,7 @@ vectorised across requests; nothing per catalog item, and no step reads a value 
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ from .space import Resident, signed_words
 class Kills:
     """Rows of one step s that exclusions empty, one entry per (request, row), on the device.
 
-    slot_query int64 [k]: request * (rows_s + 1) + row (row = a flat child of step table s-1);
+    slot_query int64 [k]: request * (rows_s + 1) + row (row = a flat child of step table s-1), ascending
+    (killed_rows lists the pairs sorted by (request, row));
     beam_query int64 [k]: request * (rows_{s-1} + 1) + parent row; column int64 [k]: the row's last token
     (dense step tables). Static shapes: padded to a power of two with request = batch size (matches no
     slot and no beam)."""
@@ -106,6 +108,20 @@ def _per_request(arg: Any, batch_size: int, what: str) -> list[Any]:
     return arg
 
 
+def _python_int_lists(exclude: list[Any]) -> np.ndarray | None:
+    """int64 [total]: the ids of every request when each entry is None or a list of Python ints that all
+    fit int64, else None (each entry then goes through as_ids, whose errors name its request)."""
+    if not all(e is None or type(e) is list for e in exclude):
+        return None
+    flat = list(itertools.chain.from_iterable(e for e in exclude if e is not None))
+    if not set(map(type, flat)) <= {int}:  # bool, float, str, None, numpy scalars: the checked path
+        return None
+    try:
+        return np.asarray(flat, dtype=np.int64)
+    except OverflowError:
+        return None
+
+
 def _kills_on_device(resident: Resident, step: int, b: np.ndarray, r: np.ndarray, batch_size: int,
                      static: bool) -> Kills | None:  # fmt: skip
     """Kills of step `step` (request b, row r int64 [k]) as the lookups filter.py makes (see Kills)."""
@@ -162,20 +178,25 @@ def request_constraints(resident: Resident, ids: ItemIds, include: Any, exclude:
         if set_bits is None:
             raise InputError("include needs item sets: call Decoder.set_item_sets first")
         names = [names] if isinstance(names, str) else list(names)
-        chosen.append(np.unique(np.asarray(set_bits.sets.lookup(names), dtype=np.int64)))
+        chosen.append(np.asarray(sorted(set(set_bits.sets.lookup(names))), dtype=np.int64))
     set_off = np.concatenate([[0], np.cumsum([c.shape[0] for c in chosen])]).astype(np.int64)
     set_flat = np.concatenate(chosen).astype(np.int64)
     uses_sets = set_off[1:] > set_off[:-1]
 
     # Every request's excluded ids looked up (each list checked on its own, so an error names its request);
     # key = request * (n + 1) + position sorts and dedups them by (request, position) at once.
-    empty = IdValues("int", np.zeros(0, np.int64))
-    lists = [as_ids(e, f"exclude[{b}]") if e is not None else empty for b, e in enumerate(exclude)]
-    owner = np.repeat(np.arange(batch_size), [x.values.shape[0] for x in lists])
-    if all(x.kind == "int" and x.values.dtype == np.int64 for x in lists):  # the usual case: one lookup
-        found = ids.lookup(IdValues("int", np.concatenate([x.values for x in lists])), "exclude")
+    flat = _python_int_lists(exclude)
+    if flat is not None:  # the usual call: lists of Python ints, converted at once (as_ids would agree)
+        owner = np.repeat(np.arange(batch_size), [0 if e is None else len(e) for e in exclude])
+        found = ids.lookup(IdValues("int", flat), "exclude")
     else:
-        found = np.concatenate([ids.lookup(x, f"exclude[{b}]") for b, x in enumerate(lists)])
+        empty = IdValues("int", np.zeros(0, np.int64))
+        lists = [as_ids(e, f"exclude[{b}]") if e is not None else empty for b, e in enumerate(exclude)]
+        owner = np.repeat(np.arange(batch_size), [x.values.shape[0] for x in lists])
+        if all(x.kind == "int" and x.values.dtype == np.int64 for x in lists):  # one lookup
+            found = ids.lookup(IdValues("int", np.concatenate([x.values for x in lists])), "exclude")
+        else:
+            found = np.concatenate([ids.lookup(x, f"exclude[{b}]") for b, x in enumerate(lists)])
     if (found < 0).any():
         warnings.warn(f"{int((found < 0).sum())} of {found.shape[0]} excluded item ids are not in the "
                       "catalog (ignored)", stacklevel=4)  # fmt: skip
