@@ -136,3 +136,13 @@ def s3_bucket(s3_env) -> str:
     name = f"zg-{uuid.uuid4().hex[:16]}"
     boto3.client("s3").create_bucket(Bucket=name)
     return name
+
+
+# --- Ray (the --engine ray tests) ---
+# Tests marked xdist_group run on one xdist worker, so the suite starts one Ray cluster, not one per worker:
+# `-n 2` distributes with loadgroup instead of load (the same as load for every unmarked test).
+def pytest_configure(config):
+    if getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "loadgroup"  # the controller: schedule by group
+    if hasattr(config, "workerinput"):
+        config.option.loadgroup = True  # a worker: name each grouped test's group in its node id

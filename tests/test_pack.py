@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerogr_build.bundle.publish import ITEMS_ROW_GROUP_ROWS, write_items_in_leaf_order
+from zerogr_build.bundle.publish import ITEMS_ROW_GROUP_ROWS, ItemsWriter, write_items_in_leaf_order
 from zerogr_build.catalog import read_catalog
 from zerogr_build.index import build_index
 from zerogr_build.index.build import build_index_packed
@@ -113,6 +113,24 @@ def test_items_written_a_row_group_at_a_time_equal_a_whole_take(tmp_path_factory
     assert [written.metadata.row_group(g).num_rows for g in range(written.num_row_groups)] == (
         [min(group, n - s) for s in range(0, n, group)] or [0]
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), n=st.integers(0, 40), group=st.integers(1, 7), strings=st.booleans())
+def test_items_appended_in_any_pieces_give_the_bytes_of_one_append(tmp_path_factory, data, n, group, strings):
+    """ItemsWriter carries a part-filled row group from one piece to the next (a partitioned build appends
+    one partition's ids at a time): any cut of the ids into pieces, empty ones included, writes the file
+    that one append of all of them writes."""
+    numbers = np.arange(n, dtype=np.int64) * 5 + 1
+    ids = pa.array([f"id-{v}" for v in numbers] if strings else numbers)
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=6)))
+    folder = tmp_path_factory.mktemp("pieces")
+    with ItemsWriter(str(folder / "whole.parquet"), ids.type, group) as whole:
+        whole.append(ids)
+    with ItemsWriter(str(folder / "pieces.parquet"), ids.type, group) as pieces:
+        for lo, hi in zip([0, *cuts], [*cuts, n], strict=True):
+            pieces.append(ids.slice(lo, hi - lo))
+    assert (folder / "pieces.parquet").read_bytes() == (folder / "whole.parquet").read_bytes()
 
 
 def test_items_file_is_the_one_a_whole_table_write_makes(tmp_path):

@@ -53,8 +53,14 @@ SMOKE: dict[str, tuple[Smoke, ...] | str] = {
     "bench_decode.py": (
         Smoke(("--items", "3000", "--codebook", "64", "--dim", "16", "--batch", "2", "--beam", "4",
                "--repeats", "2", "--sweep", ""), "filter_first/auto"),
+        Smoke(("--items", "3000", "--codebook", "64", "--dim", "16", "--batch", "2", "--beam", "4",
+               "--neighbour", "1", "--neighbour-searches", "4", "--neighbour-phases", "2"), "p99 busy/quiet"),
         Smoke(("--device", "cuda:0", "--items", "20000", "--codebook", "256", "--repeats", "2",
                "--sweep", ""), "filter_first/auto", gpu=True),
+    ),
+    "bench_distributed.py": (
+        Smoke(("--items", "20000", "--partitions", "2", "--warmup-items", "2000", "--object-store-gb", "0.2",
+               "--workdir", "work"), "| ray P=2 |"),
     ),
     "bench_hf.py": (
         Smoke(("--items", "2000", "--batch", "2", "--beams", "4", "--repeats", "1"),
@@ -66,7 +72,10 @@ SMOKE: dict[str, tuple[Smoke, ...] | str] = {
     ),
     "bench_transfer.py": "tests/test_fleet.py::test_bench_transfer_smoke",
     "bench_catalog_read.py": "tests/test_read_pool.py::test_bench_catalog_read_smoke",
-    "rebuild.sh": "tests/test_tune_rebuild.py::test_rebuild_prints_the_tuned_verified_version",
+    "rebuild.sh": "tests/test_rebuild.py::test_rebuild_sh_runs_zerogr_rebuild",
+    # vLLM has its own venv: these run in it (tests_vllm/, after the main suite in .ci/run).
+    "bench_vllm.py": "tests_vllm/test_scripts.py::test_bench_vllm_runs_on_tiny_inputs",
+    "vllm_env.sh": "tests_vllm/test_scripts.py::test_this_venv_is_what_vllm_env_sh_makes",
     # The GPU run itself needs a device (gpu_check.sh is the device check); without one: valid bash, and
     # every embedded Python part compiles and imports.
     "gpu_check.sh": "tests/test_gpu_check_script.py::test_gpu_check_python_parts_compile_and_import",

@@ -129,9 +129,72 @@ def build_bundle(
     progress: Progress = NULL_PROGRESS,
     load_to_device: DeviceLoad | None = None,
 ) -> dict[str, Any]:
-    """_build_bundle, warning once with KernelCompileWarning when numba compiles (a cold first run)."""
+    """_build_bundle (settings.engine "ray": build_bundle_partitioned), warning once with
+    KernelCompileWarning when numba compiles (a cold first run)."""
     with on_first_compile(_warn_compiling):
+        if settings.engine == "ray":
+            return _build_partitioned(catalog_path, settings, progress)
         return _build_bundle(catalog_path, settings, progress=progress, load_to_device=load_to_device)
+
+
+def _build_partitioned(catalog_path: str, settings: BuildSettings, progress: Progress) -> dict[str, Any]:
+    """settings.engine = "ray": build_partitioned.build_bundle_partitioned, with the local build's checks
+    before the read, its warnings and its kernel files."""
+    from .build_partitioned import build_bundle_partitioned
+    from .index import check_step_formats, parse_step_formats
+
+    if settings.device != "cpu":
+        raise InputError(
+            f"--device {settings.device} needs the index in this process: build with the local engine, or "
+            "build with --engine ray and load the published bundle on the GPU"
+        )
+    check_step_formats(settings.step_formats)
+    given_sizes = check_codebook_sizes_given(settings)
+    if given_sizes:
+        parse_step_formats(settings.step_formats, len(given_sizes))
+    return build_bundle_partitioned(
+        catalog_path,
+        settings,
+        given_sizes,
+        kernel_files=lambda: _kernel_files(settings),
+        on_inferred=_warn_inferred,
+        policy=_format_policy(settings),
+        progress=progress,
+    )
+
+
+def _warn_inferred(sizes: tuple[int, ...]) -> None:
+    warnings.warn(
+        f"codebook sizes inferred from the data as asked: {','.join(map(str, sizes))} (max token + 1 per "
+        "step). If the model's output layers are larger, dense steps will not line up with them: pass "
+        "--codebook-sizes or set codebook_sizes in the config.",
+        CodebookInferredWarning,
+        stacklevel=4,
+    )
+
+
+def _format_policy(settings: BuildSettings) -> Any:
+    """The FormatPolicy of `settings`, a forced dense table bounded by this machine's memory limit."""
+    from .index import FormatPolicy
+
+    limit = memory_limit()  # physical memory, ulimit -v and the cgroup's limit: a forced dense table must fit
+    return FormatPolicy(
+        settings.dense_min_share,
+        settings.dense_max_bytes,
+        limit.bytes if limit else None,
+        limit.what if limit else "this machine's memory",
+    )
+
+
+def _kernel_files(settings: BuildSettings) -> tuple[dict[str, bytes], str | None]:
+    """(the compiled kernels the bundle ships, why none were compiled or None), warning with
+    KernelsSkippedWarning when nvcc is missing or failed."""
+    kernel_files, kernels_skipped = bundle_kernel_files(settings.kernel_archs)
+    if kernels_skipped:
+        warnings.warn(
+            f"no compiled kernels in this bundle: {kernels_skipped}", KernelsSkippedWarning, stacklevel=4
+        )
+    return kernel_files, kernels_skipped
 
 
 def _build_bundle(
@@ -154,7 +217,7 @@ def _build_bundle(
     raises InputError before the catalog is read.
     """
     from .bundle import publish_bundle
-    from .index import FormatPolicy, build_index, check_step_formats, parse_step_formats
+    from .index import build_index, check_step_formats, parse_step_formats
     from .index.build import build_index_packed
 
     check_device(settings.device)
@@ -168,24 +231,11 @@ def _build_bundle(
     catalog = _read_catalog(catalog_path, settings, given_sizes, progress, pack=True)
     timings["read"] = time.perf_counter() - t
     if catalog.codebook_inferred:
-        sizes = ",".join(map(str, catalog.codebook_sizes))
-        warnings.warn(
-            f"codebook sizes inferred from the data as asked: {sizes} (max token + 1 per step). If the "
-            "model's output layers are larger, dense steps will not line up with them: pass --codebook-sizes "
-            "or set codebook_sizes in the config.",
-            CodebookInferredWarning,
-            stacklevel=2,
-        )
+        _warn_inferred(catalog.codebook_sizes)
     parse_step_formats(settings.step_formats, catalog.num_steps)  # bad spec: InputError before the build
     t = time.perf_counter()
     progress.stage("sort/tables")
-    limit = memory_limit()  # physical memory, ulimit -v and the cgroup's limit: a forced dense table must fit
-    policy = FormatPolicy(
-        settings.dense_min_share,
-        settings.dense_max_bytes,
-        limit.bytes if limit else None,
-        limit.what if limit else "this machine's memory",
-    )
+    policy = _format_policy(settings)
     workers = settings.workers or None
     if catalog.packed is not None:
         index = build_index_packed(
@@ -216,11 +266,7 @@ def _build_bundle(
     item_ids = catalog.item_ids
     del catalog  # the SIDs (packed or [N, L]) go; the build already released the packed words
     t = time.perf_counter()
-    kernel_files, kernels_skipped = bundle_kernel_files(settings.kernel_archs)
-    if kernels_skipped:
-        warnings.warn(
-            f"no compiled kernels in this bundle: {kernels_skipped}", KernelsSkippedWarning, stacklevel=2
-        )
+    kernel_files, kernels_skipped = _kernel_files(settings)
     timings["kernels"] = time.perf_counter() - t
     t = time.perf_counter()
     published = publish_bundle(

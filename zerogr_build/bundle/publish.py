@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -123,6 +123,34 @@ def publish_bundle(
     if clash:
         raise ValueError(f"manifest_fields may not set {sorted(clash)}")
 
+    if isinstance(item_ids, pa.ChunkedArray):
+        item_ids = item_ids.combine_chunks()
+    return publish_version(
+        out_dir,
+        lambda tmp: _write_body(tmp, index, item_ids, progress),
+        lambda files: bundle_manifest(index, item_ids.type, fields, files),
+        keep=keep,
+        promote=promote,
+        extra_files=extra_files,
+    )
+
+
+def publish_version(
+    out_dir: str | Path,
+    write_files: Callable[[Path], dict[str, dict]],
+    manifest_for: Callable[[dict[str, dict]], dict],
+    *,
+    keep: int | None = None,
+    promote: bool = True,
+    extra_files: Mapping[str, bytes] | None = None,
+) -> PublishedBundle:
+    """The publish protocol (module docstring) around any writer of a version's data files.
+
+    write_files(tmp): writes every data file into the claimed temp dir `tmp` and returns {name: {bytes,
+        sha256}}. manifest_for(files): the manifest without format, format_version and version
+        (bundle_manifest), given every file written (extra_files included).
+    keep, promote, extra_files: as publish_bundle takes them.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with out_lock(out):
@@ -131,12 +159,10 @@ def publish_bundle(
         claim = BuildClaim(out)
     try:
         _crash_point("claimed")
-        if isinstance(item_ids, pa.ChunkedArray):
-            item_ids = item_ids.combine_chunks()
-        body = _write_body(claim.dir, index, item_ids, progress)
-        body["files"] = dict(sorted({**body["files"], **_write_extra(claim.dir, extra_files or {})}.items()))
+        files = write_files(claim.dir)
+        files = dict(sorted({**files, **_write_extra(claim.dir, extra_files or {})}.items()))
         _crash_point("files_written")
-        manifest = _manifest_without_version(index, item_ids, fields, body)
+        manifest = manifest_for(files)
         with out_lock(out):
             version = next_version(out)
             manifest = {
@@ -183,27 +209,72 @@ def write_items_in_leaf_order(
     whose loads are independent, and only that group's ids exist twice. The row groups are the ones
     pq.write_table makes by default, so the file is the same as writing the whole leaf-order array.
     """
-    schema = pa.schema([pa.field(ITEM_COLUMN, item_ids.type)])
     groups = (
         item_ids.take(pa.array(item_order[start : start + rows_per_group]))
         for start in range(0, len(item_order), rows_per_group)
     )
-    # Item ids are mostly unique: dictionary pages would only cost time.
     with (
-        pq.ParquetWriter(sink, schema, use_dictionary=False, compression="snappy") as writer,
         contextlib.closing(prefetched(groups, name="zerogr-items-gather")) as gathered,
+        ItemsWriter(sink, item_ids.type, rows_per_group) as writer,
     ):
-        if len(item_order) == 0:
-            writer.write_table(pa.table({ITEM_COLUMN: item_ids[:0]}))
         for group in gathered:  # the next group's gather (Arrow, GIL released) overlaps this one's write
-            writer.write_table(pa.table({ITEM_COLUMN: group}), row_group_size=rows_per_group)
+            writer.append(group)
 
 
-def _write_body(tmp: Path, index, items: pa.Array, progress: Progress) -> dict:
+class ItemsWriter:
+    """items.parquet (one column, ITEM_COLUMN, of `item_type`) written into `sink` from its ids in leaf
+    order, appended in pieces of any length: every `rows_per_group` ids become one row group, the last one
+    the rest; no ids at all, an empty items table. So the same ids give the same bytes however they were
+    cut into pieces (a local build's row groups, a partitioned build's partitions)."""
+
+    def __init__(self, sink: Any, item_type: pa.DataType, rows_per_group: int = ITEMS_ROW_GROUP_ROWS) -> None:
+        schema = pa.schema([pa.field(ITEM_COLUMN, item_type)])
+        # Item ids are mostly unique: dictionary pages would only cost time.
+        self._writer = pq.ParquetWriter(sink, schema, use_dictionary=False, compression="snappy")
+        self.item_type, self.rows_per_group = item_type, rows_per_group
+        self._pending: list[pa.Array] = []
+        self._pending_rows = 0
+        self.rows = 0
+
+    def append(self, ids: pa.Array) -> None:
+        """Add the next ids (leaf order); full row groups are written at once, and no view of `ids` is kept
+        afterwards (the caller may release its memory)."""
+        start = 0
+        while self._pending_rows + len(ids) - start >= self.rows_per_group:
+            take = self.rows_per_group - self._pending_rows
+            self._write([*self._pending, ids.slice(start, take)])
+            start += take
+        if start < len(ids):  # the tail waits for the next ids: copied, so no view of `ids` is kept
+            self._pending.append(pa.concat_arrays([ids.slice(start), ids.slice(0, 0)]))
+            self._pending_rows += len(ids) - start
+
+    def _write(self, pieces: list[pa.Array]) -> None:
+        group = pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces)
+        self._writer.write_table(pa.table({ITEM_COLUMN: group}), row_group_size=self.rows_per_group)
+        self.rows += len(group)
+        self._pending, self._pending_rows = [], 0
+
+    def close(self) -> None:
+        """Write the last row group (or the empty table) and the footer."""
+        if self._pending_rows or self.rows == 0:
+            self._write(self._pending or [pa.array([], type=self.item_type)])
+        self._writer.close()
+
+    def __enter__(self) -> ItemsWriter:
+        return self
+
+    def __exit__(self, kind: object, *exc: object) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self._writer.close()
+
+
+def _write_body(tmp: Path, index, items: pa.Array, progress: Progress) -> dict[str, dict]:
     """Write every data file into `tmp` on a few threads (numpy writes and sha256 release the GIL).
     items: the item ids [N] in catalog row order (items.parquet stores them in leaf order).
 
-    Returns {"files": {name: {bytes, sha256}}, "steps": [per-step entries without shared fields]}."""
+    Returns {name: {bytes, sha256}} of every file written."""
     jobs: list[tuple[str, Any]] = []
     for table in index.steps:
         for role, array in table.arrays().items():
@@ -232,7 +303,7 @@ def _write_body(tmp: Path, index, items: pa.Array, progress: Progress) -> dict:
             files[name] = {"bytes": size, "sha256": digest}
             progress.advance(nbytes)
             _crash_point("file_written")
-    return {"files": dict(sorted(files.items()))}
+    return dict(sorted(files.items()))
 
 
 def _write_extra(tmp: Path, files: Mapping[str, bytes]) -> dict[str, dict]:
@@ -249,13 +320,23 @@ def _write_extra(tmp: Path, files: Mapping[str, bytes]) -> dict[str, dict]:
     return entries
 
 
-def _manifest_without_version(index, items, fields: dict, body: dict) -> dict:
+def bundle_manifest(index, item_type: pa.DataType, fields: Mapping[str, Any], files: dict[str, dict]) -> dict:
+    """The manifest of a version without format, format_version and version (publish_version adds them
+    under the OUT lock).
+
+    index: a SidIndex, or any object with the same shape attributes (codebook_sizes, num_steps,
+        num_leaves, num_items, index_bytes, and steps with step, format, codebook_size, rows, nnz,
+        max_slots, valid_share, nbytes and dtypes()), such as a version assembled from partitions.
+    item_type: the type of the item ids stored in items.parquet. fields: manifest_fields (publish_bundle).
+    files: {name: {bytes, sha256}} of every file of the version.
+    """
+    fields = dict(fields)
     offsets_dtype = leaf_map_dtype(index.num_leaves, index.num_items)
     leaf_files = {"items": ITEMS_NAME} if offsets_dtype is None else {"offsets": LEAF_OFFSETS_NAME}
     leaf_files.setdefault("items", ITEMS_NAME)  # v1 order kept: offsets first when present
     steps = []
     for table in index.steps:
-        arrays = table.arrays()
+        dtypes = table.dtypes()
         steps.append(
             {
                 "step": table.step,
@@ -266,8 +347,8 @@ def _manifest_without_version(index, items, fields: dict, body: dict) -> dict:
                 "max_slots": int(table.max_slots),
                 "valid_share": float(table.valid_share),
                 "bytes": int(table.nbytes),
-                "dtypes": {role: dtype_str(a.dtype) for role, a in arrays.items()},
-                "files": {role: step_file_name(table.step, role) for role in arrays},
+                "dtypes": {role: dtype_str(dtype) for role, dtype in dtypes.items()},
+                "files": {role: step_file_name(table.step, role) for role in dtypes},
             }
         )
     catalog = {"path": None, "fingerprint": None, "rows": index.num_items, "distinct_sids": index.num_leaves}
@@ -286,13 +367,13 @@ def _manifest_without_version(index, items, fields: dict, body: dict) -> dict:
             "count": index.num_leaves,
             "items": index.num_items,
             "dtype": offsets_dtype,
-            "item_id_type": str(items.type),
+            "item_id_type": str(item_type),
             "files": leaf_files,
         },
         "index_bytes": int(index.index_bytes),
         "settings": json.loads(json.dumps(settings, default=str)),
         **fields,
-        "files": body["files"],
+        "files": files,
     }
     return manifest
 

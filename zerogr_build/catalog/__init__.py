@@ -16,24 +16,23 @@ refused (storage.Stamp).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..base.errors import InputError
 from ..base.progress import NULL_PROGRESS, Progress
 from ..index.pack import PackedSids, packable
 from .files import find_catalog_files, fingerprint_files, locate_catalog
 from .ids import NUMBA_MIN_ROWS, first_duplicate_row, first_row_with_id
+from .plan import check_codebook_sizes, read_footers, sid_layout
 from .reader import BATCH_ROWS, MAX_CODEBOOK_SIZE, BatchReader, describe_row, unsigned_dtype_for
 from .row_groups import FileFacts, read_in_order, read_on_pool, read_workers
-from .schema import SidLayout, check_sid_schema, common_item_type, item_id_type, parquet_file
-from .storage import Stamp, Store, changed_error
+from .storage import Stamp, changed_error
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,13 +95,8 @@ def read_catalog(
         in order on this thread). An unpacked read is always in order.
     Raises InputError naming file, column, row and item id for every broken rule (see module docstring).
     """
-    sizes = tuple(int(v) for v in codebook_sizes) if codebook_sizes else None
-    if sizes is not None and any(not 1 <= v <= MAX_CODEBOOK_SIZE for v in sizes):
-        raise InputError(f"codebook sizes must be 1..{MAX_CODEBOOK_SIZE}, got {','.join(map(str, sizes))}")
-    if sid_columns:
-        layout = SidLayout(None, tuple(sid_columns), len(sid_columns))
-    else:
-        layout = SidLayout(sid_column, (), None)
+    sizes = check_codebook_sizes(codebook_sizes)
+    layout = sid_layout(sid_column, sid_columns)
 
     store, files = locate_catalog(path)
     hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerogr-fingerprint")
@@ -110,30 +104,12 @@ def read_catalog(
     hashed: list[Stamp] = []  # each file's stamp as it was hashed
     try:
         fingerprint_future = hasher.submit(fingerprint_files, files, stop_hashing, store, hashed)
-        # Pass 1, footers only: every file's schema, row count and row-group row counts, so a bad file fails
-        # before any data is read and N is known. Files are closed again (a directory may hold thousands of
-        # parts); the data pass reads each file through the footer parsed here, after checking (its Stamp)
-        # that the file it opens is the one this pass read.
-        item_types, file_rows, group_rows, stamps, footers = [], [], [], [], []
-        for name, (stamp, schema, meta) in zip(files, _footers(store, files, workers), strict=True):
-            stamps.append(stamp)
-            footers.append(meta)
-            file_rows.append(meta.num_rows)
-            group_rows.append([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
-            check_sid_schema(name, schema, layout)
-            item_types.append((name, item_id_type(name, schema, item_column)))
-            if layout.list_column is not None and pa.types.is_fixed_size_list(schema.field(sid_column).type):
-                size = schema.field(sid_column).type.list_size
-                if layout.fixed_length is None:
-                    layout = SidLayout(layout.list_column, (), size)
-                elif size != layout.fixed_length:
-                    raise InputError(
-                        f"{name}: column {sid_column!r} holds SIDs of {size} tokens, other files "
-                        f"{layout.fixed_length}"
-                    )
-        if layout.fixed_length == 0:
-            raise InputError(f"{files[0]}: column {sid_column!r} holds SIDs of 0 tokens")
-        item_type = common_item_type(item_types, item_column)
+        # Pass 1, footers only (plan.read_footers). Files are closed again (a directory may hold thousands
+        # of parts); the data pass reads each file through the footer parsed here, after checking (its
+        # Stamp) that the file it opens is the one this pass read.
+        facts = read_footers(store, files, layout, sid_column, item_column, workers)
+        layout, item_type, stamps, footers = facts.layout, facts.item_type, facts.stamps, facts.footers
+        file_rows, group_rows = facts.file_rows, facts.group_rows
         total_rows = sum(file_rows)
         if total_rows == 0:
             raise InputError(f"{path}: empty catalog (no rows in {len(files)} file(s))")
@@ -143,12 +119,12 @@ def read_catalog(
         columns = [item_column, *([layout.list_column] if layout.list_column else layout.columns)]
         progress.stage("read", total=total_rows)
         threads = read_workers(workers)
-        facts = FileFacts(store, files, stamps, footers, file_rows)
+        file_facts = FileFacts(store, files, stamps, footers, file_rows)
         if reader.pack and threads > 1:
-            read_on_pool(reader, facts, group_rows, columns, progress, threads)
+            read_on_pool(reader, file_facts, group_rows, columns, progress, threads)
         else:
-            read_in_order(reader, facts, columns, progress)
-        del facts, footers
+            read_in_order(reader, file_facts, columns, progress)
+        del facts, file_facts, footers
         # Batches are gone; hand the Arrow pool's cached pages back so the build that follows can use them.
         pa.default_memory_pool().release_unused()
         if (reader.sids is None and reader.packed is None) or reader.num_steps is None:
@@ -187,34 +163,6 @@ def read_catalog(
         path=str(path),
         packed=reader.packed,
     )
-
-
-def _footer(store: Store, name: str) -> tuple[Stamp, pa.Schema, pq.FileMetaData]:
-    """One file's stamp, Arrow schema and parsed footer (the file is closed again)."""
-    with store.open(name) as opened:
-        pf = parquet_file(opened)
-        return opened.stamp, pf.schema_arrow, pf.metadata
-
-
-def _footers(
-    store: Store, files: list[str], workers: int | None
-) -> Iterator[tuple[Stamp, pa.Schema, pq.FileMetaData]]:
-    """_footer of every file, in catalog order. On object storage each footer costs round trips, so up to
-    MAX_READ_THREADS are fetched at once (still yielded in order: the first bad file in catalog order is
-    the one reported); a local footer is a few reads, fetched in order on this thread."""
-    if not store.remote or len(files) == 1:
-        for name in files:
-            yield _footer(store, name)
-        return
-    threads = min(len(files), read_workers(workers))
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zerogr-footers") as pool:
-        futures = [pool.submit(_footer, store, name) for name in files]
-        try:
-            for future in futures:
-                yield future.result()
-        finally:
-            for future in futures:
-                future.cancel()
 
 
 __all__ = [

@@ -145,18 +145,29 @@ def fingerprint_files(
     (storage.changed_error)."""
     outer = hashlib.sha256()
     for name in files:
-        inner = hashlib.sha256()
-        stream, stamp = store.open_stream(name)
-        hashed = 0
-        with stream:
-            while chunk := stream.read(1 << 24):
-                if stop is not None and stop.is_set():
-                    return ""
-                inner.update(chunk)  # hashlib releases the GIL here, so this overlaps the Parquet read
-                hashed += len(chunk)
-            if hashed != stamp.size or store.stream_stamp(name, stream) != stamp:
-                raise changed_error(name)
+        digest, stamp = file_digest(name, store, stop)
+        if digest is None:
+            return ""
         if stamps is not None:
             stamps.append(stamp)
-        outer.update(inner.digest())
+        outer.update(digest)
     return "sha256:" + outer.hexdigest()
+
+
+def file_digest(
+    name: str, store: Store = LOCAL, stop: threading.Event | None = None
+) -> tuple[bytes | None, Stamp]:
+    """sha256 digest of one file's bytes and its Stamp as hashed (fingerprint_files' per-file digest);
+    digest None when `stop` was set. A file that changes while it is hashed is an InputError."""
+    inner = hashlib.sha256()
+    stream, stamp = store.open_stream(name)
+    hashed = 0
+    with stream:
+        while chunk := stream.read(1 << 24):
+            if stop is not None and stop.is_set():
+                return None, stamp
+            inner.update(chunk)  # hashlib releases the GIL here, so this overlaps the Parquet read
+            hashed += len(chunk)
+        if hashed != stamp.size or store.stream_stamp(name, stream) != stamp:
+            raise changed_error(name)
+    return inner.digest(), stamp

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -12,7 +13,7 @@ from ..base.errors import InputError
 from ..bundle import promote_bundle
 from ..bundle.format import parse_version_dir
 from ..bundle.versions import check_out_dir
-from ..config import INFER_CODEBOOK_SIZES, load_settings, parse_int_list
+from ..config import INFER_CODEBOOK_SIZES, BuildSettings, load_settings, parse_int_list
 from ..pipeline import build_bundle
 from ._errors import cli_errors, warnings_on_stderr
 from ._metrics import job_metrics
@@ -108,6 +109,34 @@ def build(
             show_default=False,
         ),
     ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            help="local: build in this process. ray: a partitioned build on a Ray cluster (needs "
+            "zerogr[ray]), for catalogs past one machine; the same bundle, byte for byte [config: local]",
+            show_default=False,
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            help="--engine ray: the cluster's head as host:port (or ray://host:port), or auto for the "
+            "cluster started here with `ray start --head`; not given: a Ray instance on this machine for "
+            "this build [config: ray_address]",
+            show_default=False,
+        ),
+    ] = None,
+    partitions: Annotated[
+        int | None,
+        typer.Option(
+            "--partitions",
+            help="--engine ray: partitions of the catalog, each built by one task; raise it when a "
+            "partition does not fit a worker's memory [config: 0 = one per CPU of the cluster]",
+            show_default=False,
+        ),
+    ] = None,
     json_out: JsonOpt = False,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No progress or table; print only the bundle path.")
@@ -119,26 +148,20 @@ def build(
     Reads CATALOG (streamed by row group), validates it, builds every step table (--workers threads) and
     publishes OUT/vNNNNNN atomically, then points OUT/LATEST at it (not with --no-promote). Bad input exits
     with code 2 and one line naming file, column, row and item id; nothing is published then.
+
+    With --engine ray the catalog is read, validated and indexed in --partitions partitions on a Ray
+    cluster and the version is written here, the same files as a local build. A cluster that cannot be
+    reached or fails exits with code 3 (retry); a partition too large for a worker's memory with code 2
+    (raise --partitions).
     """
     with job_metrics("build", metrics_file) as metrics, cli_errors():
-        overrides: dict[str, Any] = {
-            **catalog_column_overrides(sid_column, sid_columns, item_column),
-            "out": out,
-            "workers": workers,
-            "step_formats": step_formats,
-            "device": device,
-            "model_version": model_version,
-            "keep": keep,
-            "promote": promote,
-            "kernel_archs": kernel_archs,
-        }
-        if codebook_sizes is not None and infer_codebook_sizes:
-            raise InputError("--codebook-sizes and --infer-codebook-sizes are mutually exclusive")
-        if codebook_sizes is not None:
-            overrides["codebook_sizes"] = parse_int_list(codebook_sizes, "--codebook-sizes")
-        elif infer_codebook_sizes:
-            overrides["codebook_sizes"] = INFER_CODEBOOK_SIZES
-        settings = load_settings(config, overrides)
+        settings = build_settings(
+            config, out=out, codebook_sizes=codebook_sizes, infer_codebook_sizes=infer_codebook_sizes,
+            sid_column=sid_column, sid_columns=sid_columns, item_column=item_column, workers=workers,
+            step_formats=step_formats, device=device, model_version=model_version, keep=keep,
+            promote=promote, kernel_archs=kernel_archs, engine=engine, ray_address=ray_address,
+            partitions=partitions,
+        )  # fmt: skip
         check_out_dir(settings.out)  # an OUT that cannot hold versions is a usage error, before the read
         with progress_for(quiet) as progress, warnings_on_stderr():
             summary = build_bundle(
@@ -150,6 +173,29 @@ def build(
             index_bytes=summary["index_bytes"], version=summary["version"],
         )  # fmt: skip
         _print_build_summary(summary, json_out=json_out, quiet=quiet)
+
+
+def build_settings(
+    config: Path | None,
+    *,
+    codebook_sizes: str | None = None,
+    infer_codebook_sizes: bool = False,
+    sid_column: str | None = None,
+    sid_columns: str | None = None,
+    item_column: str | None = None,
+    **options: Any,
+) -> BuildSettings:
+    """The BuildSettings of `build`'s options (`options`: out, workers, step_formats, device,
+    model_version, keep, promote, kernel_archs, engine, ray_address, partitions; None = the config's
+    value) over the config file."""
+    overrides: dict[str, Any] = {**catalog_column_overrides(sid_column, sid_columns, item_column), **options}
+    if codebook_sizes is not None and infer_codebook_sizes:
+        raise InputError("--codebook-sizes and --infer-codebook-sizes are mutually exclusive")
+    if codebook_sizes is not None:
+        overrides["codebook_sizes"] = parse_int_list(codebook_sizes, "--codebook-sizes")
+    elif infer_codebook_sizes:
+        overrides["codebook_sizes"] = INFER_CODEBOOK_SIZES
+    return load_settings(config, overrides)
 
 
 def _print_build_summary(summary: dict[str, Any], *, json_out: bool, quiet: bool) -> None:

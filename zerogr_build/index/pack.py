@@ -8,6 +8,7 @@ sorts these words; `index.build.build_index_packed` turns them into step tables.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,10 +18,21 @@ from numba import njit
 from ..base.memory import fresh_zeros, populate_rows
 from .formats import bits_for
 
+#: Test-only: a smaller one-word limit (bits), so the tests can build catalogs "past the key width" with
+#: a few thousand items. Unset (the default) is the real limit, 64.
+WORD_BITS_ENV = "ZEROGR_TEST_WORD_BITS"
 
-def packable(num_items: int, codebook_sizes: Sequence[int]) -> bool:
-    """Whether tokens 1.. and a row number of 0..num_items-1 fit one 64-bit word."""
-    return sum(bits_for(int(v)) for v in codebook_sizes[1:]) + bits_for(num_items) <= 64
+
+def word_bits() -> int:
+    """Bits one packed key may use: 64, or less when the tests lower it (WORD_BITS_ENV)."""
+    return min(64, int(os.environ.get(WORD_BITS_ENV) or 64))
+
+
+def packable(num_items: int, codebook_sizes: Sequence[int], limit: int | None = None) -> bool:
+    """Whether tokens 1.. and a row number of 0..num_items-1 fit one 64-bit word (limit: the bits allowed,
+    default word_bits())."""
+    bits = sum(bits_for(int(v)) for v in codebook_sizes[1:]) + bits_for(num_items)
+    return bits <= (word_bits() if limit is None else limit)
 
 
 def first_token_dtype(codebook_size: int) -> np.dtype:

@@ -117,6 +117,10 @@ class StepTable(StepMeta):
         assert self.indptr is not None and self.tokens is not None
         return {"indptr": self.indptr, "tokens": self.tokens}
 
+    def dtypes(self) -> dict[str, np.dtype]:
+        """The dtype of each array of this step, by role name (what the bundle manifest records)."""
+        return {role: array.dtype for role, array in self.arrays().items()}
+
     def children(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         """(tokens int64 [k], next_rows int64 [k]) of one row, tokens ascending. For tests and tools."""
         if self.next is not None:
