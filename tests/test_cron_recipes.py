@@ -170,7 +170,8 @@ def _local(command: str, root: Path, bucket: str | None) -> str:
         command = command.replace(documented, local)
     if not _cuda():
         command = command.replace("--gpu 0", "--device cpu")
-    leftover = re.findall(r"(?<![\w.])/(?:srv|data|var|tmp|run|opt)/\S*", command.replace(str(root), "ROOT"))
+    mapped = command.replace(str(root), "ROOT").replace(str(zerogr), "ZEROGR")  # a venv may live in /tmp
+    leftover = re.findall(r"(?<![\w.])/(?:srv|data|var|tmp|run|opt)/\S*", mapped)
     assert not leftover, f"unmapped paths {leftover} in {command}"
     return command
 
