@@ -29,7 +29,9 @@ searches per row and condition) of filter_first/auto, filter_first/full and scor
 a neighbour: another process running N CPU-bound threads (sha256 over 1 MiB, which releases the GIL) for the
 length of the run. The neighbour is paused (SIGSTOP) and resumed (SIGCONT) between phases, so quiet and
 busy phases alternate and drift on a shared machine hits both alike. Target: filter_first/auto's busy p99
-<= 2x its quiet p99, and its busy/quiet p99 ratio no worse than score_first/full's.
+<= 2x its quiet p99, and its busy/quiet p99 ratio no worse than score_first/full's. Run it with and
+without OMP_WAIT_POLICY=PASSIVE in the environment (the header says which): the default policy keeps
+torch's OpenMP workers spinning, which is what a busy neighbour punishes (docs/cpu-threads.md).
 
 The catalog comes from scripts/make_catalog.py's skewed generator (the same process as its CLI); weights
 and the step function from zerogr_build.testing.SeededModel; timing from zerogr_build.tune.timing.
@@ -38,6 +40,7 @@ and the step function from zerogr_build.testing.SeededModel; timing from zerogr_
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -313,7 +316,7 @@ def bench_neighbour(index, sizes, args, device, time_once) -> list[str]:
     lines = [
         f"# beside a neighbour: {args.neighbour} CPU-bound threads in another process; {count} searches per "
         f"row and condition, in {phases} alternating quiet / busy phases; torch threads "
-        f"{torch.get_num_threads()}",
+        f"{torch.get_num_threads()}; OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY') or 'unset'}",
         f"{'order/mode':<22}{'quiet p50':>11}{'quiet p99':>11}{'busy p50':>11}{'busy p99':>11}"
         f"{'p99 busy/quiet':>16}",
     ]

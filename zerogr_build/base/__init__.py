@@ -8,6 +8,5 @@ small_files.py     small files read whole: regular files only, size-limited; str
 memory.py          large output buffers whose pages are mapped in bulk before they are written
 memlimit.py        the memory this process may use (physical, ulimit -v, cgroup)
 threads.py         a helper thread running an iterator one item ahead of its consumer
-cpu_load.py        cores free right now (runnable threads of other processes, from /proc), for kernels
 compile_notice.py  one notice when numba compiles (a cold first run)
 """

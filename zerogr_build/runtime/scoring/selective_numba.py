@@ -41,8 +41,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...base.cpu_load import free_cores
-
 _RAW_VIEW = {torch.float32: None, torch.bfloat16: np.uint16, torch.float16: np.int16}
 """numpy element type the kernel reads each weight dtype as (None: the fp32 values themselves)."""
 
@@ -63,16 +61,12 @@ def _kernels() -> Any:
 
 def set_kernel_threads(work: int) -> int:
     """Set numba's thread count for this thread from torch's (one setting for both pools), or 1 for a call
-    of fewer than PARALLEL_MIN_WORK multiply-adds; returns it. Capped by the cores no other thread is
-    running on right now (base.cpu_load.free_cores): beside a busy neighbour the kernel runs on the cores
-    that are free instead of waiting for a time slice on one that is not (docs/cpu-threads.md)."""
+    of fewer than PARALLEL_MIN_WORK multiply-adds; returns it."""
     import numba
 
     threads = 1
     if work >= PARALLEL_MIN_WORK:
         threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-        if threads > 1:
-            threads = min(threads, free_cores())
     if numba.get_num_threads() != threads:
         numba.set_num_threads(threads)
     return threads
