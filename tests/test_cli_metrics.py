@@ -182,3 +182,48 @@ def test_rebuild_metrics_progress_plan_reuse_and_exit_5(tmp_path):
     got = metrics(prom)
     assert value(got, "job_exit_status", "rebuild") == 5 and value(got, "bundle_version", "rebuild") == 4
     assert value(got, "job_last_success_timestamp_seconds", "rebuild") == ok_at
+
+
+def _special_files(folder: Path) -> dict[str, Path]:
+    """A FIFO, a socket, a directory, a symlink to a regular file and (as root) a null character device."""
+    import os
+    import socket
+
+    made = {"fifo": folder / "fifo", "socket": folder / "sock", "directory": folder / "dir"}
+    os.mkfifo(made["fifo"])
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(made["socket"]))
+    server.close()
+    made["directory"].mkdir()
+    (folder / "target.prom").write_text("untouched\n")
+    made["symlink"] = folder / "link.prom"
+    made["symlink"].symlink_to(folder / "target.prom")
+    if os.geteuid() == 0:
+        made["device"] = folder / "null"
+        os.mknod(made["device"], 0o666 | __import__("stat").S_IFCHR, os.makedev(1, 3))
+    return made
+
+
+def test_a_metrics_path_that_is_not_a_regular_file_is_left_as_it_is(tmp_path):
+    """--metrics-file over a device, FIFO, socket, directory or symlink: one warning line, the command's own
+    exit code, and the thing at PATH unchanged (as root, a device stays a device)."""
+    import os
+    import stat
+
+    catalog = write_catalog(tmp_path / "catalog.parquet")
+    for kind, path in _special_files(tmp_path).items():
+        before = os.lstat(path)
+        done = CliRunner().invoke(
+            app,
+            ["build", str(catalog), "--out", str(tmp_path / f"out-{kind}"), "--codebook-sizes", "16,16,16",
+             "-q", "--metrics-file", str(path)],
+        )  # fmt: skip
+        assert done.exit_code == 0, (kind, done.output)
+        warnings = [line for line in done.stderr.splitlines() if "metrics file" in line]
+        assert len(warnings) == 1 and "not a regular file" in warnings[0], (kind, done.stderr)
+        after = os.lstat(path)
+        assert stat.S_IFMT(after.st_mode) == stat.S_IFMT(before.st_mode) and after.st_ino == before.st_ino, (
+            kind
+        )
+    assert (tmp_path / "target.prom").read_text() == "untouched\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]  # no temp file left behind

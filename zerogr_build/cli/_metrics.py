@@ -1,5 +1,6 @@
 """`--metrics-file PATH`: Prometheus text format for batch jobs (node_exporter's textfile-collector
-convention), written atomically through prometheus-client when the command ends, successful or not.
+convention), rendered by prometheus-client and written atomically when the command ends, successful or
+not; only ever over a regular file (a device, FIFO, socket, directory or symlink at PATH is left as it is).
 
 Every command that takes `--metrics-file` writes one file per run with these series (label `job` = the
 command, e.g. `build`):
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import stat
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -102,7 +104,7 @@ class JobMetrics:
         """Write the file atomically (a temp file in the same dir, then a rename). No-op without a path."""
         if self.path is None:
             return
-        from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+        from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
         now = time.time()
         registry = CollectorRegistry()
@@ -135,8 +137,36 @@ class JobMetrics:
                 g.labels(job=self.job, stage=stage).set(seconds)
         for name, value in self.values.items():
             gauge(f"{PREFIX}_bundle_{name}", BUNDLE_GAUGES[name], value)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_to_textfile(str(self.path), registry)
+        replace_regular_file(self.path, generate_latest(registry))
+
+
+class NotARegularFile(OSError):
+    """The metrics path names something other than a regular file: it is left as it is."""
+
+
+def replace_regular_file(path: Path, data: bytes) -> None:
+    """Replace the regular file `path` (or create it) with `data`, atomically (a temp file created with
+    O_EXCL beside it, fsync, rename). Anything else at `path` (checked with lstat: a symlink, a directory,
+    a device, a FIFO or a socket) is never replaced: NotARegularFile, so `--metrics-file /dev/null` run as
+    root leaves /dev/null a device."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise NotARegularFile(f"it is {_kind_of(mode)}, not a regular file; left as it is")
+    from ..bundle.files import atomic_replace_bytes
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_replace_bytes(path, data)
+
+
+def _kind_of(mode: int) -> str:
+    kinds = (
+        (stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+    )  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "a special file")
 
 
 def previous_success(path: Path, job: str) -> float | None:
