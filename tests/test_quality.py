@@ -143,9 +143,12 @@ def test_kmeans_separates_clusters_deterministically():
 def test_metrics_hand_computed():
     ff = [["a", "b", "c"], ["x", "y"], []]
     sf = [["b", "a", "d"], ["z", "x"], ["q"]]
-    assert overlap_at_k(ff, sf, 1) == pytest.approx((0 + 0) / 2)  # request 3 has no ff items: skipped
-    assert overlap_at_k(ff, sf, 2) == pytest.approx((1.0 + 0.5) / 2)
-    assert overlap_at_k(ff, sf, 3) == pytest.approx((2 / 3 + 1 / 2) / 2)
+    # request 3: filter-first found nothing where score-first found "q": a miss (0), never a pass
+    assert overlap_at_k(ff, sf, 1) == pytest.approx((0 + 0 + 0) / 3)
+    assert overlap_at_k(ff, sf, 2) == pytest.approx((1.0 + 0.5 + 0) / 3)
+    assert overlap_at_k(ff, sf, 3) == pytest.approx((2 / 3 + 1 / 2 + 0) / 3)
+    assert overlap_at_k([["a"], []], [["a"], []], 2) == 1.0  # both empty: nothing to compare, skipped
+    assert math.isnan(overlap_at_k([[], []], [[], []], 1))  # no request compared: not 1.0
     targets = ["c", "x", "q"]
     assert recall_at_k(ff, targets, 1) == pytest.approx(1 / 3)
     assert recall_at_k(ff, targets, 3) == pytest.approx(2 / 3)

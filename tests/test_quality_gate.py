@@ -152,6 +152,18 @@ def test_cli_gate_records_the_decision_and_decoder_auto_follows_it(bundle_dir, t
     assert auto_order(model_version="t5@2026/01").quality.model_version == "t5@2026/01"
 
 
+def test_a_gate_that_compares_nothing_is_exit_2_and_records_nothing(bundle_dir, tmp_path):
+    """An --available file naming no catalog item: filter-first decodes nothing for every request, which is
+    no evidence that the orders agree (it was overlap 1.0 and a passing gate)."""
+    req = _requests(tmp_path)
+    stale = tmp_path / "stale.parquet"
+    pq.write_table(pa.table({"item_id": pa.array([999_001, 999_002], pa.int64())}), stale)
+    res = _compare(bundle_dir, req, "--min-overlap", "0.99", "--record", "--available", str(stale))
+    assert res.exit_code == 2, res.output
+    assert "nothing to compare" in res.stderr
+    assert not (bundle_dir / "quality").exists()
+
+
 def test_gate_without_record_only_sets_the_exit_code(bundle_dir, tmp_path):
     req = _requests(tmp_path)
     assert _compare(bundle_dir, req, "--min-overlap", "1.0").exit_code == GATE_FAILED_EXIT
@@ -237,7 +249,9 @@ BROKEN = [
 
 
 @pytest.mark.parametrize(("name", "content", "words"), BROKEN, ids=[b[0] for b in BROKEN])
-def test_a_broken_quality_record_warns_once_and_auto_means_filter_first(bundle_dir, name, content, words):
+def test_a_broken_quality_record_warns_once_and_auto_means_score_first(bundle_dir, name, content, words):
+    """The served model's record cannot be read: the exact order (it may have been the record that said
+    score_first)."""
     add_bundle_files(bundle_dir, {"quality/m-1.json": content})
     bundle = open_bundle(bundle_dir)  # listed and checksummed: the bundle itself is intact
     with pytest.raises(BundleError, match=words.replace("[", r"\[").replace("]", r"\]")):
@@ -249,11 +263,9 @@ def test_a_broken_quality_record_warns_once_and_auto_means_filter_first(bundle_d
         dec.search(model.step_fn, 2, 3)
     assert len(caught) == 1, [str(w.message) for w in caught]
     message = str(caught[0].message)
-    assert message.startswith(
-        f"order='auto': ignoring a broken quality record: {bundle.path}/quality/m-1.json"
-    )
-    assert message.endswith("; using filter_first") and words in message
-    assert dec.order == "filter_first" and dec.quality is None
+    assert message.startswith(f"order='auto': a broken quality record: {bundle.path}/quality/m-1.json")
+    assert message.endswith("; using score_first (exact for every model)") and words in message
+    assert dec.order == "score_first" and dec.quality is None
     with pytest.raises(BundleError, match="m-1.json"):
         verify_bundle(bundle_dir)
     (row,) = inspect_bundle(bundle_dir)["quality"]
@@ -486,3 +498,30 @@ def test_an_untagged_bundle_serves_the_order_its_records_decided(tmp_path):
     assert auto_order() == "score_first"  # ckpt-a says score_first: exact for every model
     tagged = Decoder(open_bundle(untagged), model.layers(), order="auto", model_version="ckpt-b")
     assert tagged.order == "filter_first"  # a named model version still gets its own record
+
+
+def test_one_broken_record_of_an_untagged_bundle_never_discards_the_valid_ones(tmp_path):
+    """Untagged bundle: a broken record (another model's, or a foreign tool's) is skipped with its warning
+    and the valid records decide; records that all break give the exact order, score_first."""
+    rng = np.random.default_rng(7)
+    codes = np.array(np.unravel_index(rng.choice(np.prod(SIZES), 20, replace=False), SIZES)).T
+    index = build_index(codes, SIZES, step_formats="0=dense,1=sparse,2=sparse")
+    untagged = publish_bundle(index, pa.array(100 + np.arange(20), type=pa.int64()), tmp_path / "u").path
+    model = SeededModel(SIZES, 1, batch_size=2)
+
+    def auto_order() -> tuple[str, list[str]]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            order = Decoder(open_bundle(untagged), model.layers(), order="auto").order
+        return order, [str(w.message) for w in caught]
+
+    add_bundle_files(untagged, {"quality/ckpt-z.json": b"[]"})  # the only record, broken
+    order, said = auto_order()
+    assert order == "score_first" and len(said) == 1 and "ckpt-z.json" in said[0]
+    res = _compare(untagged, _requests(tmp_path), "--min-overlap", "0", "--model-tag", "ckpt-b", "--record")
+    assert res.exit_code == 0, res.output
+    order, said = auto_order()  # ckpt-b's valid filter_first record decides; the broken one is skipped
+    assert order == "filter_first" and len(said) == 1 and "ckpt-z.json" in said[0] and "skipped" in said[0]
+    res = _compare(untagged, _requests(tmp_path), "--min-overlap", "1.0", "--model-tag", "ckpt-a", "--record")
+    assert res.exit_code == GATE_FAILED_EXIT, res.output
+    assert auto_order()[0] == "score_first"  # the valid records disagree: the exact order

@@ -4,6 +4,7 @@ package docstring for the metrics)."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
@@ -281,6 +282,11 @@ def compare_searches(
 
     ff, sf = lists["filter_first"], lists["score_first"]
     overlap = {k: overlap_at_k(ff, sf, k) for k in ks}
+    if any(math.isnan(value) for value in overlap.values()):
+        raise InputError(
+            f"nothing to compare: no request of {n} has an item in either order's results (an --available "
+            "mask that names no catalog item, or requests the model gives no valid SID)"
+        )
     differing = {
         k: float(np.mean([set(a[:k]) != set(b[:k]) for a, b in zip(ff, sf, strict=True)])) for k in ks
     }

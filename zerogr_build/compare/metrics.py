@@ -33,19 +33,23 @@ def top_k_items(beam_items: Sequence[Sequence[Sequence[Hashable]]], k: int) -> l
 def overlap_at_k(
     reference: Sequence[Sequence[Hashable]], other: Sequence[Sequence[Hashable]], k: int
 ) -> float:
-    """Mean over requests of |ref[:k] ∩ other[:k]| / |ref[:k]| (requests with an empty ref[:k] are skipped).
+    """Mean over requests of |ref[:k] ∩ other[:k]| / |ref[:k]|; a request whose ref[:k] is empty while
+    other[:k] is not counts as 0 (a miss: the reference found nothing), one where both are empty is
+    skipped. NaN when no request counts (nothing was compared).
 
     With reference = filter-first's lists and other = score-first's: the share of filter-first's top-K
-    items that score-first also returns in its top-K. 1.0 when no request has a reference item.
+    items that score-first also returns in its top-K.
     """
     if len(reference) != len(other):
         raise ValueError(f"{len(reference)} reference lists vs {len(other)} other lists")
     shares = []
     for ref, oth in zip(reference, other, strict=True):
-        ref_k = ref[:k]
+        ref_k, oth_k = ref[:k], oth[:k]
         if ref_k:
-            shares.append(len(set(ref_k) & set(oth[:k])) / len(ref_k))
-    return float(np.mean(shares)) if shares else 1.0
+            shares.append(len(set(ref_k) & set(oth_k)) / len(ref_k))
+        elif oth_k:
+            shares.append(0.0)
+    return float(np.mean(shares)) if shares else float("nan")
 
 
 def recall_at_k(lists: Sequence[Sequence[Hashable]], targets: Sequence[Hashable], k: int) -> float:
