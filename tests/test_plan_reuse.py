@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from zerogr_build import __version__
 from zerogr_build.base.device import device_info, device_key
-from zerogr_build.bundle import load_manifest, publish_bundle, verify_bundle
+from zerogr_build.bundle import add_bundle_files, load_manifest, publish_bundle, verify_bundle
 from zerogr_build.cli import app
 from zerogr_build.config import TuneSettings
 from zerogr_build.index import build_index
@@ -231,3 +231,28 @@ def test_measured_settings_match_what_tune_records(tmp_path):
     assert {k: plan["settings"][k] for k in wanted} == wanted
     assert plan["zerogr_version"] == __version__
     assert REUSE_TOLERANCE == 0.10
+
+
+@pytest.mark.parametrize(
+    ("field", "odd"),
+    [("reused_from", "v000000"), ("reused_from", 5), ("reused_from", [1]), ("reused_from", {"measured_in": "x"}),
+     ("bundle_version", "one"), ("created_at", {"when": 1})],
+)  # fmt: skip
+def test_any_value_in_an_informational_field_of_prev_reuses_or_refuses_never_crashes(tmp_path, field, odd):
+    """PREV's plan is valid but an informational field (which readers must not need) holds an odd JSON
+    value: the plan is reused and the odd value is not copied (it was an AttributeError, exit 1)."""
+    out = tmp_path / "bundles"
+    v1 = publish(out, sids_of(1))
+    result = tune_bundle(v1, "cpu", TUNE)
+    plan = json.loads(result.plan_path.read_text())
+    plan[field] = odd
+    name = result.plan_path.relative_to(v1).as_posix()
+    add_bundle_files(v1, {name: (json.dumps(plan, indent=2) + "\n").encode()})
+    v2 = publish(out, sids_of(1), offset=5000)
+    outcome = reuse_plan(v2, v1, "cpu", TUNE)
+    assert outcome.reused, outcome.refusal
+    copied = outcome.plan["reused_from"]
+    assert copied["bundle_version"] == 1
+    assert copied["measured_in"] in (1, None) and copied["plan_created_at"] in (plan.get("created_at"), None)
+    assert isinstance(copied["plan_created_at"], (str, type(None)))
+    assert verify_bundle(v2)["ok"]

@@ -162,14 +162,15 @@ def reuse_plan(
         files = {n: _checked_bytes(prev, n) for n in _kernel_names(kernel_names, prev.manifest["files"])}
     except (ZerogrError, ValueError, OSError) as exc:  # no such PREV, a broken one, a failed read
         return ReuseOutcome(refusal=one_line(exc))
-    measured_in = (plan.get("reused_from") or {}).get("measured_in", plan.get("bundle_version"))
+    measured_in = _measured_in(plan.get("reused_from"), plan.get("bundle_version"))
+    plan_created_at = plan.get("created_at") if isinstance(plan.get("created_at"), str) else None
     plan.update(
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         bundle_version=new_manifest["version"],
         reused_from={
             "bundle_version": prev.version,
             "measured_in": measured_in,
-            "plan_created_at": plan.get("created_at"),
+            "plan_created_at": plan_created_at,
             "tolerance": tolerance,
         },
     )
@@ -179,6 +180,20 @@ def reuse_plan(
     return ReuseOutcome(
         vdir / plan_name, plan, tuple(n for n in files if n.startswith("kernels/")), source=prev_dir
     )
+
+
+def _version_number(value: Any) -> int | None:
+    """A version number read from an informational field: a non-negative int (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _measured_in(reused_from: Any, bundle_version: Any) -> int | None:
+    """The version whose run measured a plan, from its informational fields: `reused_from.measured_in`
+    when the plan is itself a copy, else its `bundle_version`. Readers must not need these fields, so any
+    other JSON value in them is ignored (None), never an error."""
+    if isinstance(reused_from, Mapping) and _version_number(reused_from.get("measured_in")) is not None:
+        return _version_number(reused_from.get("measured_in"))
+    return _version_number(bundle_version)
 
 
 def _kernel_names(names: Sequence[Any], listed: Mapping[str, Any]) -> list[str]:
