@@ -235,8 +235,8 @@ def test_measured_settings_match_what_tune_records(tmp_path):
 
 @pytest.mark.parametrize(
     ("field", "odd"),
-    [("reused_from", "v000000"), ("reused_from", 5), ("reused_from", [1]), ("reused_from", {"measured_in": "x"}),
-     ("bundle_version", "one"), ("created_at", {"when": 1})],
+    [("reused_from", "v000000"), ("reused_from", 5), ("reused_from", [1]),
+     ("reused_from", {"measured_in": "x"}), ("bundle_version", "one"), ("created_at", {"when": 1})],
 )  # fmt: skip
 def test_any_value_in_an_informational_field_of_prev_reuses_or_refuses_never_crashes(tmp_path, field, odd):
     """PREV's plan is valid but an informational field (which readers must not need) holds an odd JSON
