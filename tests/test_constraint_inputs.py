@@ -454,12 +454,14 @@ def test_wrong_argument_types_are_input_errors(bundles):
         ItemSets.from_mapping(bundle, {1: [101], "1": [102]})
 
 
-def test_cli_compare_with_nothing_available_prints_no_numpy_warnings(bundles, tmp_path):
-    """A mask that leaves nothing available is valid input: exit 0, and no raw numpy warning lines."""
+def test_cli_compare_with_nothing_available_is_one_refusal_without_numpy_warnings(bundles, tmp_path):
+    """A mask that leaves nothing available is a valid mask, but there is then nothing to compare: exit 2
+    with one line saying so, and no raw numpy warning lines."""
     bundle = bundles[0]
     req = write(tmp_path / "requests.parquet", request_id=[0, 1], target_item=[101, 102])
     mask = write(tmp_path / "none.parquet", item_id=[101, 102], ok=[False, False])
     args = ["compare", str(bundle.path), "--model", "tests.compare_models:model_fn", "--requests", str(req)]
     res = CliRunner().invoke(app, [*args, "--k", "5", "--beam-width", "8", "--available", str(mask)])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 2, res.output
+    assert [line for line in stderr_lines(res.stderr) if "nothing to compare" in line], res.stderr
     assert not [line for line in stderr_lines(res.stderr) if line.startswith("WARNING")], res.stderr

@@ -296,3 +296,129 @@ def test_gauges_on_a_registry(tmp_path):
         Follower(out, model.layers(), plan=None, registry=registry)
     follower.stop()
     assert generate_latest(registry) == b""  # stop() unregistered it
+
+
+def _on_load_blocking_version(number: int, entered: threading.Event, release: threading.Event):
+    """An on_load callback (HotSwap.for_decoder) that blocks on `release` for one version: a hung load."""
+
+    def on_load(bundle, decoder) -> None:
+        if bundle.version == number:
+            entered.set()
+            release.wait(WAIT_S)
+
+    return on_load
+
+
+def test_a_hung_load_is_dropped_after_load_timeout_and_the_newer_latest_is_followed(tmp_path, caplog):
+    """v2's load never returns while LATEST moves on to v3: v1 keeps serving, v2 fails after load_timeout,
+    v3 is loaded and swapped in, and v2 finishing late is never swapped in."""
+    caplog.set_level(logging.INFO, logger="zerogr_build.follow")
+    out = tmp_path / "bundles"
+    model = SeededModel(SIZES, seed=3, batch_size=BATCH)
+    v1 = publish_version(out, 1)
+    entered, release = threading.Event(), threading.Event()
+    on_load = _on_load_blocking_version(2, entered, release)
+    hotswap = HotSwap.for_decoder(model.layers(), on_load=on_load, plan=None)
+    follower = Follower(out, hotswap=hotswap, poll_seconds=0.01, load_timeout=1.0).start()
+    try:
+        follower.wait_ready(WAIT_S)
+        publish_version(out, 2)
+        assert entered.wait(WAIT_S) and follower.loading
+        v3 = publish_version(out, 3)
+        assert follower.current.path == v1 and outcome(follower.decoder, model) == reference(v1, model)
+        wait_for(lambda: follower.current.path == v3, "the swap to v3 past the hung v2")
+        assert follower.failures == 1 and "v000002" in follower.last_error
+        assert "not loaded within 1 s" in follower.last_error
+        assert outcome(follower.decoder, model) == reference(v3, model)
+        release.set()  # the hung load finishes now: dropped, never swapped in
+        time.sleep(0.3)
+        assert follower.current.path == v3 and follower.swaps == 2 and follower.status()["running"]
+    finally:
+        release.set()
+        follower.stop()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "v000002" in errors[0] and "still serving v000001" in errors[0]
+
+
+def test_stop_with_a_timeout_returns_while_a_load_hangs(tmp_path):
+    """With no load_timeout a load may hang forever; stop(timeout) still returns within about the timeout,
+    leaves the load to finish on its own and drops it."""
+    out = tmp_path / "bundles"
+    model = SeededModel(SIZES, seed=3, batch_size=BATCH)
+    publish_version(out, 1)
+    entered, release = threading.Event(), threading.Event()
+    hotswap = HotSwap.for_decoder(
+        model.layers(), on_load=_on_load_blocking_version(2, entered, release), plan=None
+    )
+    follower = Follower(out, hotswap=hotswap, poll_seconds=0.01, load_timeout=None).start()
+    try:
+        follower.wait_ready(WAIT_S)
+        publish_version(out, 2)
+        assert entered.wait(WAIT_S)
+        t0 = time.monotonic()
+        follower.stop(timeout=1.0)
+        assert time.monotonic() - t0 < 3.0
+        assert not follower.status()["running"] and follower.current is None
+    finally:
+        release.set()
+    time.sleep(0.3)
+    assert follower.current is None and follower.swaps == 1  # the late load was never swapped in
+
+
+@pytest.mark.parametrize("raised", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
+def test_a_load_raising_a_base_exception_fails_that_version_and_following_goes_on(tmp_path, caplog, raised):
+    """SystemExit, KeyboardInterrupt or any other BaseException from an on_load callback is a failed
+    version (counted, logged, last_error), not the end of the polling thread."""
+    import asyncio
+
+    caplog.set_level(logging.INFO, logger="zerogr_build.follow")
+    out = tmp_path / "bundles"
+    model = SeededModel(SIZES, seed=3, batch_size=BATCH)
+    v1 = publish_version(out, 1)
+    failing = {2: raised, 3: asyncio.CancelledError()}
+
+    def on_load(bundle, decoder) -> None:
+        if bundle.version in failing:
+            raise failing[bundle.version]
+
+    hotswap = HotSwap.for_decoder(model.layers(), on_load=on_load, plan=None)
+    follower = Follower(out, hotswap=hotswap, poll_seconds=0.01).start()
+    try:
+        follower.wait_ready(WAIT_S)
+        for number in (2, 3):
+            publish_version(out, number)
+            wait_for(lambda n=number: follower.failures == n - 1, f"v{number} to fail")
+            assert type(failing[number]).__name__ in follower.last_error
+            assert f"v00000{number}" in follower.last_error
+            assert follower.current.path == v1 and follower.status()["running"]
+        v4 = publish_version(out, 4)
+        wait_for(lambda: follower.current.path == v4, "the swap to v4")
+    finally:
+        follower.stop()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 2 and all("still serving v000001" in e for e in errors)
+
+
+def test_a_base_exception_in_the_polling_thread_is_counted_and_polling_goes_on(tmp_path):
+    """A HotSwap of one's own whose swap raises SystemExit once: one failure, logged; the thread lives on."""
+
+    class FlakySwap(HotSwap):
+        raised = False
+
+        def swap(self, **kwargs):
+            if not FlakySwap.raised:
+                FlakySwap.raised = True
+                raise SystemExit("swap refused")
+            return super().swap(**kwargs)
+
+    out = tmp_path / "bundles"
+    publish_version(out, 1)
+    follower = Follower(out, hotswap=FlakySwap(lambda path, low_priority: path.name), poll_seconds=0.01)
+    follower.start()
+    try:
+        wait_for(lambda: follower.failures == 1, "the failed swap to be counted")
+        assert "SystemExit: swap refused" in follower.last_error and follower.status()["running"]
+        publish_version(out, 2)
+        wait_for(lambda: follower.current is not None and follower.current.value == "v000002", "v2")
+    finally:
+        follower.stop()

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import pickle
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from zerogr_build.base.errors import InputError, one_line
 from zerogr_build.base.progress import NULL_PROGRESS, Progress
 
 from .data import ItemInfo, Split
@@ -135,14 +138,56 @@ def save_run(
 
 
 def load_run_model_fn(path: str | Path):
-    """The `zerogr compare` model function of a run saved by save_run (path: its directory)."""
+    """The `zerogr compare` model function of a run saved by save_run (path: its directory).
+
+    model.pt is read with torch's weights-only unpickler, which builds tensors and plain data and nothing
+    else: a file that needs any other object (code that would run while it loads) is refused, InputError
+    naming it, and none of its code runs."""
     import torch
 
     from .model import ModelConfig, TigerLike
 
-    blob = torch.load(Path(path) / "model.pt", weights_only=False)
-    model = TigerLike(blob["codebook_sizes"], ModelConfig(**blob["config"]))
-    model.load_state_dict(blob["state_dict"])
+    file = Path(path) / "model.pt"
+    try:
+        with warnings.catch_warnings():  # torch's notes on the file's pickle protocol: the refusal says it
+            warnings.simplefilter("ignore")
+            blob = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise InputError(
+            f"{file}: holds objects other than tensors and plain data (a saved run never does); refused"
+        ) from None
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise InputError(
+            f"{file}: not a readable saved run ({type(exc).__name__}: {one_line(exc)})"
+        ) from None
+    _check_run_blob(file, blob)
+    try:
+        model = TigerLike(blob["codebook_sizes"], ModelConfig(**blob["config"]))
+        model.load_state_dict(blob["state_dict"])
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise InputError(
+            f"{file}: the saved model does not load ({type(exc).__name__}: {one_line(exc)})"
+        ) from None
     model.eval()
     histories = {k: v.numpy() for k, v in blob["histories"].items()}
     return model_fn_for(model, histories, blob["sids"].numpy())
+
+
+def _check_run_blob(file: Path, blob: Any) -> None:
+    """InputError naming the file and the key unless blob has save_run's keys and kinds."""
+    import torch
+
+    if not isinstance(blob, dict):
+        raise InputError(f"{file}: not a saved run (a {type(blob).__name__}, not a dict)")
+    kinds = {
+        "config": dict,
+        "codebook_sizes": list,
+        "state_dict": dict,
+        "sids": torch.Tensor,
+        "histories": dict,
+    }
+    for key, kind in kinds.items():
+        if not isinstance(blob.get(key), kind):
+            raise InputError(f"{file}: not a saved run ({key!r} is missing or not a {kind.__name__})")
+    if not all(isinstance(v, torch.Tensor) for v in blob["histories"].values()):
+        raise InputError(f"{file}: not a saved run ('histories' holds something other than tensors)")

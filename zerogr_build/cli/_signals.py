@@ -1,15 +1,26 @@
 """SIGTERM and SIGHUP end a command the way Ctrl-C does: through its `finally` blocks (the metrics file is
 written, temp files are removed), with exit code 128 + the signal number (143 for SIGTERM), as a shell
-reports a process the signal killed."""
+reports a process the signal killed.
+
+Python runs a signal handler only between bytecodes of the main thread: a main thread blocked in native code
+(a storage client retrying a read for minutes) cannot raise there, and threads stuck in a read can keep the
+interpreter from exiting once it has. So the signal also wakes a watchdog thread (signal.set_wakeup_fd),
+which gives the command GRACE_SECONDS to end; past that it calls the command's `on_forced_exit(signum)`
+(which writes the metrics file), prints one line and ends the process with the same exit code, its
+remaining `finally` blocks not run (as a kill would leave them)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s)
+GRACE_SECONDS = 10.0
 
 
 class Terminated(KeyboardInterrupt):
@@ -27,18 +38,78 @@ def _raise(signum: int, _frame: object) -> None:
 
 
 @contextlib.contextmanager
-def signals_as_interrupts() -> Iterator[None]:
+def signals_as_interrupts(
+    on_forced_exit: Callable[[int], None] | None = None, grace: float = GRACE_SECONDS
+) -> Iterator[None]:
     """Within the block, SIGTERM and SIGHUP raise Terminated; the previous handlers come back after it.
-    Off the main thread (where Python cannot set handlers) it does nothing."""
+    After such a signal the watchdog (module docstring) ends the process `grace` seconds later unless it
+    has ended by then, calling on_forced_exit(signum) first. Off the main thread (where Python cannot set
+    handlers) it does nothing; without a free wakeup fd (another library holds it) there is no watchdog."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    watchdog = _Watchdog(on_forced_exit, grace)
     previous = {s: signal.signal(s, _raise) for s in SIGNALS}
     try:
         yield
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        watchdog.disarm()
+
+
+class _Watchdog:
+    """A daemon thread woken through the signal wakeup fd: after SIGTERM or SIGHUP it waits `grace` seconds,
+    then calls on_forced_exit(signum) and os._exit(128 + signum). `disarm()` before a signal stops it."""
+
+    def __init__(self, on_forced_exit: Callable[[int], None] | None, grace: float) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.write_fd, False)
+        self.previous_fd = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
+        if self.previous_fd != -1:  # someone else's (an event loop's): theirs stays, no watchdog
+            signal.set_wakeup_fd(self.previous_fd)
+            self._close(self.read_fd, self.write_fd)
+            self.read_fd = self.write_fd = -1
+            return
+        thread = threading.Thread(
+            target=self._run, args=(on_forced_exit, grace), name="zerogr-signal-watchdog", daemon=True
+        )
+        thread.start()
+
+    def _run(self, on_forced_exit: Callable[[int], None] | None, grace: float) -> None:
+        signum = None
+        try:
+            while signum is None:
+                data = os.read(self.read_fd, 64)
+                if not data or 0 in data:  # disarmed
+                    return
+                signum = next((n for n in data if n in SIGNALS), None)
+        finally:
+            os.close(self.read_fd)
+        time.sleep(grace)
+        name = signal.Signals(signum).name
+        try:
+            if on_forced_exit is not None:
+                on_forced_exit(signum)
+            sys.stderr.write(f"zerogr: terminated by {name}: not ended within {grace:g} s, ending now\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(128 + signum)
+
+    def disarm(self) -> None:
+        """Give the wakeup fd back and stop the thread, unless a signal already armed it."""
+        if self.write_fd == -1:
+            return
+        signal.set_wakeup_fd(self.previous_fd)
+        with contextlib.suppress(OSError):
+            os.write(self.write_fd, b"\0")
+        self._close(self.write_fd)
+
+    @staticmethod
+    def _close(*fds: int) -> None:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def interrupt_exit_code(exc: KeyboardInterrupt) -> int:

@@ -98,12 +98,14 @@ def read_token_requests(
     mask_column: str = "attention_mask",
     target_column: str = "target_item",
     vocab_size: int | None = None,
+    max_length: int | None = None,
 ) -> TokenRequests:
     """Read a Parquet file of model inputs: `input_column` (list of integers) required, `mask_column`
     (list of 0/1, same length per row) and `target_column` (ground-truth next item, nulls allowed) optional.
 
     Every row needs at least one token and, with a mask, at least one 1; with vocab_size every token id
-    must be in 0..vocab_size-1. InputError naming the file, column and row otherwise.
+    must be in 0..vocab_size-1; with max_length no row may hold more tokens (the model's limit for a
+    prompt). InputError naming the file, column and row otherwise.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -133,6 +135,8 @@ def read_token_requests(
             raise InputError(f"{where} is {'null' if ids is None else 'empty'}")
         if any(v is None for v in ids):
             raise InputError(f"{where} holds a null token")
+        if max_length is not None and len(ids) > max_length:
+            raise InputError(f"{where}: {len(ids)} tokens, more than the model takes ({max_length} at most)")
         low, high = min(ids), max(ids)
         if low < 0 or (vocab_size is not None and high >= vocab_size):
             bad = low if low < 0 else high

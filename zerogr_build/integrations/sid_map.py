@@ -15,7 +15,9 @@ or
     {"format": "zerogr-sid-map", "format_version": 1, "table": [[token, step, code], ...]}
 `format` and `format_version` may be left out; when present they must be exactly these. Exactly one of
 `offsets` / `table`; `eos_token_id` optional (null = none); integers are JSON integers (not 1.0, not
-true); any other key is refused, so a misspelt one is not silently ignored. At most 64 MiB.
+true) from 0 to 2**63 - 1 (int64); any other key is refused, so a misspelt one is not silently ignored.
+At most 64 MiB. Whether the tokens fit a model's vocabulary is checked against the model
+(check_vocabulary).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ..base.small_files import read_small_json
 SID_MAP_FORMAT = "zerogr-sid-map"
 SID_MAP_FORMAT_VERSION = 1
 MAX_SID_MAP_BYTES = 64 << 20
+INT64_MAX = int(np.iinfo(np.int64).max)
 _SID_MAP_KEYS = {"format", "format_version", "offsets", "table", "eos_token_id"}
 
 
@@ -53,7 +56,7 @@ class SidMap:
     @classmethod
     def from_offsets(cls, offsets: Sequence[int], eos_token_id: int | None = None) -> SidMap:
         """token = offsets[t] + code; one offset per step (L of them)."""
-        values = tuple(_non_negative_int(o, "offset") for o in offsets)
+        values = tuple(_non_negative_int(o, f"offsets[{t}]") for t, o in enumerate(offsets))
         if not values:
             raise InputError("SidMap.from_offsets needs one offset per step, got none")
         return cls(offsets=values, table=None, eos_token_id=_optional_token(eos_token_id))
@@ -73,7 +76,9 @@ class SidMap:
             rows = [tuple(r) for r in np.asarray(table).tolist()]
         if not rows or any(len(r) != 3 for r in rows):
             raise InputError("SidMap.from_table needs rows of (token, step, code), at least one")
-        arr = np.array([[_non_negative_int(v, "table entry") for v in r] for r in rows], dtype=np.int64)
+        arr = np.array(
+            [[_non_negative_int(v, f"table row {i}") for v in r] for i, r in enumerate(rows)], dtype=np.int64
+        )
         steps = np.unique(arr[:, 1])
         if not np.array_equal(steps, np.arange(steps.shape[0])):
             raise InputError(f"SidMap table steps must be 0..L-1 with none missing, got {steps.tolist()}")
@@ -153,6 +158,9 @@ class SidMap:
         if len(sizes) != self.num_steps:
             raise InputError(f"SidMap has {self.num_steps} steps, the index has {len(sizes)}")
         if self.offsets is not None:
+            for t, (o, v) in enumerate(zip(self.offsets, sizes, strict=True)):
+                if o + v - 1 > INT64_MAX:
+                    raise InputError(f"SidMap offsets[{t}] {o} + codebook size {v} passes the int64 range")
             out = tuple(np.arange(o, o + v, dtype=np.int64) for o, v in zip(self.offsets, sizes, strict=True))
         else:
             tok, step, code = self.table.T
@@ -170,6 +178,27 @@ class SidMap:
                 if (line == self.eos_token_id).any():
                     raise InputError(f"eos_token_id {self.eos_token_id} also spells a code of step {t}")
         return out
+
+    def check_vocabulary(self, codebook_sizes: Sequence[int], vocab_size: int) -> None:
+        """InputError naming the key unless every token spelling a code of these codebooks, and
+        eos_token_id, is below vocab_size (a model's vocabulary)."""
+        if self.eos_token_id is not None and self.eos_token_id >= vocab_size:
+            raise InputError(
+                f"eos_token_id {self.eos_token_id} is beyond the model's vocabulary (0..{vocab_size - 1})"
+            )
+        if self.offsets is not None:
+            for t, (o, v) in enumerate(zip(self.offsets, codebook_sizes, strict=False)):
+                if o + int(v) > vocab_size:
+                    raise InputError(
+                        f"offsets[{t}] {o} spells codes 0..{int(v) - 1} as tokens up to {o + int(v) - 1}, "
+                        f"beyond the model's vocabulary (0..{vocab_size - 1})"
+                    )
+        for t, line in enumerate(self.token_table(codebook_sizes)):
+            if line.size and int(line.max()) >= vocab_size:
+                raise InputError(
+                    f"table spells a code of step {t} as token {int(line.max())}, beyond the model's "
+                    f"vocabulary (0..{vocab_size - 1})"
+                )
 
     def to_codes(self, tokens: np.ndarray, codebook_sizes: Sequence[int]) -> np.ndarray:
         """int64 [..., L]: the codes spelled by tokens int [..., L] (-1 where a token spells no code)."""
@@ -207,8 +236,9 @@ def _pair(value) -> tuple[int, int]:
 
 
 def _non_negative_int(value, what: str) -> int:
-    if isinstance(value, bool) or int(value) != value or int(value) < 0:
-        raise InputError(f"SidMap {what} must be a non-negative integer, got {value!r}")
+    if isinstance(value, bool) or int(value) != value or not 0 <= int(value) <= INT64_MAX:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:30]}... ({len(repr(value))} chars)"
+        raise InputError(f"SidMap {what} must be a non-negative integer up to 2**63 - 1, got {shown}")
     return int(value)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ...base.errors import InputError
 from ...base.progress import NULL_PROGRESS, Progress
 from ...bundle import open_bundle, resolve_bundle
 from ...compare.inputs import DEFAULT_KS, TokenRequests, beam_width_for, parse_ks, read_token_requests
@@ -95,8 +96,14 @@ def run_hf_compare(
     sid_map = SidMap.load(sid_map_path)
     bundle = open_bundle(resolve_bundle(bundle_path))
     model = load_hf_model(model_dir, device)
-    vocab = int(model.get_output_embeddings().weight.shape[0])
-    requests = read_token_requests(requests_path, target_column=target_column, vocab_size=vocab)
+    try:
+        sid_map.check_vocabulary(bundle.index.codebook_sizes, _vocab_size(model.get_output_embeddings()))
+    except InputError as exc:
+        raise InputError(f"{sid_map_path}: {exc}") from None
+    requests = read_token_requests(
+        requests_path, target_column=target_column, vocab_size=_vocab_size(model.get_input_embeddings()),
+        max_length=prompt_limit(model, bundle.index.num_steps, sid_map.eos_token_id, model_dir),
+    )  # fmt: skip
     mask = None if available is None else ItemMask.from_parquet(bundle, available)
     gen = SidGenerator(model, bundle, sid_map, device=device)
     gen.decoder.set_availability(mask)
@@ -122,4 +129,29 @@ def run_hf_compare(
     return report
 
 
-__all__ = ["hf_search", "run_hf_compare", "token_inputs"]
+def prompt_limit(
+    model, num_steps: int, eos_token_id: int | None, name: str | Path = "the model"
+) -> int | None:
+    """The most prompt tokens a request may have for this model, or None when its config states no
+    position limit (`max_position_embeddings`; GPT-2's n_positions answers to that name too).
+
+    The SID tokens fed back to the model (every step's but the last, plus the forced EOS when the SidMap
+    has one) take positions after the prompt in a decoder-only model, and after the start token in an
+    encoder-decoder model's decoder, whose encoder takes the prompt. InputError naming the model when they
+    alone do not fit."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(positions, bool) or not isinstance(positions, int) or positions < 1:
+        return None
+    fed_back = num_steps - 1 + (eos_token_id is not None)
+    if fed_back + 1 > positions:
+        raise InputError(f"--hf-model {name}: its {positions} positions cannot hold {num_steps} SID tokens")
+    encoder_decoder = getattr(model.config, "is_encoder_decoder", False)
+    return positions if encoder_decoder else positions - fed_back
+
+
+def _vocab_size(embeddings) -> int:
+    """Rows of an embedding or head module (its weight's first dimension)."""
+    return int(embeddings.weight.shape[0])
+
+
+__all__ = ["hf_search", "prompt_limit", "run_hf_compare", "token_inputs"]

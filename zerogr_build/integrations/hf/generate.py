@@ -68,9 +68,7 @@ class SidGenerator:
         self.sid_map = sid_map
         table = catalog_token_table(sid_map, index)
         weight, bias = output_layer(model)
-        vocab = weight.shape[0]
-        if max(int(line.max()) for line in table) >= vocab:
-            raise InputError(f"the SidMap spells tokens beyond the model's vocabulary ({vocab})")
+        sid_map.check_vocabulary(index.codebook_sizes, int(weight.shape[0]))
         self.step_tokens = [torch.as_tensor(line, device=weight.device) for line in table]
         self.decoder = Decoder(
             bundle,

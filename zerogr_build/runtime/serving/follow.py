@@ -18,7 +18,10 @@ A version that fails to open, verify or load (a bad checksum, a broken table, a 
 names something other than a version dir, out of device memory) is never swapped in: the live version keeps
 serving, one error is logged (logger "zerogr_build.follow"; the traceback at DEBUG level), `last_error` says
 what failed, and the follower tries again only when LATEST changes again (a re-promoted or newer version).
-Nothing the follower meets on disk raises into the serving process.
+A load that has not finished after `load_timeout` seconds (a hung network mount, an `on_load` that never
+returns) fails the same way: it is dropped, left to finish on its own, and never swapped in, and the
+follower goes on following. Nothing the follower meets on disk raises into the serving process, and
+nothing a load raises (`SystemExit` and other BaseExceptions included) ends the polling thread.
 
 Optional gauges (prometheus-client, imported only when asked for): pass `registry=` a CollectorRegistry and
 the follower registers a collector read at scrape time:
@@ -51,6 +54,7 @@ from .hotswap import HotSwap, LiveVersion
 log = logging.getLogger("zerogr_build.follow")
 
 DEFAULT_POLL_SECONDS = 1.0
+DEFAULT_LOAD_TIMEOUT_SECONDS = 600.0
 WAIT_SLICE_SECONDS = 0.1  # how often a wait for a load checks whether stop() was called
 _NOTHING = object()  # "no LATEST acted on yet" (None is a legitimate value: LATEST absent)
 
@@ -62,6 +66,8 @@ class Follower:
     weights: the model's per-step output layers, as for Decoder (ignored when `hotswap` is given).
     device, decoder_kwargs: passed to each version's Decoder (plan="auto" unless given).
     poll_seconds: how often LATEST is read.
+    load_timeout: seconds a version may take to load before it counts as failed and is dropped (None: no
+        limit, a load that never returns then holds up every later version).
     verify: check every structural invariant of a new version (`verify_bundle`) before loading it, not only
         the checksums `open_bundle` checks anyway. On by default: a serving host should never load a
         version whose tables break the format, whatever wrote it. (With your own `hotswap`, its loader
@@ -81,6 +87,7 @@ class Follower:
         *,
         device: str = "cpu",
         poll_seconds: float = DEFAULT_POLL_SECONDS,
+        load_timeout: float | None = DEFAULT_LOAD_TIMEOUT_SECONDS,
         verify: bool = True,
         registry: Any = None,
         hotswap: HotSwap | None = None,
@@ -88,12 +95,15 @@ class Follower:
     ) -> None:
         if not (isinstance(poll_seconds, (int, float)) and poll_seconds > 0):
             raise InputError(f"poll_seconds must be a number > 0, got {poll_seconds!r}")
+        if load_timeout is not None and not (isinstance(load_timeout, (int, float)) and load_timeout > 0):
+            raise InputError(f"load_timeout must be a number > 0 or None, got {load_timeout!r}")
         if hotswap is None:
             if weights is None:
                 raise InputError("follow needs the model's weights (or hotswap=HotSwap(your_loader))")
             hotswap = HotSwap.for_decoder(weights, device, verify=verify, **decoder_kwargs)
         self.out = Path(out)
         self.poll_seconds = float(poll_seconds)
+        self.load_timeout = None if load_timeout is None else float(load_timeout)
         self._hotswap = hotswap
         self._poll_lock = threading.Lock()
         self._stop = threading.Event()
@@ -176,13 +186,15 @@ class Follower:
     def stop(self, timeout: float | None = None) -> None:
         """Stop polling and join the thread; a load in progress is waited for (loads cannot be
         interrupted) and then dropped. The live version is released too: stop serving before calling it.
-        Safe to call twice."""
+        With `timeout`, returns within about that many seconds: a load still running then is left to
+        finish on its own and dropped. Safe to call twice."""
         self._stop.set()
+        deadline = None if timeout is None else time.monotonic() + timeout
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
         if thread is None or not thread.is_alive():
-            self._hotswap.close()
+            self._hotswap.close(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if self._collector is not None:
             self._registry.unregister(self._collector)
             self._collector = None
@@ -199,8 +211,8 @@ class Follower:
             wait = self.poll_seconds
             try:
                 self.poll()
-            except Exception as exc:  # noqa: BLE001 - the follower must never take the serving process down
-                log.error("zerogr follow %s: unexpected error while polling: %s", self.out, one_line(exc))
+            except BaseException as exc:  # noqa: BLE001 - only stop() ends the polling thread
+                self._failed(f"{self.out}: unexpected error while polling: {_describe(exc)}")
                 log.debug("traceback", exc_info=True)
 
     # ------------------------------------------------------------------ one poll
@@ -232,6 +244,7 @@ class Follower:
         self._loading = True
         try:
             future = self._hotswap.load_next(path)
+            deadline = None if self.load_timeout is None else time.monotonic() + self.load_timeout
             while True:
                 if self._stop.is_set():
                     # Also after the load finished: it is dropped, never swapped in (stop() waits for a
@@ -239,7 +252,21 @@ class Follower:
                     return False
                 if future.done():
                     break
-                concurrent.futures.wait([future], timeout=WAIT_SLICE_SECONDS)
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    self._hotswap.abandon()
+                    self._failed(
+                        f"{path}: not loaded within {self.load_timeout:g} s (load_timeout); dropped, it is "
+                        "left to finish on its own and never swapped in"
+                    )
+                    return False
+                concurrent.futures.wait([future], timeout=min(WAIT_SLICE_SECONDS, left or WAIT_SLICE_SECONDS))
+            error = future.exception()
+            if error is not None:  # whatever the load raised, BaseExceptions included: this version failed
+                self._hotswap.abandon()
+                self._failed(f"{path}: {_describe(error)}")
+                log.debug("traceback", exc_info=error)
+                return False
             new = self._hotswap.swap()
         except Exception as exc:  # noqa: BLE001 - a bad version is logged and skipped, never raised
             self._failed(f"{path}: {_describe(exc)}")
@@ -272,6 +299,7 @@ def follow(
     device: str = "cpu",
     poll_seconds: float = DEFAULT_POLL_SECONDS,
     timeout: float | None = 300.0,
+    load_timeout: float | None = DEFAULT_LOAD_TIMEOUT_SECONDS,
     verify: bool = True,
     registry: Any = None,
     hotswap: HotSwap | None = None,
@@ -281,8 +309,8 @@ def follow(
     arguments). TimeoutError after `timeout` seconds (None: wait forever) when no version could be loaded,
     naming the last error; the follower is stopped then."""
     follower = Follower(
-        out, weights, device=device, poll_seconds=poll_seconds, verify=verify, registry=registry,
-        hotswap=hotswap, **decoder_kwargs,
+        out, weights, device=device, poll_seconds=poll_seconds, load_timeout=load_timeout, verify=verify,
+        registry=registry, hotswap=hotswap, **decoder_kwargs,
     ).start()  # fmt: skip
     try:
         follower.wait_ready(timeout)
@@ -349,4 +377,4 @@ def _follower_collector(follower: Follower) -> Any:
     return FollowerCollector()
 
 
-__all__ = ["DEFAULT_POLL_SECONDS", "Follower", "follow"]
+__all__ = ["DEFAULT_LOAD_TIMEOUT_SECONDS", "DEFAULT_POLL_SECONDS", "Follower", "follow"]

@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,12 +72,16 @@ class HotSwap:
 
     Thread safety: `current` is a plain attribute read (atomic in CPython); `load_next` and `swap` take an
     internal lock, so concurrent callers see one consistent order of loads and swaps.
+
+    Each load runs in a daemon thread of its own. Whatever it raises (`SystemExit` and other
+    BaseExceptions included) ends up in its Future, never silently in the thread. A load that never returns
+    can be dropped with `abandon()`: it then finishes on its own, if ever, and is never swapped in, and it
+    does not keep the process from exiting.
     """
 
     def __init__(self, loader: Loader) -> None:
         self._loader = loader
         self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerogr-hotswap")
         self._next: Future[LiveVersion] | None = None
         self.current: LiveVersion | None = None
 
@@ -133,14 +137,23 @@ class HotSwap:
             if self._next is not None and not self._next.done():
                 raise RuntimeError("a version is already loading; swap() or wait for it first")
 
-            def task() -> LiveVersion:
-                t0 = time.perf_counter()
-                value = self._loader(Path(path), low_priority=low_priority, **kwargs)
-                wait_loaded(value)  # the Future completes, so swap() publishes, only after the device work
-                return LiveVersion(Path(path), value, time.perf_counter() - t0)
+            future: Future[LiveVersion] = Future()
+            future.set_running_or_notify_cancel()
 
-            self._next = self._executor.submit(task)
-            return self._next
+            def task() -> None:
+                t0 = time.perf_counter()
+                try:
+                    value = self._loader(Path(path), low_priority=low_priority, **kwargs)
+                    wait_loaded(value)  # the Future completes, so swap() publishes, after the device work
+                    loaded = LiveVersion(Path(path), value, time.perf_counter() - t0)
+                except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the Future
+                    future.set_exception(exc)
+                else:
+                    future.set_result(loaded)
+
+            self._next = future
+            threading.Thread(target=task, name="zerogr-hotswap", daemon=True).start()
+            return future
 
     @property
     def loading(self) -> bool:
@@ -168,9 +181,18 @@ class HotSwap:
             _release_cached_device_memory()
         return new
 
-    def close(self) -> None:
-        """Stop the background loader thread (waits for a running load) and drop both versions."""
-        self._executor.shutdown(wait=True)
+    def abandon(self) -> None:
+        """Drop the pending load without waiting for it (a failed or finished one too): a load still running
+        finishes on its own and is never swapped in. The live version stays."""
+        with self._lock:
+            self._next = None
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for a running load (at most `timeout` seconds; None: until it ends), then drop both
+        versions; a load still running then is abandoned."""
+        pending = self._next
+        if pending is not None:
+            wait([pending], timeout=timeout)
         with self._lock:
             self._next = None
             self.current = None
