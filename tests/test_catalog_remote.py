@@ -74,6 +74,10 @@ def same_catalog(remote, local) -> None:
         ("{uri}/part-1.parquet", "{root}/part-1.parquet"),  # one file
         ("{uri}/part-*.parquet", "{root}/part-*.parquet"),  # a glob: * stays in one component
         ("{uri}/**/*.parquet", "{root}/**/*.parquet"),  # ** spans directories
+        ("{uri}/part-?.parquet", "{root}/part-?.parquet"),  # ? is a wildcard, not a query
+        ("{uri}/part-[1].parquet", "{root}/part-[1].parquet"),  # [...] is a wildcard, not URI syntax
+        ("{uri}/day=?/part-[0-9].parquet", "{root}/day=?/part-[0-9].parquet"),
+        ("{uri}/*/part-?.parquet?region=us-east-1", "{root}/*/part-?.parquet"),  # URI options after a glob
     ],
 )
 def test_a_catalog_read_from_s3_equals_the_same_catalog_read_locally(

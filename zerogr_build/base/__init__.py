@@ -9,4 +9,6 @@ memory.py          large output buffers whose pages are mapped in bulk before th
 memlimit.py        the memory this process may use (physical, ulimit -v, cgroup)
 threads.py         a helper thread running an iterator one item ahead of its consumer
 compile_notice.py  one notice when numba compiles (a cold first run)
+redact.py          secrets kept out of messages: URL credentials, credential variables
+printable.py       untrusted text made safe for a terminal (control characters escaped)
 """

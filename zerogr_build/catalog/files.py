@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..base.errors import InputError, one_line
+from ..base.redact import redact
 from .storage import (
     HIDDEN_PREFIXES,
     LOCAL,
@@ -26,7 +27,6 @@ from .storage import (
     hidden,
     is_uri,
     local_path,
-    redact,
     remote_store,
 )
 

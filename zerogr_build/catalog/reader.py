@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 from ..base.errors import InputError, one_line
 from ..base.memory import fresh_zeros, populate_rows
 from ..base.progress import Progress
+from ..base.redact import redact
 from ..index.pack import PackedSids
 from .ids import NUMBA_MIN_ROWS
 from .schema import SidLayout
-from .storage import redact
 
 #: Rows per record batch while streaming. Bounds the Arrow-side memory of the read (a few MB per batch).
 BATCH_ROWS = 1 << 20

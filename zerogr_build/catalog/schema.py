@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..base.errors import InputError, one_line
-from .storage import OpenFile, redact
+from ..base.redact import redact
+from .storage import OpenFile
 
 
 @dataclass(frozen=True)

@@ -22,27 +22,19 @@ import stat
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import IO, Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 
 from ..base.errors import InputError, one_line
+from ..base.redact import has_credentials, redact
 
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-#: Query keys of a URI that would carry a secret (pyarrow's URI options allow some of them).
-_SECRET_KEYS = re.compile(r"key|secret|token|passw|credential|signature|auth", re.IGNORECASE)
-
-#: Environment variables whose values are never shown (replaced by *** in any message built here).
-_SECRET_ENV = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_SECURITY_TOKEN",
-    "AZURE_STORAGE_ACCOUNT_KEY",
-    "AZURE_STORAGE_SAS_TOKEN",
-    "GOOGLE_OAUTH_ACCESS_TOKEN",
-)
+#: Wildcards of a catalog glob (Python's glob rules).
+_WILDCARDS = frozenset("*?[")
+#: URI options at the end of a catalog URI: `?name=value&name=value`, nothing after them holding a `/`.
+_OPTION = r"[A-Za-z_][A-Za-z0-9_.-]*=[^&/?#]*"
+_URI_OPTIONS = re.compile(rf"\?{_OPTION}(?:&{_OPTION})*$")
 
 #: Skipped names in a catalog directory (_SUCCESS markers, .crc files), as warehouse exports and
 #: pyarrow.dataset skip them.
@@ -65,27 +57,12 @@ def is_uri(text: str) -> bool:
 
 
 def local_path(text: str) -> str:
-    """A local catalog argument as a path: file:///x -> /x, anything else unchanged."""
+    """A local catalog argument as a path: file:///x -> /x (the host, if any, dropped; `?` and `[` kept as
+    the glob characters they are in a path), anything else unchanged."""
     match = _URI.match(text)
     if match is not None and match.group(1).lower() == "file":
-        return urlsplit(text).path or "/"
-    return text
-
-
-def redact(text: str) -> str:
-    """`text` with URI credentials (user:password@, secret-looking query values) and the values of the
-    standard credential variables replaced by ***."""
-    text = re.sub(r"(?<=://)[^/@\s]*@", "***@", text)
-    text = re.sub(
-        r"([?&][^=&\s]*(?:key|secret|token|passw|credential|signature|auth)[^=&\s]*=)[^&\s]*",
-        r"\1***",
-        text,
-        flags=re.IGNORECASE,
-    )
-    for name in _SECRET_ENV:
-        value = os.environ.get(name, "")
-        if len(value) >= 4:
-            text = text.replace(value, "***")
+        rest = text[match.end() :]
+        return rest[rest.index("/") :] if "/" in rest else "/"
     return text
 
 
@@ -230,31 +207,54 @@ class RemoteStore(Store):
 LOCAL = Store()
 
 
+def split_glob_uri(uri: str) -> tuple[str, str, str]:
+    """(fixed, pattern, options) of a catalog URI `scheme://bucket/path[?options]`.
+
+    fixed: the URI up to the first path component holding a wildcard (`*`, `?`, `[`), the whole URI
+    without one; pattern: the rest ("" without a wildcard); options: a trailing query of `name=value`
+    pairs joined by `&` with no `/` after its `?` ("" without one; any other `?` is a wildcard). Only
+    fixed + options reach the URI parser, so a glob's `?` is never read as a query nor its `[` as URI
+    syntax. InputError for a wildcard in the bucket (authority)."""
+    options = _URI_OPTIONS.search(uri)
+    if options is not None:
+        uri = uri[: options.start()]
+    scheme = _URI.match(uri)
+    head = uri[: scheme.end()] if scheme else ""
+    parts = uri[len(head) :].split("/")
+    if any(ch in _WILDCARDS for ch in parts[0]):
+        raise InputError(f"{redact(uri)}: a wildcard in the bucket name is not supported; only in the path")
+    wild = next((i for i, part in enumerate(parts) if i and any(ch in _WILDCARDS for ch in part)), None)
+    tail = options.group(0) if options is not None else ""
+    if wild is None:
+        return uri, "", tail
+    return head + "/".join(parts[:wild]), "/".join(parts[wild:]), tail
+
+
 def remote_store(uri: str) -> tuple[RemoteStore, str]:
-    """The pyarrow filesystem of `uri` and the path in it; InputError (credentials redacted) for a URI
-    that carries credentials or that pyarrow cannot open."""
-    parts = urlsplit(uri)
-    if "@" in parts.netloc:
+    """The pyarrow filesystem of `uri` and the path in it (a glob's wildcards kept: split_glob_uri);
+    InputError (credentials redacted) for a URI that carries credentials or that pyarrow cannot open."""
+    if has_credentials(uri):
         raise InputError(
             f"{redact(uri)}: credentials in a catalog URI are refused (the URI is recorded in the manifest "
             "and shown in messages); give them through the standard environment (AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY, a profile, or the instance's role)"
         )
-    if any(_SECRET_KEYS.search(key) for key, _ in parse_qsl(parts.query, keep_blank_values=True)):
-        raise InputError(
-            f"{redact(uri)}: credentials in a catalog URI are refused; give them through the standard "
-            "environment"
-        )
     from pyarrow import fs as pafs
 
+    fixed, pattern, options = split_glob_uri(uri)
     try:
-        filesystem, path = pafs.FileSystem.from_uri(uri)
+        filesystem, path = pafs.FileSystem.from_uri(fixed + options)
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise InputError(f"{redact(uri)}: cannot open this URI ({redact(one_line(exc))})") from None
-    base = uri.split("?", 1)[0].split("#", 1)[0].rstrip("/")
+    base = fixed.split("#", 1)[0].rstrip("/")
     tail = path.rstrip("/")
-    prefix = base[: len(base) - len(tail)] if tail and base.endswith(tail) else f"{parts.scheme}://"
-    return RemoteStore(filesystem, prefix), path.rstrip("/") or path
+    if not tail:
+        prefix = base
+    else:
+        prefix = base[: len(base) - len(tail)] if base.endswith(tail) else f"{urlsplit(base).scheme}://"
+    if pattern:  # decoded as the parser decodes the fixed part (%20 -> space)
+        return RemoteStore(filesystem, prefix), f"{tail}/{unquote(pattern)}"
+    return RemoteStore(filesystem, prefix), tail or path
 
 
 def hidden(relative: str) -> bool:

@@ -12,10 +12,22 @@ from collections.abc import Iterator
 import typer
 
 from ..base.errors import ZerogrError, one_line
+from ..base.printable import printable
+from ..base.redact import redact
 from ._render import stderr_console
 from ._signals import interrupt_exit_code
 
 DEBUG_ENV = "ZEROGR_DEBUG"
+
+
+def safe_text(text: object) -> str:
+    """`text` as it may be shown: secrets redacted, control characters escaped (one line or not)."""
+    return printable(redact(str(text)))
+
+
+def shown(exc: BaseException) -> str:
+    """An exception's message as an error line shows it: one line, secrets redacted, controls escaped."""
+    return safe_text(one_line(exc))
 
 
 @contextlib.contextmanager
@@ -27,12 +39,12 @@ def cli_errors() -> Iterator[None]:
     except typer.Exit:
         raise
     except KeyboardInterrupt as exc:
-        sys.stderr.write(f"zerogr: {exc or 'interrupted'}\n")
+        sys.stderr.write(f"zerogr: {safe_text(exc or 'interrupted')}\n")
         raise typer.Exit(interrupt_exit_code(exc)) from None
     except ZerogrError as exc:
         if os.environ.get(DEBUG_ENV):
             traceback.print_exc()
-        sys.stderr.write(f"error: {one_line(exc)}\n")
+        sys.stderr.write(f"error: {shown(exc)}\n")
         raise typer.Exit(exc.exit_code) from None
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
         if os.environ.get(DEBUG_ENV):
@@ -40,7 +52,7 @@ def cli_errors() -> Iterator[None]:
             hint = ""
         else:
             hint = f" (set {DEBUG_ENV}=1 for a traceback)"
-        sys.stderr.write(f"error: {type(exc).__name__}: {one_line(exc)}{hint}\n")
+        sys.stderr.write(f"error: {type(exc).__name__}: {shown(exc)}{hint}\n")
         raise typer.Exit(1) from None
 
 
@@ -49,7 +61,7 @@ def warnings_on_stderr() -> Iterator[None]:
     """Show the library's warnings (e.g. inferred codebook sizes) as they happen, one line on stderr."""
 
     def show(message: Warning | str, *_: object, **__: object) -> None:
-        stderr_console().print(f"WARNING: {message}", style="bold yellow", markup=False)
+        stderr_console().print(f"WARNING: {safe_text(message)}", style="bold yellow", markup=False)
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")

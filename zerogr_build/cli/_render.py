@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..base.printable import printable
+
 if TYPE_CHECKING:
     pass
 
@@ -28,6 +30,12 @@ def stdout_console() -> Console:
     return console
 
 
+def plain(text: object, style: str = "") -> Text:
+    """Text that did not come from zerogr itself (paths, tags, file names, remote text, errors) as a table
+    cell or title: never parsed as markup, its control characters escaped."""
+    return Text(printable(text), style=style)
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -39,13 +47,13 @@ def human_bytes(n: float) -> str:
 def steps_table(title: str, steps: list[dict[str, Any]]) -> Table:
     """The per-step rows of `build` / `inspect` (pipeline.step_rows). The title holds user text (the OUT
     path, the model tag), so it is plain Text: never parsed as rich markup."""
-    table = Table(title=Text(title), title_justify="left")
+    table = Table(title=plain(title), title_justify="left")
     for name in ("step", "format", "V", "rows", "nnz", "max_slots", "valid", "bytes"):
         table.add_column(name, justify="left" if name == "format" else "right", no_wrap=True)
     for s in steps:
         table.add_row(
             str(s["step"]),
-            Text(s["format"]),
+            plain(s["format"]),
             f"{s['codebook_size']:,}",
             f"{s['rows']:,}",
             f"{s['nnz']:,}",
@@ -60,7 +68,7 @@ def plan_table(plan: dict) -> Table:
     """A tune plan: one row per dtype x step x batch size with the chosen mode, every mode's median ms and
     the chosen mode's speedup over `full`."""
     modes = list(dict.fromkeys(m for e in plan["entries"] for m in e["timings_ms"]))
-    table = Table(title=Text(f"zerogr tune: {plan['device']['name']} ({plan['device_key']})"))
+    table = Table(title=plain(f"zerogr tune: {plan['device']['name']} ({plan['device_key']})"))
     for col in ("dtype", "step", "batch", "rows", "chosen", *[f"{m} ms" for m in modes], "vs full"):
         table.add_column(col, justify="right" if col not in ("dtype", "chosen") else "left")
     for e in plan["entries"]:
@@ -68,11 +76,11 @@ def plan_table(plan: dict) -> Table:
         speedup = f"{t['full'] / t[e['mode']]:.2f}x" if "full" in t and t[e["mode"]] > 0 else "-"
         cells = [f"{t[m]:.3f}" if m in t else "-" for m in modes]
         table.add_row(
-            Text(e["dtype"]),
+            plain(e["dtype"]),
             str(e["step"]),
             str(e["batch_size"]),
             str(e["rows"]),
-            Text(e["mode"]),
+            plain(e["mode"]),
             *cells,
             speedup,
         )
@@ -101,7 +109,7 @@ def status_table(report: dict[str, Any]) -> Table:
     errors) is plain Text."""
     check = {"full": "verified", "sizes": "sizes ok", "sha256": "sha256 ok"}[report["check"]]
     title = f"{report['out']}: LATEST -> {report['latest'] or '(none)'}"
-    table = Table(title=Text(title), title_justify="left")
+    table = Table(title=plain(title), title_justify="left")
     for name in ("version", "", "age", "size", "items", "model", "plans", "kernels", "gate", "check"):
         # Only the check column wraps: a long error there must not squeeze the other columns to nothing.
         table.add_column(
@@ -110,15 +118,15 @@ def status_table(report: dict[str, Any]) -> Table:
     for v in report["versions"]:
         outcome = check if v["ok"] else (v["error"] or "failed")
         table.add_row(
-            v["name"],
+            plain(v["name"]),
             "LATEST" if v["latest"] else ("unpromoted" if v.get("unpromoted") else ""),
             _age(v["age_s"]),
             human_bytes(v["bytes"]) if v["bytes"] is not None else "-",
             f"{v['items']:,}" if v["items"] is not None else "-",
-            Text(str(v["model_version"] or "-")),
-            Text(", ".join(v["plans"]) or "-"),
-            Text(", ".join(v["kernels"]) or "-"),
-            Text(_gate(v.get("quality", [])) or "-"),
-            Text(outcome, style="green" if v["ok"] else "red"),
+            plain(v["model_version"] or "-"),
+            plain(", ".join(v["plans"]) or "-"),
+            plain(", ".join(v["kernels"]) or "-"),
+            plain(_gate(v.get("quality", [])) or "-"),
+            plain(outcome, style="green" if v["ok"] else "red"),
         )
     return table

@@ -14,6 +14,8 @@ from ..bundle import promote_bundle
 from ..bundle.format import parse_version_dir
 from ..bundle.versions import check_out_dir
 from ..config import INFER_CODEBOOK_SIZES, BuildSettings, load_settings, parse_int_list
+from ..fleet.pull_record import read_record
+from ..fleet.remote import is_remote
 from ..pipeline import build_bundle
 from ._errors import cli_errors, warnings_on_stderr
 from ._metrics import job_metrics
@@ -28,6 +30,7 @@ from ._options import (
 )
 from ._progress import progress_for
 from ._render import human_bytes, stdout_console, steps_table
+from .fleet import promote_remote
 
 
 def build(
@@ -233,7 +236,8 @@ def promote(
     version_dir: Annotated[
         str,
         typer.Argument(
-            help="A published version dir OUT/vNNNNNN (not an OUT dir).",
+            help="A published version dir OUT/vNNNNNN (not an OUT dir), or a remote version "
+            "s3://bucket/prefix/vNNNNNN.",
             metavar="VERSION_DIR",
             show_default=False,
         ),
@@ -243,15 +247,32 @@ def promote(
     """Point OUT/LATEST at VERSION_DIR, atomically under the OUT lock.
 
     For publishing a version after your own checks: `zerogr build --no-promote` publishes OUT/vNNNNNN
-    without moving LATEST, you verify or test it, then promote it. Also pins an older version (rollback).
-    The version's manifest and files (sizes, array headers) are checked first; `zerogr verify` hashes
-    them. Prints the LATEST it set. Exit 2 when VERSION_DIR is not a version dir of an OUT.
+    without moving LATEST, you verify or test it, then promote it. Also pins an older version (rollback);
+    on an OUT that `zerogr pull` installs into, pull then leaves LATEST there until
+    `zerogr pull --follow-remote`. The version's manifest and files (sizes, array headers) are checked
+    first; `zerogr verify` hashes them. Prints the LATEST it set. Exit 2 when VERSION_DIR is not a
+    version dir of an OUT.
+
+    s3://bucket/prefix/vNNNNNN moves the remote LATEST to that version, backwards included: the fleet's
+    rollback (push only moves it forwards). The version must be complete on the store (its manifest, and
+    every file it lists with its size); LATEST moves by compare-and-swap and the line printed names the
+    version it replaced. Serving hosts follow on their next pull. Exit codes as push: 2 configuration,
+    3 the store failed, 4 an incomplete version, 5 no such version.
     """
     with job_metrics("promote", metrics_file) as metrics, cli_errors():
+        if is_remote(version_dir):
+            promote_remote(version_dir, metrics)
+            return
         with metrics.stage("promote"):
             promoted = promote_bundle(version_dir)
         metrics.bundle(version=parse_version_dir(promoted.name))
         sys.stdout.write(f"{promoted.parent / 'LATEST'} -> {promoted.name}\n")
+        pulled = read_record(promoted.parent)
+        if pulled is not None and pulled != promoted.name:
+            sys.stderr.write(
+                f"note: pull installed {pulled} here; it leaves LATEST at {promoted.name} until "
+                "zerogr pull --follow-remote (or a promote back to it)\n"
+            )
 
 
 def _device_load(settings):

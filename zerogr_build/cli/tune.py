@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ._errors import cli_errors
+from ._errors import cli_errors, safe_text
 from ._metrics import job_metrics
 from ._options import BundleArg, ConfigOpt, JsonOpt, MetricsFileOpt, bundle_path, with_help
 from ._progress import progress_for
@@ -105,7 +105,8 @@ def tune(
                 reused = reuse_plan(target, reuse_from, dev, settings)
             if not reused.reused:
                 stderr_console().print(
-                    f"tune: not reusing the plan of {reuse_from}: {reused.refusal}; measuring", markup=False
+                    safe_text(f"tune: not reusing the plan of {reuse_from}: {reused.refusal}; measuring"),
+                    markup=False,
                 )
         if reused is not None and reused.reused:
             stderr_console().print(
@@ -122,7 +123,7 @@ def tune(
                 warnings.simplefilter("always")
                 result = tune_bundle(target, dev, settings, progress=progress)
             for w in caught:
-                stderr_console().print(f"WARNING: {w.message}", style="bold red", markup=False)
+                stderr_console().print(f"WARNING: {safe_text(w.message)}", style="bold red", markup=False)
         plan = result.plan
         plan_path = result.plan_path.resolve()
         metrics.bundle(version=plan["bundle_version"])

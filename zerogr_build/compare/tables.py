@@ -8,13 +8,14 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from ..base.printable import printable
 from .report import CompareReport
 
 
 def report_tables(report: CompareReport, title: str) -> list[Any]:
     """A compare report as rich renderables: the metric table (`title`, a column per K), the invalid-mass
     table (a column per step) and a line with the unconstrained invalid-SID rate."""
-    metrics = Table(title=Text(title))
+    metrics = Table(title=Text(printable(title)))
     metrics.add_column("metric")
     for k in report.ks:
         metrics.add_column(f"K={k}", justify="right")
