@@ -162,6 +162,7 @@ def _local(command: str, root: Path, bucket: str | None) -> str:
         "/data/model/TAG": str(root / "model" / "TAG"),
         "/srv/build/bundles": str(root / "build" / "bundles"),
         "/srv/bundles": str(root / "bundles"),
+        "/srv/zerogr/keys/": f"{root / 'keys'}/",
         "/var/lib/node_exporter/textfile/": f"{root / 'textfile'}/",
         "/var/log/zerogr/": f"{root / 'log'}/",
         "s3://bucket/": f"s3://{bucket}/",
@@ -220,6 +221,12 @@ def test_each_crontab_command_runs_under_cron_env(where: str, text: str, tmp_pat
         (tmp_path / sub).mkdir(parents=True, exist_ok=True)
     write_catalog(tmp_path / "exports" / "catalog" / "part-0.parquet", 3000, [2048, 2048, 2048], seed=1)
     (tmp_path / "model" / "TAG").write_text("ckpt-0007\n")
+    if remote:  # the build box's signing key, and the hosts' copy of its public key
+        from zerogr_build.fleet.keys import new_key
+
+        (tmp_path / "keys").mkdir()
+        made = new_key(tmp_path / "keys" / "build-box")
+        shutil.copy(made.public_path, tmp_path / "keys" / "trusted.pub")
     for command in commands:  # in order: the build box's line before the serving host's pull
         local = _local(command, tmp_path, "bucket")
         done = _run_as_cron(local, home)

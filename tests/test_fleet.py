@@ -22,6 +22,7 @@ from zerogr_build.bundle import verify_bundle
 from zerogr_build.cli import app
 from zerogr_build.fleet.push import _claim, promote_remote
 from zerogr_build.fleet.remote import RefusedRemoteVersion, RemoteOut, S3Store, list_versions
+from zerogr_build.fleet.signing import Trust
 from zerogr_build.testing import publish_catalog, random_catalog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,12 +39,24 @@ def tree(path: Path) -> dict[str, str]:
 
 
 def zerogr(*args: str) -> tuple[int, str, str]:
-    """Run the CLI in-process: (exit code, stdout, stderr)."""
+    """Run the CLI in-process: (exit code, stdout, stderr). The fleet of these tests is an unsigned one:
+    `pull` and a remote `status` get --allow-unsigned (signed fleets: test_fleet_signing.py)."""
+    args = unsigned(args)
     result = CliRunner().invoke(app, list(args), catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
 
 
+def unsigned(args: tuple[str, ...]) -> tuple[str, ...]:
+    """`args` with --allow-unsigned added to a pull or a status of an s3:// OUT that names no trust."""
+    if "--trusted-keys" in args or "--allow-unsigned" in args:
+        return args
+    remote_status = args[:1] == ("status",) and any(a.startswith("s3://") for a in args)
+    reads_remote = args[:1] == ("pull",) or remote_status
+    return (*args, "--allow-unsigned") if reads_remote else args
+
+
 def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    args = unsigned(args)
     return subprocess.run(
         [*CLI, *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=300
     )
@@ -406,11 +419,11 @@ def test_pull_refuses_when_the_disk_cannot_hold_the_version(tmp_path, build_out,
     host = tmp_path / "host"
     host.mkdir()
     before = tree(host)
-    import zerogr_build.fleet.pull as pull_module
+    import zerogr_build.fleet.local_disk as disk_module
 
     real = shutil.disk_usage
     monkeypatch.setattr(
-        pull_module.shutil, "disk_usage", lambda p: real(p)._replace(free=10_000)
+        disk_module.shutil, "disk_usage", lambda p: real(p)._replace(free=10_000)
     )  # a nearly full disk
     code, _, err = zerogr("pull", remote, str(host))
     assert code == 3 and "free" in err
@@ -581,9 +594,9 @@ def test_a_version_pruned_before_its_manifest_is_read_is_a_retry_not_a_refusal(t
     assert zerogr("push", str(build_out / "v000002"), remote, "--no-promote")[0] == 0
     host = tmp_path / "host"
     with pytest.raises(RemoteError, match="moved from v000001 to v000002"):
-        pull_version(remote, host, store=PruningStore(RemoteOut.parse(remote)))
+        pull_version(remote, host, trust=Trust.unsigned(), store=PruningStore(RemoteOut.parse(remote)))
     assert not host.exists() or not any(host.glob("v*"))
-    assert pull_version(remote, host).version == 2  # the retry gets the new version
+    assert pull_version(remote, host, trust=Trust.unsigned()).version == 2  # the retry gets the new version
 
 
 def test_a_failed_transfer_cancels_the_files_not_started_yet():

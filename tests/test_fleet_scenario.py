@@ -1,9 +1,11 @@
 """The whole path from the build box to two serving hosts, as one test against the moto S3 server:
-build -> verify -> push -> two hosts pull -> a follower on each swaps -> a new good
-version travels the same way and is swapped in while searches run -> a bad version is pushed (one object
-corrupted on the store after the push) -> both hosts' pulls refuse it (exit 4, one line naming the object),
-each local OUT byte-identical, the followers keep serving the last good version -> `zerogr status` (local
-and remote) and the --metrics-file files of build / verify / push / pull show all of it.
+build -> verify -> push (signed with the build box's key) -> two hosts pull (trusting its public key) -> a
+follower on each swaps -> a new good version travels the same way and is swapped in while searches run -> a
+bad version is pushed (one object corrupted on the store after the push) and another one rewritten as an
+attacker with write access to the bucket would (a file swapped, the manifest's sha256 updated to match) ->
+both hosts' pulls refuse both (exit 4, one line naming the object or the signature), each local OUT
+byte-identical, the followers keep serving the last good version -> `zerogr status` (local and remote) and
+the --metrics-file files of build / verify / push / pull show all of it.
 
 The CLI runs in subprocesses as on a real build box and cron; the followers run in this process, as in a
 serving process.
@@ -124,6 +126,10 @@ def test_build_push_pull_follow_and_refuse_a_bad_version_on_two_hosts(tmp_path, 
     remote = f"s3://{s3_bucket}/recs/bundles"
     build, m = tmp_path / "build", tmp_path / "metrics"
     hosts = {"a": tmp_path / "host-a", "b": tmp_path / "host-b"}
+    signing_key = tmp_path / "keys" / "build-box"
+    signing_key.parent.mkdir()
+    ok("keys", "new", str(signing_key))
+    trusted = ("--trusted-keys", f"{signing_key}.pub")
 
     def build_verify_push(seed: int, tag: str) -> str:
         catalog = tmp_path / f"catalog-{seed}.parquet"
@@ -132,10 +138,11 @@ def test_build_push_pull_follow_and_refuse_a_bad_version_on_two_hosts(tmp_path, 
         built = ["--codebook-sizes", sizes, "--out", str(build), "--model-version", tag, "--kernel-archs", ""]
         path = ok("build", str(catalog), *built, "--quiet", "--metrics-file", str(m / "build.prom")).strip()
         ok("verify", path, "--catalog", str(catalog), "--metrics-file", str(m / "verify.prom"))
-        return ok("push", path, remote, "--quiet", "--metrics-file", str(m / "push.prom")).strip()
+        pushed = ["--signing-key", str(signing_key), "--quiet", "--metrics-file", str(m / "push.prom")]
+        return ok("push", path, remote, *pushed).strip()
 
     def pull(host: str) -> subprocess.CompletedProcess:
-        return zerogr("pull", remote, str(hosts[host]), "--keep", "3", "--quiet",
+        return zerogr("pull", remote, str(hosts[host]), "--keep", "3", "--quiet", *trusted,
                       "--metrics-file", str(m / f"pull-{host}.prom"))  # fmt: skip
 
     # Version 1: build box -> store -> both hosts -> a follower on each.
@@ -184,6 +191,26 @@ def test_build_push_pull_follow_and_refuse_a_bad_version_on_two_hosts(tmp_path, 
             assert len(lines) == 1 and name in lines[0], proc.stderr
             assert tree(out) == before
             assert (out / "LATEST").read_text().strip() == "v000002"
+
+        # Version 4 is pushed, then rewritten on the store: items.parquet swapped and the manifest's size
+        # and sha256 updated to match. Only the signature shows it.
+        assert build_verify_push(4, "m-4") == f"{remote}/v000004"
+        prefix = "recs/bundles/v000004/"
+        items = bytearray(s3.get_object(Bucket=s3_bucket, Key=prefix + "items.parquet")["Body"].read())
+        items[-1] ^= 0x01
+        manifest = json.loads(s3.get_object(Bucket=s3_bucket, Key=prefix + "manifest.json")["Body"].read())
+        entry = {"bytes": len(items), "sha256": hashlib.sha256(items).hexdigest()}
+        manifest["files"]["items.parquet"] = entry
+        s3.put_object(Bucket=s3_bucket, Key=prefix + "items.parquet", Body=bytes(items))
+        s3.put_object(Bucket=s3_bucket, Key=prefix + "manifest.json", Body=json.dumps(manifest).encode())
+        for host, out in hosts.items():
+            before = tree(out)
+            proc = pull(host)
+            assert proc.returncode == 4, (proc.stdout, proc.stderr)
+            lines = proc.stderr.strip().splitlines()
+            assert len(lines) == 1 and "v000004/manifest.json.sig" in lines[0], proc.stderr
+            assert tree(out) == before
+            assert (out / "LATEST").read_text().strip() == "v000002"
         time.sleep(0.5)  # ten polls of the followers: nothing to swap to, nothing fails
 
         for follower in followers.values():
@@ -211,19 +238,24 @@ def test_build_push_pull_follow_and_refuse_a_bad_version_on_two_hosts(tmp_path, 
             ("v000001", "m-1", True),
             ("v000002", "m-2", True),
         ]
-    # Status of the store: LATEST names v3, and the full check names its corrupt object.
-    proc = zerogr("status", remote, "--json", "--verify")
+    # Status of the store: LATEST names v4; the full check names v3's corrupt object, and even the cheap
+    # one finds v4's signature broken.
+    proc = zerogr("status", remote, "--json", "--verify", *trusted)
     assert proc.returncode == 4
     report = json.loads(proc.stdout)
-    assert report["latest"] == "v000003"
+    assert report["latest"] == "v000004"
     assert [(v["name"], v["ok"]) for v in report["versions"]] == [
         ("v000001", True),
         ("v000002", True),
         ("v000003", False),
+        ("v000004", False),
     ]
     assert name in report["versions"][2]["error"]
-    table = zerogr("status", remote, "--verify").stdout
-    assert "LATEST -> v000003" in table and "sha256 mismatch" in table
+    assert "manifest.json.sig" in report["versions"][3]["error"]
+    cheap = json.loads(zerogr("status", remote, "--json", *trusted).stdout)
+    assert [v["ok"] for v in cheap["versions"]] == [True, True, True, False]
+    table = zerogr("status", remote, "--verify", *trusted).stdout
+    assert "LATEST -> v000004" in table and "sha256 mismatch" in table
 
     # Metrics: every build / verify / push succeeded (the last one handled v3); each host's last pull
     # failed with exit 4, and its last success is the pull of v2.
@@ -231,8 +263,8 @@ def test_build_push_pull_follow_and_refuse_a_bad_version_on_two_hosts(tmp_path, 
         got = metrics(m / f"{job}.prom")
         assert got["zerogr_job_exit_status"] == 0, job
         assert got["zerogr_job_last_success_timestamp_seconds"] > 0, job
-    assert metrics(m / "build.prom")["zerogr_bundle_version"] == 3
-    assert metrics(m / "push.prom")["zerogr_bundle_version"] == 3
+    assert metrics(m / "build.prom")["zerogr_bundle_version"] == 4
+    assert metrics(m / "push.prom")["zerogr_bundle_version"] == 4
     for host in hosts:
         got = metrics(m / f"pull-{host}.prom")
         assert got["zerogr_job_exit_status"] == 4

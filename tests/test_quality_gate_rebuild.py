@@ -139,3 +139,17 @@ def test_a_gate_that_cannot_run_does_not_promote(gate_inputs, tmp_path):
     )  # fmt: skip
     assert missing.returncode == 2 and "--gate-sid-map" in missing.stderr and "no such file" in missing.stderr
     assert not list(out.glob("v*"))  # set-up errors are found before anything is built
+
+
+def test_a_failed_gate_still_pushes_the_promoted_version_to_the_fleet(gate_inputs, tmp_path, s3_bucket):
+    """Exit 10 means promoted with score_first recorded: --push publishes it, so the fleet gets the record
+    for the model that failed instead of keeping a version without one."""
+    import boto3
+
+    out = tmp_path / "bundles"
+    done = _rebuild(gate_inputs, out, gate_inputs / "leaky", "--push", f"s3://{s3_bucket}/fleet")
+    assert done.returncode == 10, done.stderr
+    s3 = boto3.client("s3")
+    assert s3.get_object(Bucket=s3_bucket, Key="fleet/LATEST")["Body"].read() == b"v000001\n"
+    pushed = json.loads(s3.get_object(Bucket=s3_bucket, Key="fleet/v000001/manifest.json")["Body"].read())
+    assert any(name.startswith("quality/") for name in pushed["files"])

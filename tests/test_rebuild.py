@@ -153,6 +153,32 @@ def test_push_publishes_what_was_promoted_and_a_failed_push_exits_12(catalog, tm
     assert "retry: zerogr push" in missing.stderr
 
 
+def test_push_signing_key_signs_the_pushed_version_and_a_bad_key_is_a_set_up_error(
+    catalog, tmp_path, s3_bucket
+):
+    import json
+
+    from zerogr_build.fleet.keys import load_signing_key, new_key
+
+    out, url = tmp_path / "bundles", f"s3://{s3_bucket}/fleet"
+    key = Path(new_key(tmp_path / "keys" / "build-box").private_path)
+    os.chmod(key, 0o640)
+    unsafe = invoke("rebuild", *_args(catalog, out, "--push", url, "--push-signing-key", key))
+    assert unsafe.exit_code == 2 and "chmod 600" in unsafe.stderr
+    assert not out.exists() or not list(out.glob("v*"))  # refused before the build
+    os.chmod(key, 0o600)
+    done = invoke("rebuild", *_args(catalog, out, "--push", url, "--push-signing-key", key))
+    assert done.exit_code == 0, done.stderr
+    assert f"signed by {load_signing_key(key).key_id}" in done.stderr
+    import boto3
+
+    signature = boto3.client("s3").get_object(Bucket=s3_bucket, Key="fleet/v000001/manifest.json.sig")
+    assert json.loads(signature["Body"].read())["key"] == load_signing_key(key).key_id
+    host = tmp_path / "host"
+    pulled = invoke("pull", url, host, "--trusted-keys", f"{key}.pub")
+    assert pulled.exit_code == 0, pulled.stderr
+
+
 def test_a_failed_promote_removes_the_unpromoted_version(catalog, tmp_path, monkeypatch):
     import zerogr_build.bundle as bundle_pkg
 

@@ -74,12 +74,16 @@ def test_status_shows_the_gate_decisions_of_a_remote_out_and_flags_a_hostile_rec
 
     out = make_out(tmp_path)
     remote = f"s3://{s3_bucket}/fleet/bundles"
-    assert zerogr("push", str(out / "v000002"), remote, "--quiet")[0] == 0
-    code, text = zerogr("status", remote, "--json")
+    signing_key = tmp_path / "keys" / "build-box"
+    assert zerogr("keys", "new", str(signing_key))[0] == 0
+    trusted = ("--trusted-keys", f"{signing_key}.pub")
+    signed = ("--quiet", "--signing-key", str(signing_key))
+    assert zerogr("push", str(out / "v000002"), remote, *signed)[0] == 0
+    code, text = zerogr("status", remote, "--json", *trusted)
     assert code == 0
     (v1,) = json.loads(text)["versions"]
     assert decisions(v1) == {"m-1": "filter_first", "m-2@2026": "score_first"}
-    code, table = zerogr("status", remote)
+    code, table = zerogr("status", remote, *trusted)
     assert code == 0 and "m-1: filter_first" in table and "m-2@2026: score_first" in table
 
     # Someone rewrites the failed record on the store to claim the gate passed, same size: the sha256
@@ -90,18 +94,18 @@ def test_status_shows_the_gate_decisions_of_a_remote_out_and_flags_a_hostile_rec
     forged = body.replace(b'"score_first"', b'"filter_first"').replace(b'"passed": false', b'"passed": true')
     assert len(forged) == len(body) and forged != body
     s3.put_object(Bucket=s3_bucket, Key=key, Body=forged)
-    code, text = zerogr("status", remote, "--json")
+    code, text = zerogr("status", remote, "--json", *trusted)
     assert code == 4
     (v1,) = json.loads(text)["versions"]
     assert decisions(v1) == {"m-1": "filter_first"}
     bad = next(r for r in v1["quality"] if "error" in r)
     assert bad["file"] == quality_file_name("m-2@2026") and "sha256" in bad["error"]
     assert v1["ok"] is False and quality_file_name("m-2@2026") in v1["error"]
-    code, table = zerogr("status", remote)
+    code, table = zerogr("status", remote, *trusted)
     assert code == 4 and f"BROKEN {quality_file_name('m-2@2026')}" in table
 
     # A record far over the size limit is refused unread.
     s3.put_object(Bucket=s3_bucket, Key=key, Body=b" " * (2 << 20))
-    code, text = zerogr("status", remote, "--json")
+    code, text = zerogr("status", remote, "--json", *trusted)
     (v1,) = json.loads(text)["versions"]
     assert code == 4 and any("error" in r and "bytes" in r["error"] for r in v1["quality"])

@@ -28,6 +28,8 @@ LATEST_NAME = "LATEST"
 LOCK_NAME = ".lock"
 COUNTER_NAME = ".last_version"
 JOURNAL_NAME = "manifest.json.journal"
+#: The signature of manifest.json (docs/bundle-format.md 13.4): written by push and pull, never listed.
+SIGNATURE_NAME = "manifest.json.sig"
 LEAF_OFFSETS_NAME = "leaves.offsets.npy"
 ITEMS_NAME = "items.parquet"
 ITEM_COLUMN = "item_id"
@@ -72,7 +74,7 @@ def check_relpath(name: Any, where: str) -> str:
     """Refuse a manifest file name that could leave the version dir or is not a plain relative path.
 
     Allowed: "/"-separated, relative, no empty, "." or ".." component, no backslash or NUL, and not a name
-    this format reserves for itself (manifest, journal, temp files).
+    this format reserves for itself (manifest, journal, signature, temp files).
     """
     if not isinstance(name, str) or not name:
         raise BundleError(f"{where}: file name must be a non-empty string, got {name!r}")
@@ -81,7 +83,7 @@ def check_relpath(name: Any, where: str) -> str:
     parts = name.split("/")
     if any(part in ("", ".", "..") for part in parts):
         raise BundleError(f"{where}: file name {name!r} would leave the bundle dir or is not normalised")
-    if name in (MANIFEST_NAME, JOURNAL_NAME) or any(p.startswith(TEMP_PREFIX) for p in parts):
+    if name in (MANIFEST_NAME, JOURNAL_NAME, SIGNATURE_NAME) or any(p.startswith(TEMP_PREFIX) for p in parts):
         raise BundleError(f"{where}: file name {name!r} is reserved")
     return str(PurePosixPath(name))
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..base.errors import BundleError
 from ..index.formats import bits_for
-from .format import JOURNAL_NAME, MANIFEST_NAME
+from .format import JOURNAL_NAME, MANIFEST_NAME, SIGNATURE_NAME
 from .kernel_files import KERNEL_HEAD_BYTES, kernel_problem
 from .quality import QUALITY_DIR, load_quality, quality_key
 from .reader import Bundle, open_bundle
@@ -65,7 +65,7 @@ def verify_bundle(path: str | Path | None = None, catalog: Any = None, *, checks
         catalog_report = check_against_catalog(bundle, catalog)
     kernels = check_kernel_files(version_dir, manifest)
     quality = check_quality_files(version_dir, manifest)
-    listed = set(manifest["files"]) | {MANIFEST_NAME}
+    listed = set(manifest["files"]) | {MANIFEST_NAME, SIGNATURE_NAME}
     unlisted = sorted(
         p.relative_to(version_dir).as_posix()
         for p in version_dir.rglob("*")

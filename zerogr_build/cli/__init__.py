@@ -3,6 +3,7 @@
     build.py    build, promote          bundle.py   inspect, verify
     tune.py     tune                    compare.py  compare
     fleet.py    push, pull, status      rebuild.py  rebuild (cron: build -> ... -> promote -> push)
+    keys.py     keys new (signing keys)
     config.py   config --show-defaults  demo.py     demo-catalog
     _options.py shared option aliases   _errors.py  exception -> exit code, warnings on stderr
     _usage.py   plain usage lines
@@ -29,6 +30,7 @@ from .compare import compare
 from .config import config
 from .demo import demo_catalog
 from .fleet import pull, push, status
+from .keys import keys_app
 from .rebuild import COMMAND_SETTINGS as REBUILD_SETTINGS
 from .rebuild import rebuild
 from .tune import tune
@@ -74,6 +76,7 @@ app.command()(compare)
 app.command()(push)
 app.command()(pull)
 app.command()(status)
+app.add_typer(keys_app)
 app.command(**REBUILD_SETTINGS)(rebuild)
 app.command()(config)
 app.command("demo-catalog")(demo_catalog)

@@ -13,6 +13,8 @@ command, e.g. `build`):
     zerogr_job_stage_duration_seconds{stage}    wall time per stage (read, build, publish, upload, ...)
     zerogr_bundle_items / _distinct_sids / _index_bytes / _version
                                                 what the run produced or handled, where it knows them
+    zerogr_<job>_<name>                         a command's own gauges (pull: held; promote of a remote
+                                                version: previous_version)
 
 Usage in a command (outside `cli_errors()`, so it sees the exit code that block chose):
 
@@ -27,7 +29,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import stat
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -35,6 +39,8 @@ from typing import Any
 
 import typer
 
+from ..base.printable import printable
+from ..base.redact import redact
 from ._signals import interrupt_exit_code, signals_as_interrupts
 
 PREFIX = "zerogr"
@@ -57,10 +63,11 @@ class JobMetrics:
         self.stages: dict[str, float] = {}
         self.values: dict[str, float] = {}
         self.failure: tuple[str, str] | None = None  # (stage, one-line reason) of a failed run
+        self.own: dict[str, tuple[str, float]] = {}  # the command's own gauges: name -> (help, value)
 
     def fail(self, stage: str, reason: str) -> None:
         """Name what failed: written as zerogr_job_failure_info{stage, reason} 1 when the run fails."""
-        self.failure = (stage, " ".join(reason.split())[:300])
+        self.failure = (stage, printable(redact(" ".join(reason.split())))[:300])
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -79,6 +86,10 @@ class JobMetrics:
         """Record every stage of a {stage: seconds} dict the library timed."""
         for stage, seconds in timings.items():
             self.add_stage(stage, seconds)
+
+    def job_value(self, name: str, doc: str, value: float) -> None:
+        """Record a gauge of the command's own, written as zerogr_<job>_<name>{job} (zerogr_pull_held)."""
+        self.own[name] = (doc, float(value))
 
     def bundle_from_manifest(self, manifest: Mapping[str, Any], version: int) -> None:
         """Record the bundle facts a (validated) manifest states, for the version the run handled."""
@@ -137,6 +148,8 @@ class JobMetrics:
                 g.labels(job=self.job, stage=stage).set(seconds)
         for name, value in self.values.items():
             gauge(f"{PREFIX}_bundle_{name}", BUNDLE_GAUGES[name], value)
+        for name, (doc, value) in self.own.items():
+            gauge(f"{PREFIX}_{self.job}_{name}", doc, value)
         replace_regular_file(self.path, generate_latest(registry))
 
 
@@ -208,27 +221,50 @@ def bundle_facts(path: str | os.PathLike) -> dict[str, float]:
 def job_metrics(job: str, path: str | os.PathLike | None) -> Iterator[JobMetrics]:
     """Yield a JobMetrics and write it when the block ends: exit status 0, the typer Exit code, 130
     on Ctrl-C, 128 + N on signal N (SIGTERM and SIGHUP end the block like Ctrl-C), 1 on any other
-    exception. A metrics file that cannot be written is one warning line on stderr; it never changes the
-    command's own exit code."""
+    exception. A command that does not end within the grace period after SIGTERM or SIGHUP (stuck in
+    native code) has the file written with 128 + N by the signal watchdog (cli/_signals.py) as it is ended.
+    A metrics file that cannot be written is one warning line on stderr; it never changes the command's
+    own exit code. The file is written once per run."""
     metrics = JobMetrics(job, path)
     status = 1
+    lock, written = threading.Lock(), []
+
+    def write_once(exit_status: int) -> None:
+        with lock:  # the watchdog waits for a write under way, then skips it
+            if written:
+                return
+            written.append(exit_status)
+            try:
+                metrics.write(exit_status)
+            except OSError as exc:
+                import sys
+
+                sys.stderr.write(f"WARNING: could not write the metrics file {metrics.path}: {exc}\n")
+
+    def forced_exit(signum: int) -> None:
+        metrics.fail("signal", f"terminated by {signal.Signals(signum).name}; ended after the grace period")
+        write_once(128 + signum)
+
     try:
-        with signals_as_interrupts():
+        with signals_as_interrupts(forced_exit):
             yield metrics
         status = 0
     except typer.Exit as exc:
         status = int(exc.exit_code or 0)
         if status > 128 and metrics.failure is None:
-            metrics.fail("signal", f"ended by signal {status - 128}")
+            metrics.fail("signal", f"terminated by {_signal_name(status - 128)}")
         raise
     except KeyboardInterrupt as exc:
         status = interrupt_exit_code(exc)
         metrics.fail("signal", str(exc) or "interrupted")
         raise
     finally:
-        try:
-            metrics.write(status)
-        except OSError as exc:
-            import sys
+        write_once(status)
 
-            sys.stderr.write(f"WARNING: could not write the metrics file {metrics.path}: {exc}\n")
+
+def _signal_name(signum: int) -> str:
+    """SIGTERM for 15; "signal N" for a number that names no signal here."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

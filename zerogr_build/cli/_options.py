@@ -94,3 +94,30 @@ MetricsFileOpt = Annotated[
         show_default=False,
     ),
 ]
+TrustedKeysOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--trusted-keys",
+        help="A file of the public keys (ssh-ed25519 lines, from zerogr keys new) whose signatures this host "
+        "accepts; repeat it, or list several keys in the file, while keys rotate. A version not signed by "
+        "one of them is refused (exit 4).",
+        show_default=False,
+    ),
+]
+AllowUnsignedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-unsigned",
+        help="An unsigned fleet: read remote versions without checking a signature (whoever can write the "
+        "store then decides what this host installs). A remote OUT needs this or --trusted-keys.",
+    ),
+]
+SigningKeyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--signing-key",
+        help="Sign the pushed version with this Ed25519 private key (zerogr keys new; mode 0600). Hosts "
+        "with --trusted-keys install only signed versions.",
+        show_default=False,
+    ),
+]

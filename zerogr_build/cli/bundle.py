@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from ..config import load_settings
+from ..fleet.signing import Trust, check_local_signature
 from ..pipeline import inspect_bundle, verify_with_catalog
-from ._errors import cli_errors, warnings_on_stderr
+from ._errors import cli_errors, safe_text, warnings_on_stderr
 from ._metrics import job_metrics
 from ._options import (
     AvailableOpt,
@@ -22,6 +24,7 @@ from ._options import (
     MetricsFileOpt,
     SidColumnOpt,
     SidColumnsOpt,
+    TrustedKeysOpt,
     bundle_path,
     catalog_column_overrides,
     with_help,
@@ -74,14 +77,15 @@ def inspect(
         for row in report["quality"]:
             if "error" in row:
                 line = f"quality gate record {row['file']}: BROKEN, ignored (order='auto' uses filter_first)"
-                stderr_console().print(f"WARNING: {row['error']}", style="bold yellow", markup=False)
+                warning = f"WARNING: {safe_text(row['error'])}"
+                stderr_console().print(warning, style="bold yellow", markup=False)
             else:
                 verdict = "passed" if row["passed"] else "FAILED"
                 line = (
                     f"quality gate, model {row['model_version']}: order {row['order']} ({verdict}: worst "
                     f"overlap {100 * row['worst_overlap']:.2f}%, min {100 * row['min_overlap']:.2f}%)"
                 )
-            console.print(line, markup=False)
+            console.print(safe_text(line), markup=False)
         if not report["quality"]:
             console.print("quality gate: no record (order='auto' uses filter_first)", markup=False)
         if "available" in report:
@@ -92,8 +96,8 @@ def inspect(
                 for s, (n, total) in enumerate(zip(mask["valid_prefixes"], totals, strict=True), start=1)
             )
             console.print(
-                f"available ({mask['file']}): {mask['items']:,} of {report['items']:,} items; prefixes with "
-                f"an available item by length (the last = leaves): {per_step}",
+                f"available ({safe_text(mask['file'])}): {mask['items']:,} of {report['items']:,} items; "
+                f"prefixes with an available item by length (the last = leaves): {per_step}",
                 markup=False,
             )
 
@@ -113,15 +117,19 @@ def verify(
     sid_column: CatalogSidColumnOpt = None,
     sid_columns: CatalogSidColumnsOpt = None,
     item_column: CatalogItemColumnOpt = None,
+    trusted_keys: TrustedKeysOpt = None,
     json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")] = False,
     metrics_file: MetricsFileOpt = None,
 ) -> None:
     """Check a bundle: every file's sha256, the structural invariants of every step table and the leaf map,
-    and with --catalog exact equality with the catalog. Exits non-zero naming the first bad file."""
+    and with --catalog exact equality with the catalog. With --trusted-keys (a pulled version) also its
+    signature, manifest.json.sig: exit 4 when it is unsigned, signed by another key or changed after
+    signing. Exits non-zero naming the first bad file."""
     with job_metrics("verify", metrics_file) as metrics, cli_errors():
         overrides = catalog_column_overrides(sid_column, sid_columns, item_column)
         settings = load_settings(config, overrides)
+        trust = Trust.from_files(trusted_keys) if trusted_keys else None
         quiet_progress = quiet or json_out or catalog is None  # only reading has stages
         with progress_for(quiet_progress) as progress, metrics.stage("verify"):
             report = verify_with_catalog(
@@ -131,6 +139,8 @@ def verify(
                 overrides=overrides,
                 progress=progress,
             )
+            if trust is not None:
+                report["signed_by"] = check_local_signature(Path(report["bundle"]), trust)
         metrics.bundle(
             items=report["items"], distinct_sids=report["leaves"],
             index_bytes=sum(step["bytes"] for step in report["steps"]), version=report["version"],
@@ -139,15 +149,15 @@ def verify(
             sys.stdout.write(json.dumps(report, default=str) + "\n")
         elif not quiet:
             what = "checksums and invariants"
+            if trust is not None:
+                what += f", signed by {report['signed_by']}"
             if catalog is not None:
-                what += f", equal to catalog {catalog}"
+                what += f", equal to catalog {safe_text(catalog)}"
             stdout_console().print(
                 f"OK {report['bundle']} (version {report['version']}): {report['files']} files, "
                 f"{human_bytes(report['bytes'])}, {what}",
                 markup=False,
             )
             if report.get("unlisted_files"):
-                stderr_console().print(
-                    f"note: files not listed in the manifest: {', '.join(report['unlisted_files'])}",
-                    markup=False,
-                )
+                unlisted = safe_text(", ".join(report["unlisted_files"]))
+                stderr_console().print(f"note: files not listed in the manifest: {unlisted}", markup=False)

@@ -17,16 +17,28 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from ..bundle.format import parse_version_dir
 from ..fleet.pull import pull_version
 from ..fleet.push import push_version
+from ..fleet.remote import RemoteOut, is_remote
+from ..fleet.signing import host_trust
 from ..fleet.status import out_status
-from ._errors import cli_errors
-from ._metrics import job_metrics
-from ._options import ConfigOpt, JsonOpt, MetricsFileOpt, bundle_path
+from ._errors import cli_errors, safe_text, warnings_on_stderr
+from ._metrics import JobMetrics, job_metrics
+from ._options import (
+    AllowUnsignedOpt,
+    ConfigOpt,
+    JsonOpt,
+    MetricsFileOpt,
+    SigningKeyOpt,
+    TrustedKeysOpt,
+    bundle_path,
+)
 from ._progress import progress_for
 from ._render import human_bytes, status_table, stdout_console
 
@@ -66,6 +78,7 @@ def push(
         ),
     ] = True,
     keep: KeepOpt = None,
+    signing_key: SigningKeyOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
     metrics_file: MetricsFileOpt = None,
@@ -73,21 +86,29 @@ def push(
     """Publish a verified local version to a remote OUT with the same layout (prefix/vNNNNNN/, prefix/LATEST).
 
     The version is verified (every sha256 and invariant) first. A new remote number is claimed with a
-    create-only write, every file is uploaded and read back (size and sha256), the manifest goes last,
-    and LATEST moves by compare-and-swap. Pushing a version pushed before uploads nothing. Credentials:
-    the standard AWS_* environment (AWS_ENDPOINT_URL for an S3-compatible server); needs zerogr[s3].
+    create-only write, every file is uploaded and read back (size and sha256), with --signing-key the
+    manifest's signature (manifest.json.sig), the manifest last, and LATEST moves by compare-and-swap.
+    Pushing a version pushed before (and signed by the same key) uploads nothing. Without --signing-key
+    the version is unsigned (one warning): hosts with --trusted-keys refuse it. Credentials: the standard
+    AWS_* environment (AWS_ENDPOINT_URL for an S3-compatible server); needs zerogr[s3].
     """
     with job_metrics("push", metrics_file) as metrics, cli_errors():
         timings: dict[str, float] = {}
         try:
             with progress_for(quiet or json_out) as progress:
                 result = push_version(
-                    version_dir, dest, promote=promote, keep=keep, progress=progress, timings=timings
-                )
+                    version_dir, dest, promote=promote, keep=keep, signing_key=signing_key,
+                    progress=progress, timings=timings,
+                )  # fmt: skip
         finally:
             metrics.add_stages(timings)
         metrics.bundle_from_manifest(result.manifest, result.version)
         url = f"{result.url}/v{result.version:06d}"
+        if result.signed_by is None:
+            sys.stderr.write(
+                f"warning: {url}: pushed without --signing-key; hosts with --trusted-keys refuse unsigned "
+                "versions\n"
+            )
         if json_out:
             sys.stdout.write(json.dumps(result.as_dict(), default=str) + "\n")
             return
@@ -99,7 +120,7 @@ def push(
         if result.promoted:
             lines.append(f"LATEST -> v{result.version:06d}")
         elif promote:
-            lines.append(f"LATEST left at {result.latest} (newer than v{result.version:06d})")
+            lines.append(f"LATEST left at {safe_text(result.latest)} (newer than v{result.version:06d})")
         if result.pruned:
             lines.append(f"pruned {', '.join(result.pruned)}")
         sys.stdout.write("\n".join(lines) + "\n")
@@ -137,29 +158,61 @@ def pull(
             "with the bundle. Without it: sizes, sha256s and array headers.",
         ),
     ] = False,
+    follow_remote: Annotated[
+        bool,
+        typer.Option(
+            "--follow-remote",
+            help="Point OUT/LATEST at the remote version even when it was promoted here (a local rollback "
+            "with zerogr promote); later pulls then follow the remote again.",
+        ),
+    ] = False,
+    trusted_keys: TrustedKeysOpt = None,
+    allow_unsigned: AllowUnsignedOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
     metrics_file: MetricsFileOpt = None,
 ) -> None:
     """Install the version the remote LATEST names (or --version N) into OUT and point OUT/LATEST at it.
 
-    For a cron job on every serving host. Each file streams to a temp dir under OUT, its size and sha256
+    For a cron job on every serving host. The version's signature is checked first against
+    --trusted-keys (unsigned, an unknown key or a change after signing: refused, exit 4); a host that
+    trusts no key must say --allow-unsigned. Each file streams to a temp dir under OUT, its size and sha256
     checked as it arrives (memory does not grow with the bundle); the version appears by one rename under
     OUT's lock, as a local publish. Already there: nothing is downloaded (exit 0). A truncated, corrupt,
     incomplete or hostile remote version is refused with one line naming the object, and OUT stays as it
-    was. Credentials: the standard AWS_* environment; needs zerogr[s3].
+    was. A LATEST promoted here away from the version pull last installed (a rollback of this host) is
+    held: pull downloads nothing, leaves it and says so in one line on stderr (exit 0, metric
+    zerogr_pull_held 1) until --follow-remote. Credentials: the standard AWS_* environment; needs
+    zerogr[s3].
     """
-    with job_metrics("pull", metrics_file) as metrics, cli_errors():
+    with job_metrics("pull", metrics_file) as metrics, cli_errors(), warnings_on_stderr():
         timings: dict[str, float] = {}
         try:
             with progress_for(quiet or json_out) as progress:
+                url = RemoteOut.parse(source).url  # a URL that breaks the rules is refused first, redacted
+                trust = host_trust(trusted_keys, allow_unsigned, required=True, what=url)
                 result = pull_version(
-                    source, out, version=version, keep=keep, verify=verify, progress=progress, timings=timings
-                )
+                    source, out, version=version, keep=keep, verify=verify, follow_remote=follow_remote,
+                    trust=trust, progress=progress, timings=timings,
+                )  # fmt: skip
         finally:
             metrics.add_stages(timings)
-        metrics.bundle_from_manifest(result.manifest, result.version)
+        held_doc = "1 when OUT/LATEST was promoted here and pull left it there (a local rollback)."
+        metrics.job_value("held", held_doc, result.held is not None)
         info = result.as_dict()
+        if result.held is not None:
+            metrics.bundle(version=parse_version_dir(result.held))
+            sys.stderr.write(
+                f"note: {safe_text(out)}/LATEST stays at {safe_text(result.held)}, promoted here away from "
+                f"the version pull installed; remote v{result.version:06d} not pulled "
+                "(zerogr pull --follow-remote to follow the remote again)\n"
+            )
+            if json_out:
+                sys.stdout.write(json.dumps(info, default=str) + "\n")
+            elif quiet:
+                sys.stdout.write(f"{Path(out) / result.held}\n")
+            return
+        metrics.bundle_from_manifest(result.manifest, result.version)
         if json_out:
             sys.stdout.write(json.dumps(info, default=str) + "\n")
             return
@@ -204,6 +257,8 @@ def status(
             "--verify", help="Remote: also stream every object and check its sha256 (reads the whole OUT)."
         ),
     ] = False,
+    trusted_keys: TrustedKeysOpt = None,
+    allow_unsigned: AllowUnsignedOpt = False,
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -212,16 +267,40 @@ def status(
 
     Local versions are verified completely (every sha256 and invariant, as `zerogr verify`). Remote ones
     get a cheap check: a valid manifest and every listed object present with its exact size; --verify also
-    downloads and hashes every object. Exit codes: 0 LATEST names a version that passes and no complete
-    version fails; 4 otherwise (a failing version, or no usable LATEST); 2 bad usage or configuration;
+    downloads and hashes every object. With --trusted-keys each version's signature is checked too (a
+    remote OUT needs --trusted-keys or --allow-unsigned). Exit codes: 0 LATEST names a version that passes
+    and no complete version fails; 4 otherwise (a failing version, or no usable LATEST); 2 bad usage or
+    configuration;
     3 the store could not be reached; 1 anything else.
     """
     with cli_errors():
         where = target if target is not None else bundle_path(None, config)
-        report = out_status(where, verify=verify)
+        remote = is_remote(where)
+        what = RemoteOut.parse(where).url if remote else where  # a bad URL is refused first, redacted
+        trust = host_trust(trusted_keys, allow_unsigned, required=remote, what=what)
+        report = out_status(where, verify=verify, trust=trust)
         if json_out:
             sys.stdout.write(json.dumps(report, default=str) + "\n")
         else:
             stdout_console().print(status_table(report))
         if not report["ok"]:
             raise typer.Exit(4)
+
+
+def promote_remote(url: str, metrics: JobMetrics) -> None:
+    """`zerogr promote s3://bucket/prefix/vNNNNNN`: move the remote LATEST to that complete version, backwards
+    included (a fleet rollback), by compare-and-swap; one line on stdout naming both versions, and the
+    previous version in the metrics (zerogr_promote_previous_version; 0: there was no LATEST)."""
+    from ..fleet.rollback import move_remote_latest
+
+    with metrics.stage("promote"):
+        move = move_remote_latest(url)
+    metrics.bundle_from_manifest(move.manifest, move.version)
+    previous = parse_version_dir(move.previous) if move.previous else None
+    metrics.job_value("previous_version", "The version remote LATEST named before this run.", previous or 0)
+    target = f"v{move.version:06d}"
+    if not move.moved:
+        sys.stdout.write(f"{move.url}/LATEST -> {target} (already)\n")
+        return
+    direction = " (backwards: a rollback)" if previous is not None and previous > move.version else ""
+    sys.stdout.write(f"{move.url}/LATEST: {safe_text(move.previous or '(none)')} -> {target}{direction}\n")

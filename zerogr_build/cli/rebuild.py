@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from ..base.errors import InputError, one_line
-from ._errors import cli_errors, warnings_on_stderr
+from ._errors import cli_errors, safe_text, warnings_on_stderr
 from ._metrics import JobMetrics, job_metrics
 from ._options import MetricsFileOpt
 from ._progress import progress_for
@@ -181,6 +181,15 @@ def rebuild(
         int | None,
         typer.Option("--push-keep", help="Then keep only the newest N remote versions.", show_default=False),
     ] = None,
+    push_signing_key: Annotated[
+        str | None,
+        typer.Option(
+            "--push-signing-key",
+            help="Sign the pushed version with this Ed25519 private key (zerogr keys new); without it the "
+            "version is pushed unsigned and hosts with --trusted-keys refuse it.",
+            show_default=False,
+        ),
+    ] = None,
     metrics_file: MetricsFileOpt = None,
 ) -> None:
     """Build CATALOG into the next version, verify it, tune it (reusing the previous plan), run the quality
@@ -213,6 +222,7 @@ def rebuild(
                 gate_args=gate_args,
                 push=push,
                 push_keep=push_keep,
+                push_signing_key=push_signing_key,
             )
         except InputError as exc:
             metrics.fail("usage", one_line(exc))
@@ -226,7 +236,7 @@ rebuild.__doc__ = (rebuild.__doc__ or "").replace(
 
 
 def _log(line: str) -> None:
-    stderr_console().print(f"rebuild: {line}", markup=False, soft_wrap=True)
+    stderr_console().print(f"rebuild: {safe_text(line)}", markup=False, soft_wrap=True)
 
 
 def _run(request: Any, metrics: JobMetrics) -> None:
@@ -306,9 +316,12 @@ def _request(build_args: Sequence[str], **opts: Any) -> Any:
             model_fn=opts["gate_model_fn"],
             **extra,
         )
-    push = None if opts["push"] is None else PushSpec(opts["push"], opts["push_keep"])
-    if push is None and opts["push_keep"] is not None:
-        raise InputError("--push-keep needs --push")
+    push = None
+    if opts["push"] is not None:
+        push = PushSpec(opts["push"], opts["push_keep"], opts["push_signing_key"])
+    for option in ("push_keep", "push_signing_key"):
+        if push is None and opts[option] is not None:
+            raise InputError(f"--{option.replace('_', '-')} needs --push")
     return RebuildRequest(
         catalog=catalog,
         settings=settings,

@@ -3,25 +3,30 @@ cron job on every serving host (docs/bundle-format.md, "Remote OUT"; docs/fleet.
 
 The remote is untrusted input (the trust rules of docs/bundle-format.md section 12):
   1. read remote LATEST (at most 4 KiB, a version dir name) and vNNNNNN/manifest.json (at most 64 MiB):
-     the schema, every file name (relative, no '..', no reserved name), `version` = N.
+     the schema, every file name (relative, no '..', no reserved name), `version` = N; then its signature
+     (vNNNNNN/manifest.json.sig) against the host's trusted keys, unless the fleet is unsigned (signing.py).
   2. list the version's objects: every listed file must exist with exactly its declared size (a missing,
      truncated or half-uploaded version is refused here, before anything is written); the sum of the
-     sizes must fit the local disk's free space with a margin.
+     sizes must fit the local disk's free space with a margin, and every name the local file system.
   3. under the OUT lock, claim a temp dir OUT/.tmp-<tag>/ (the local publish protocol, lock.py).
   4. stream each object into its file there, one chunk at a time, hashing as it goes and never reading
      past the declared size; then its size and sha256 must equal the manifest's. fsync each file.
-  5. write the remote manifest's exact bytes, open the version (headers against the manifest; with
-     verify=True every invariant, as `zerogr verify`).
-  6. under the OUT lock: rename the temp dir to vNNNNNN, record the counter, replace LATEST, prune.
-Any refusal is one line naming the remote object; the temp dir is removed, so the OUT is as it was.
+  5. write the remote manifest's exact bytes and its signature's, open the version (headers against the
+     manifest; with verify=True every invariant, as `zerogr verify`).
+  6. under the OUT lock: rename the temp dir to vNNNNNN, record the counter, replace LATEST, record it
+     as pull's (pull_record.py), prune.
+A LATEST promoted locally away from what pull last set is held: pull leaves it (and downloads nothing)
+unless follow_remote.
+Any refusal is one line naming the remote object; the temp dir is removed, so the OUT is as it was. A
+disk that fills during the download is NotEnoughSpace (exit 3), as when it is too small from the start.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +37,7 @@ from ..bundle.files import atomic_replace_bytes, fsync_dir, read_small_file, wri
 from ..bundle.format import (
     COUNTER_NAME,
     MANIFEST_NAME,
+    SIGNATURE_NAME,
     parse_version_dir,
     validate_manifest,
     version_dir_name,
@@ -41,6 +47,8 @@ from ..bundle.reader import MAX_MANIFEST_BYTES, open_bundle
 from ..bundle.verify import verify_bundle
 from ..bundle.versions import check_out_dir, next_version, prune_versions, replace_latest
 from ..bundle.versions import read_latest as read_local_latest
+from .local_disk import DISK_FULL, NotEnoughSpace, check_names_fit, check_space
+from .pull_record import held_latest, write_record
 from .remote import (
     NothingPublished,
     RefusedRemoteVersion,
@@ -51,27 +59,24 @@ from .remote import (
     read_latest,
     version_name,
 )
+from .signing import Trust, remote_signature, require_trust
 from .transfer import TransferResult
 
 PULL_THREADS = 4
 #: Files one manifest may list (a bundle has a few dozen: steps, leaves, items, plans, kernels).
 MAX_FILES = 10_000
-#: Free space left on the local disk after a pull: max(this, 5 % of the bundle).
-FREE_SPACE_MARGIN = 64 << 20
-
-
-class NotEnoughSpace(RemoteError):
-    """The local OUT's disk cannot hold the version (exit 3: free space, then retry)."""
 
 
 @dataclass(kw_only=True)
 class PullResult(TransferResult):
     """What a pull did: the version, whether it was installed now (False: it was already there), whether
-    LATEST was moved to it, and the versions pruned."""
+    LATEST was moved to it, and the versions pruned. `held`: the version LATEST stays at because it was
+    promoted locally away from what pull last installed (then nothing was installed or moved)."""
 
     out: str
     installed: bool
     latest_moved: bool
+    held: str | None = None
 
     def as_dict(self) -> dict:
         return super().as_dict() | {"path": str(Path(self.out) / version_dir_name(self.version))}
@@ -82,10 +87,11 @@ def _pulled(
     out: Path,
     number: int,
     installed: bool,
-    moved: tuple[bool, list[str]],
+    moved: tuple[bool, list[str], str | None],
     files: int,
     total: int,
     manifest: dict,
+    signed_by: str | None,
 ) -> PullResult:
     return PullResult(
         url=url,
@@ -97,6 +103,8 @@ def _pulled(
         bytes=total,
         manifest=manifest,
         pruned=moved[1],
+        signed_by=signed_by,
+        held=moved[2],
     )
 
 
@@ -107,12 +115,19 @@ def pull_version(
     version: int | None = None,
     keep: int | None = None,
     verify: bool = False,
+    follow_remote: bool = False,
+    trust: Trust | None = None,
     progress: Progress = NULL_PROGRESS,
     store: S3Store | None = None,
     timings: dict[str, float] | None = None,
 ) -> PullResult:
     """Install remote version `version` (default: the one remote LATEST names) from `url` into the local
-    OUT `out_dir` and point its LATEST at it; see the module docstring.
+    OUT `out_dir` and point its LATEST at it; see the module docstring. `trust` is whom this host trusts:
+    its keys, or Trust.unsigned() for an unsigned fleet; None is refused (InputError).
+
+    A local LATEST that was promoted away from the version pull last set (pull_record.py: a host rolled
+    back with `zerogr promote`) is left as it is: nothing is downloaded and the result names it as
+    `held`. follow_remote=True points LATEST at the remote version all the same.
 
     Raises InputError (arguments, an OUT that cannot hold versions or already holds a different vN),
     NothingPublished (no remote LATEST, no such version), RefusedRemoteVersion (the remote version is
@@ -122,6 +137,7 @@ def pull_version(
     if version is not None and (isinstance(version, bool) or int(version) < 1):
         raise InputError(f"--version must be >= 1, got {version}")
     remote = RemoteOut.parse(url)
+    trust = require_trust(trust, remote.url)
     out = check_out_dir(out_dir)
     timings = timings if timings is not None else {}
     store = store or S3Store(remote)
@@ -130,6 +146,7 @@ def pull_version(
     number = version if version is not None else _remote_latest(store)
     try:
         raw, manifest = _remote_manifest(store, number, named_by_latest=version is None)
+        signature, signed_by = remote_signature(store, number, raw, trust)
     except RefusedRemoteVersion:  # pruned between the read of LATEST and the manifest's GET: a retry
         _latest_moved(store, number, version)
         raise
@@ -138,10 +155,14 @@ def pull_version(
     total = sum(int(e["bytes"]) for e in entries.values())
     final = out / version_dir_name(number)
 
+    held = None if follow_remote else held_latest(out, final.name)
+    if held is not None:
+        moved = (False, [], held)
+        return _pulled(remote.url, out, number, False, moved, len(entries), total, manifest, signed_by)
     existing = _installed(final, raw)
     if existing:
-        moved = _point_latest(out, final, keep)
-        return _pulled(remote.url, out, number, False, moved, len(entries), total, manifest)
+        moved = _point_latest(out, final, keep, remote.url, follow_remote)
+        return _pulled(remote.url, out, number, False, moved, len(entries), total, manifest, signed_by)
 
     t0 = time.perf_counter()
     try:
@@ -150,7 +171,8 @@ def pull_version(
         _latest_moved(store, number, version)
         raise
     out.mkdir(parents=True, exist_ok=True)
-    _check_space(out, total)
+    check_space(out, total)
+    check_names_fit(store, number, entries, out)
     timings["check"] = time.perf_counter() - t0
 
     with out_lock(out):
@@ -165,6 +187,8 @@ def pull_version(
             _latest_moved(store, number, version)
             raise
         write_bytes_durable(claim.dir / MANIFEST_NAME, raw)
+        if signature is not None:
+            write_bytes_durable(claim.dir / SIGNATURE_NAME, signature)
         fsync_dir(claim.dir)
         timings["download"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -173,8 +197,10 @@ def pull_version(
         with out_lock(out):
             if _installed(final, raw):  # a concurrent pull of the same version won the rename
                 claim.release()
-                moved = _point_latest_locked(out, final, keep)
-                return _pulled(remote.url, out, number, False, moved, len(entries), total, manifest)
+                moved = _point_latest_locked(out, final, keep, remote.url, follow_remote)
+                return _pulled(
+                    remote.url, out, number, False, moved, len(entries), total, manifest, signed_by
+                )
             if final.exists() or final.is_symlink():
                 raise InputError(
                     f"{final}: exists and is not remote {version_dir_name(number)}; not replaced"
@@ -183,13 +209,17 @@ def pull_version(
             os.rename(claim.dir, final)
             fsync_dir(out)
             atomic_replace_bytes(out / COUNTER_NAME, f"{counter}\n".encode())
-            moved = _point_latest_locked(out, final, keep)
+            moved = _point_latest_locked(out, final, keep, remote.url, follow_remote)
             claim.release()
-    except BaseException:
+    except BaseException as exc:
         with out_lock(out):
             claim.release()
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+            raise NotEnoughSpace(
+                f"{out}: the disk filled during the download ({exc.strerror}); nothing was installed"
+            ) from None
         raise
-    return _pulled(remote.url, out, number, True, moved, len(entries), total, manifest)
+    return _pulled(remote.url, out, number, True, moved, len(entries), total, manifest, signed_by)
 
 
 def _latest_moved(store: S3Store, number: int, asked: int | None) -> None:
@@ -267,13 +297,22 @@ def _installed(final: Path, raw: bytes) -> bool:
     )
 
 
-def _point_latest(out: Path, final: Path, keep: int | None) -> tuple[bool, list[str]]:
+def _point_latest(
+    out: Path, final: Path, keep: int | None, url: str, follow: bool
+) -> tuple[bool, list[str], str | None]:
     with out_lock(out):
-        return _point_latest_locked(out, final, keep)
+        return _point_latest_locked(out, final, keep, url, follow)
 
 
-def _point_latest_locked(out: Path, final: Path, keep: int | None) -> tuple[bool, list[str]]:
-    """Point LATEST at `final` unless it names it already; prune. Call under the OUT lock."""
+def _point_latest_locked(
+    out: Path, final: Path, keep: int | None, url: str, follow: bool
+) -> tuple[bool, list[str], str | None]:
+    """Point LATEST at `final` unless it names it already, record it as pull's, prune: (moved, pruned,
+    None). Unless `follow`, a LATEST promoted here away from pull's last one is left: (False, [], it).
+    Call under the OUT lock."""
+    held = None if follow else held_latest(out, final.name)
+    if held is not None:
+        return False, [], held
     moved = False
     try:
         current = read_local_latest(out)
@@ -282,8 +321,9 @@ def _point_latest_locked(out: Path, final: Path, keep: int | None) -> tuple[bool
     if current != final.name:
         replace_latest(out, final.name)
         moved = True
+    write_record(out, final.name, url)
     pruned = prune_versions(out, int(keep)) if keep is not None else []
-    return moved, pruned
+    return moved, pruned, None
 
 
 def _check_objects(store: S3Store, number: int, entries: dict) -> None:
@@ -296,15 +336,6 @@ def _check_objects(store: S3Store, number: int, entries: dict) -> None:
             raise RefusedRemoteVersion(f"{where}: missing (listed in the manifest)")
         if obj.size != int(entry["bytes"]):
             raise RefusedRemoteVersion(f"{where}: {obj.size} bytes, the manifest says {entry['bytes']}")
-
-
-def _check_space(out: Path, total: int) -> None:
-    free = shutil.disk_usage(out).free
-    need = total + max(FREE_SPACE_MARGIN, total // 20)
-    if need > free:
-        raise NotEnoughSpace(
-            f"{out}: {free:,} bytes free, the version needs {total:,} (+ a {need - total:,}-byte margin)"
-        )
 
 
 def _download(store: S3Store, number: int, entries: dict, tmp: Path, progress: Progress) -> None:
@@ -323,6 +354,12 @@ def _download(store: S3Store, number: int, entries: dict, tmp: Path, progress: P
             raise RefusedRemoteVersion(
                 f"{store.remote.name_url(version_name(number, name))}: its dir clashes with a listed file"
             ) from None
+        except OSError as exc:
+            if exc.errno != errno.ENAMETOOLONG:
+                raise
+            raise RefusedRemoteVersion(
+                f"{store.remote.name_url(version_name(number, name))}: its name is too long for this disk"
+            ) from None
 
     def fetch(name: str) -> None:
         entry = entries[name]
@@ -332,6 +369,10 @@ def _download(store: S3Store, number: int, entries: dict, tmp: Path, progress: P
             sink = open(path, "xb")  # noqa: SIM115 - closed below
         except (FileExistsError, IsADirectoryError):
             raise RefusedRemoteVersion(f"{where}: clashes with another listed file or dir") from None
+        except OSError as exc:
+            if exc.errno != errno.ENAMETOOLONG:
+                raise
+            raise RefusedRemoteVersion(f"{where}: its name is too long for this disk") from None
         try:
             digest = store.stream_to(version_name(number, name), sink, int(entry["bytes"]), progress.advance)
             sink.flush()

@@ -9,8 +9,10 @@ Protocol:
      vN/.claim with If-None-Match: * ; when another publisher created it first, try N+1.
   4. upload every listed file (multipart, each part's SHA-256 checked by the store on receipt), then read
      each back in a stream and check its size and sha256 against the manifest.
-  5. upload manifest.json last (create-only), its `version` set to N and `pushed_from` recording the
-     local version and the local manifest's sha256; read it back. The version is now complete.
+  5. with a signing key, upload vN/manifest.json.sig (create-only): the signature of the remote manifest's
+     exact bytes (signing.py). Then upload manifest.json last (create-only), its `version` set to N and
+     `pushed_from` recording the local version and the local manifest's sha256; read both back. The
+     version is now complete.
   6. with promote: move LATEST to vN by compare-and-swap on its ETag (If-Match; If-None-Match when there
      is none), re-reading on a lost race; never to a lower number than LATEST already names.
   7. with keep: delete every complete version but the `keep` highest and the one LATEST names (manifest
@@ -36,6 +38,7 @@ from ..bundle.files import _crash_point, read_small_file
 from ..bundle.format import (
     LATEST_NAME,
     MANIFEST_NAME,
+    SIGNATURE_NAME,
     manifest_bytes,
     parse_version_dir,
     validate_manifest,
@@ -44,6 +47,7 @@ from ..bundle.format import (
 from ..bundle.reader import MAX_MANIFEST_BYTES
 from ..bundle.verify import verify_bundle
 from ..bundle.versions import resolve_bundle
+from .keys import SigningKey, load_signing_key
 from .remote import (
     CLAIM_NAME,
     PreconditionFailed,
@@ -57,6 +61,7 @@ from .remote import (
     read_latest,
     version_name,
 )
+from .signing import MAX_SIGNATURE_BYTES, Trust, signature_file
 from .transfer import TransferResult
 
 PUSH_THREADS = 4
@@ -92,12 +97,14 @@ def push_version(
     *,
     promote: bool = True,
     keep: int | None = None,
+    signing_key: SigningKey | str | Path | None = None,
     progress: Progress = NULL_PROGRESS,
     store: S3Store | None = None,
     timings: dict[str, float] | None = None,
 ) -> PushResult:
     """Publish the local version `version_dir` (or the one an OUT dir's LATEST names) to the remote OUT
-    `url` (s3://bucket/prefix). Returns a PushResult; see the module docstring for the protocol.
+    `url` (s3://bucket/prefix), signed with `signing_key` (a key file or a loaded key; None: unsigned).
+    Returns a PushResult; see the module docstring for the protocol.
 
     Raises InputError (bad arguments), RefusedRemoteVersion (the local version fails verification, exit 4),
     RemoteAccessError / RemoteError (the store refused or failed; nothing complete was changed)."""
@@ -106,6 +113,7 @@ def push_version(
 
         raise InputError(f"--keep must be >= 1, got {keep}")
     remote = RemoteOut.parse(url)
+    key = load_signing_key(signing_key) if isinstance(signing_key, str | Path) else signing_key
     timings = timings if timings is not None else {}
     vdir = resolve_bundle(version_dir)
     t0 = time.perf_counter()
@@ -122,11 +130,11 @@ def push_version(
     store = store or S3Store(remote)
     t0 = time.perf_counter()
     state = list_versions(store)
-    number = _pushed_before(store, state, local_sha)
+    number = _pushed_before(store, state, local_sha, key)
     uploaded = number is None
     if number is None:
         number = _claim(store, state, local_sha)
-        manifest = _upload_version(store, vdir, local, local_sha, number, progress)
+        manifest = _upload_version(store, vdir, local, local_sha, number, progress, key)
     else:
         got = store.get_small(version_name(number, MANIFEST_NAME), MAX_MANIFEST_BYTES)
         manifest = json.loads(got[0]) if got else local
@@ -156,11 +164,16 @@ def push_version(
         bytes=sum(int(e["bytes"]) for e in files.values()),
         manifest=manifest,
         pruned=pruned,
+        signed_by=key.key_id if key is not None else None,
     )
 
 
-def _pushed_before(store: S3Store, state: RemoteVersions, local_sha: str) -> int | None:
-    """The complete remote version that holds this local manifest, or None (newest first)."""
+def _pushed_before(
+    store: S3Store, state: RemoteVersions, local_sha: str, key: SigningKey | None
+) -> int | None:
+    """The complete remote version that holds this local manifest, or None (newest first). With a signing
+    key, only one that this key signed counts: after a key rotation the version is pushed again, signed
+    with the new key."""
     for number in reversed(state.complete()):
         got = store.get_small(version_name(number, MANIFEST_NAME), MAX_MANIFEST_BYTES)
         if got is None:
@@ -169,9 +182,20 @@ def _pushed_before(store: S3Store, state: RemoteVersions, local_sha: str) -> int
             manifest = json.loads(got[0])
         except ValueError:
             continue
-        if isinstance(manifest, dict) and local_sha in manifest_identity(manifest, got[0]):
+        ours = isinstance(manifest, dict) and local_sha in manifest_identity(manifest, got[0])
+        if ours and (key is None or _signed_by(store, number, got[0], key)):
             return number
     return None
+
+
+def _signed_by(store: S3Store, number: int, manifest_raw: bytes, key: SigningKey) -> bool:
+    """True when remote version `number` carries a valid signature by `key`."""
+    try:
+        got = store.get_small(version_name(number, SIGNATURE_NAME), MAX_SIGNATURE_BYTES)
+        Trust({key.key_id: key.private.public_key()}).check(manifest_raw, got[0] if got else None, "")
+    except RefusedRemoteVersion:  # missing, oversized, malformed, another key's, or not this manifest's
+        return False
+    return True
 
 
 def _claim(store: S3Store, state: RemoteVersions, local_sha: str) -> int:
@@ -198,9 +222,16 @@ def _claim(store: S3Store, state: RemoteVersions, local_sha: str) -> int:
 
 
 def _upload_version(
-    store: S3Store, vdir: Path, local: dict, local_sha: str, number: int, progress: Progress
+    store: S3Store,
+    vdir: Path,
+    local: dict,
+    local_sha: str,
+    number: int,
+    progress: Progress,
+    key: SigningKey | None,
 ) -> dict:
-    """Upload and check every file of the version as remote vNNNNNN, then its manifest (last)."""
+    """Upload and check every file of the version as remote vNNNNNN, then its signature (with a key) and
+    its manifest (last)."""
     entries = local["files"]
     total = sum(int(e["bytes"]) for e in entries.values())
     progress.stage("upload", total)
@@ -235,11 +266,15 @@ def _upload_version(
     }
     validate_manifest(manifest, "manifest being pushed")
     body = manifest_bytes(manifest)
-    name = version_name(number, MANIFEST_NAME)
-    store.put(name, body, if_none_match=True)
-    got = store.get_small(name, MAX_MANIFEST_BYTES)
-    if got is None or got[0] != body:
-        raise RemoteError(f"{store.remote.name_url(name)}: reads back different from what was written")
+    written = {}
+    if key is not None:
+        written[version_name(number, SIGNATURE_NAME)] = signature_file(key, body)
+    written[version_name(number, MANIFEST_NAME)] = body
+    for name, data in written.items():  # the manifest last: it makes the version complete
+        store.put(name, data, if_none_match=True)
+        got = store.get_small(name, MAX_MANIFEST_BYTES)
+        if got is None or got[0] != data:
+            raise RemoteError(f"{store.remote.name_url(name)}: reads back different from what was written")
     _crash_point("push_manifest_uploaded")
     return manifest
 
@@ -271,10 +306,10 @@ def prune_remote(store: S3Store, keep: int, now: float | None = None) -> list[st
     """Delete all but the `keep` highest complete versions, and stale incomplete versions (claimed over
     STALE_CLAIM_S ago, below a higher-numbered version). Returns the names removed.
 
-    Only complete versions numbered below the one LATEST names are ever deleted: LATEST never moves
-    backwards, so none of them can become LATEST again, while a version above it may be promoted by a
-    concurrent push at any moment (deleting it then would leave LATEST naming nothing). With no LATEST,
-    no complete version is deleted."""
+    Only complete versions numbered below the one LATEST names are ever deleted: a push never moves LATEST
+    backwards, so none of them becomes LATEST again (a deliberate rollback, rollback.py, checks its
+    version after the move), while a version above it may be promoted by a concurrent push at any moment
+    (deleting it then would leave LATEST naming nothing). With no LATEST, no complete version is deleted."""
     state = list_versions(store)
     latest = state.latest_number()
     complete = state.complete()

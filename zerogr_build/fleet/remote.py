@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, BinaryIO
 
-from ..base.errors import BundleError, InputError, ZerogrError
+from ..base.errors import BundleError, InputError, ZerogrError, one_line
+from ..base.printable import printable
+from ..base.redact import redact
 from ..bundle.format import LATEST_NAME, MANIFEST_NAME, parse_version_dir, version_dir_name
 
 CLAIM_NAME = ".claim"
@@ -59,8 +61,8 @@ def _client_error(where: str, exc: Any) -> ZerogrError:
     if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
         return PreconditionFailed(where)
     if code in _CONFIG_CODES:
-        return RemoteAccessError(f"{where}: {code} ({error.get('Message', '')})")
-    return RemoteError(f"{where}: {code or 'error'} ({error.get('Message', '')})")
+        return RemoteAccessError(f"{where}: {code} ({redact(error.get('Message', ''))})")
+    return RemoteError(f"{where}: {code or 'error'} ({redact(error.get('Message', ''))})")
 
 
 class RemoteError(ZerogrError):
@@ -108,17 +110,25 @@ class RemoteOut:
     @classmethod
     def parse(cls, url: str) -> RemoteOut:
         """Parse and check an ``s3://bucket[/prefix]`` URL; InputError (exit 2) naming it otherwise."""
+        shown = printable(redact(str(url)))
         if not isinstance(url, str) or not url.startswith("s3://"):
-            raise InputError(f"{url}: not an s3:// URL (expected s3://bucket/prefix)")
+            raise InputError(f"{shown}: not an s3:// URL (expected s3://bucket/prefix)")
+        if "@" in url or "?" in url or "#" in url:
+            raise InputError(
+                f"{shown}: credentials, a query or a fragment in an s3:// URL are refused; credentials come "
+                "from the standard AWS environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, a profile)"
+            )
         bucket, _, prefix = url[len("s3://") :].partition("/")
         if not _BUCKET_RE.match(bucket):
-            raise InputError(f"{url}: {bucket!r} is not a valid bucket name")
+            raise InputError(f"{shown}: {bucket!r} is not a valid bucket name")
         prefix = prefix.strip("/")
         parts = prefix.split("/") if prefix else []
-        if any(p in ("", ".", "..") for p in parts) or any(c in prefix for c in "\\\x00?#"):
-            raise InputError(f"{url}: the prefix must be plain /-separated names (no '..', '.', '//')")
+        if any(p in ("", ".", "..") for p in parts) or printable(prefix) != prefix or "\\" in prefix:
+            raise InputError(
+                f"{shown}: the prefix must be plain /-separated names (no '..', '.', '//', control chars)"
+            )
         if parts and parse_version_dir(parts[-1]) is not None:
-            raise InputError(f"{url}: names a version, not a remote OUT (drop the /{parts[-1]})")
+            raise InputError(f"{shown}: names a version, not a remote OUT (drop the /{parts[-1]})")
         return cls(bucket, prefix)
 
     @property
@@ -132,6 +142,17 @@ class RemoteOut:
     def name_url(self, name: str) -> str:
         """The URL of `name`, for messages."""
         return f"{self.url}/{name}"
+
+
+def parse_version_url(url: str) -> tuple[RemoteOut, int]:
+    """``s3://bucket/prefix/vNNNNNN`` -> (the remote OUT, N); InputError (exit 2) naming it otherwise."""
+    head, _, last = str(url).rstrip("/").rpartition("/")
+    number = parse_version_dir(last)
+    if number is None or not head.startswith("s3://"):
+        raise InputError(
+            f"{printable(redact(str(url)))}: not a remote version (expected s3://bucket/prefix/vNNNNNN)"
+        )
+    return RemoteOut.parse(head), number
 
 
 def is_remote(target: str) -> bool:
@@ -184,7 +205,7 @@ class S3Store:
         except bx.ClientError as exc:
             raise _client_error(where, exc) from None
         except (bx.BotoCoreError, ConnectionError, TimeoutError) as exc:
-            raise RemoteError(f"{where}: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+            raise RemoteError(f"{where}: {type(exc).__name__}: {redact(one_line(exc))}") from None
         except Exception as exc:
             # boto3's transfer manager (upload_file) wraps the store's answer in its own Boto3Error
             # (S3UploadFailedError), which is neither of the above: map the error it wraps.
@@ -195,7 +216,7 @@ class S3Store:
             wrapped = exc.__cause__ or exc.__context__
             if isinstance(wrapped, bx.ClientError):
                 raise _client_error(where, wrapped) from None
-            raise RemoteError(f"{where}: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+            raise RemoteError(f"{where}: {type(exc).__name__}: {redact(one_line(exc))}") from None
 
     # -- reads
 

@@ -5,7 +5,12 @@ whether it passes its check.
 Checks: a local version is verified completely (`verify_bundle`: every sha256 and invariant). A remote
 version gets a cheap check by default: its manifest is valid and names its own number, and every listed
 file exists with exactly its declared size (one listing, no download); `verify=True` also streams every
-object and checks its sha256 (the whole bundle is read, memory stays at one chunk per stream).
+object and checks its sha256 (the whole bundle is read, memory stays at one chunk per stream). Given
+trusted keys, every version's manifest.json.sig is checked too (signing.py), remote and local; a remote
+OUT is read only with trusted keys or as an unsigned fleet (Trust.unsigned()).
+
+A remote version whose manifest is gone by the time it is read was pruned by a concurrent push: it is
+left out, not reported as failing.
 
 Quality records (quality/<key>.json, a few KiB each) are read on both sides by the same rules as
 `load_quality`; a remote one is also checked against the manifest's size and sha256. One that breaks a
@@ -22,26 +27,37 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import BundleError, InputError, ZerogrError, one_line
-from ..bundle.format import MANIFEST_NAME, parse_version_dir, validate_manifest, version_dir_name
+from ..bundle.format import (
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    parse_version_dir,
+    validate_manifest,
+    version_dir_name,
+)
 from ..bundle.quality import MAX_QUALITY_BYTES, load_quality, parse_quality, quality_key_of, quality_row
 from ..bundle.reader import MAX_MANIFEST_BYTES, load_manifest
 from ..bundle.verify import verify_bundle
 from ..bundle.versions import read_latest, version_dirs
 from .remote import CLAIM_NAME, RemoteOut, S3Store, is_remote, list_versions, version_name
+from .signing import MAX_SIGNATURE_BYTES, Trust, check_local_signature, require_trust
 
 
-def out_status(target: str | Path, *, verify: bool = False, store: S3Store | None = None) -> dict:
+def out_status(
+    target: str | Path, *, verify: bool = False, store: S3Store | None = None, trust: Trust | None = None
+) -> dict:
     """{"out", "remote", "check", "latest", "ok", "versions": [...]} for a local OUT dir or an s3:// URL.
+    `trust`: the keys whose signatures are checked, or Trust.unsigned(); a remote OUT needs one.
 
     Each version: {"version", "name", "latest", "unpromoted" (newer than LATEST's, or no LATEST),
     "complete", "created_at", "age_s", "bytes", "files", "model_version", "items", "plans", "kernels",
-    "quality", "ok", "error"}; "quality" lists the gate's recorded decisions, one {"file", "model_version",
+    "quality", "signed_by" (the trusted key id that signed it; None when not checked), "ok", "error"};
+    "quality" lists the gate's recorded decisions, one {"file", "model_version",
     "order", "passed", "min_overlap", "max_recall_gap",
     "worst_overlap"} per record, or {"file", "error"} for one that breaks the format. "ok" (top level) is
     True when LATEST names a complete version that passes its check and no complete version fails it."""
     if is_remote(str(target)):
-        return _remote_status(RemoteOut.parse(str(target)), verify, store)
-    return _local_status(Path(target))
+        return _remote_status(RemoteOut.parse(str(target)), verify, store, trust)
+    return _local_status(Path(target), trust)
 
 
 def _summary(manifest: dict) -> dict[str, Any]:
@@ -87,6 +103,7 @@ def _empty(number: int, latest: str | None) -> dict[str, Any]:
         "plans": [],
         "kernels": [],
         "quality": [],
+        "signed_by": None,
         "ok": False,
         "error": None,
     }
@@ -97,7 +114,7 @@ def _overall(versions: list[dict]) -> bool:
     return bool(named) and named[0]["ok"] and all(v["ok"] for v in versions if v["complete"])
 
 
-def _local_status(out: Path) -> dict:
+def _local_status(out: Path, trust: Trust | None) -> dict:
     if not out.is_dir():
         raise InputError(f"{out}: no such OUT dir")
     if (out / MANIFEST_NAME).exists():
@@ -117,6 +134,8 @@ def _local_status(out: Path) -> dict:
             entry["complete"] = True
             entry["quality"] = _local_quality(path, manifest)
             verify_bundle(path)
+            if trust is not None and trust.keys:
+                entry["signed_by"] = check_local_signature(path, trust)
             entry["ok"] = True
         except ZerogrError as exc:
             entry["error"] = one_line(exc)
@@ -132,7 +151,8 @@ def _local_status(out: Path) -> dict:
     }
 
 
-def _remote_status(remote: RemoteOut, verify: bool, store: S3Store | None) -> dict:
+def _remote_status(remote: RemoteOut, verify: bool, store: S3Store | None, trust: Trust | None) -> dict:
+    trust = require_trust(trust, remote.url)
     store = store or S3Store(remote)
     state = list_versions(store)
     latest = state.latest
@@ -152,7 +172,7 @@ def _remote_status(remote: RemoteOut, verify: bool, store: S3Store | None) -> di
             continue
         entry["complete"] = True
         try:
-            manifest = _remote_manifest(store, number)
+            manifest, entry["signed_by"] = _remote_manifest(store, number, trust)
             entry.update(_summary(manifest))
             entry["quality"] = _remote_quality(store, number, manifest)
             _check_remote_files(store, number, manifest, objects, verify)
@@ -161,6 +181,8 @@ def _remote_status(remote: RemoteOut, verify: bool, store: S3Store | None) -> di
                 raise BundleError(broken[0])
             entry["ok"] = True
         except ZerogrError as exc:
+            if store.head(version_name(number, MANIFEST_NAME)) is None:
+                continue  # pruned by a concurrent push since the listing: not a failing version
             entry["error"] = one_line(exc)
         versions.append(entry)
     return {
@@ -211,12 +233,19 @@ def _remote_quality(store: S3Store, number: int, manifest: dict) -> list[dict[st
     return rows
 
 
-def _remote_manifest(store: S3Store, number: int) -> dict:
+def _remote_manifest(store: S3Store, number: int, trust: Trust) -> tuple[dict, str | None]:
+    """(the remote manifest, the trusted key id that signed it or None on an unsigned fleet): the
+    signature is checked before the manifest is parsed."""
     name = version_name(number, MANIFEST_NAME)
     where = store.remote.name_url(name)
     got = store.get_small(name, MAX_MANIFEST_BYTES)
     if got is None:
         raise BundleError(f"{where}: missing")
+    signed_by = None
+    if trust.keys:
+        signature = store.get_small(version_name(number, SIGNATURE_NAME), MAX_SIGNATURE_BYTES)
+        where_sig = store.remote.name_url(version_name(number, SIGNATURE_NAME))
+        signed_by = trust.check(got[0], signature[0] if signature else None, where_sig)
     try:
         manifest = json.loads(got[0])
     except (ValueError, RecursionError) as exc:
@@ -224,7 +253,7 @@ def _remote_manifest(store: S3Store, number: int) -> dict:
     validate_manifest(manifest, where)
     if manifest["version"] != number:
         raise BundleError(f"{where}: version {manifest['version']} does not match {version_dir_name(number)}")
-    return manifest
+    return manifest, signed_by
 
 
 def _check_remote_files(store: S3Store, number: int, manifest: dict, objects: dict, verify: bool) -> None:

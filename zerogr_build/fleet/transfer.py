@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 @dataclass(kw_only=True)
 class TransferResult:
     """One version moved between a local OUT and a remote one: the remote OUT's url, the version number,
-    its files and bytes, its manifest, and the versions pruned after the move (names, oldest first)."""
+    its files and bytes, its manifest, the versions pruned after the move (names, oldest first), and the
+    id of the key that signed it (None: unsigned, or not checked on an unsigned fleet)."""
 
     url: str
     version: int
@@ -16,6 +17,7 @@ class TransferResult:
     bytes: int
     manifest: dict
     pruned: list[str] = field(default_factory=list)
+    signed_by: str | None = None
 
     def as_dict(self) -> dict:
         """The JSON form (`--json`): every field but the manifest, plus the manifest's model_version."""

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..base.errors import BundleError, InputError, ZerogrError, one_line
 from ..base.progress import NULL_PROGRESS, Progress
+from ..base.redact import redact
 from ..bundle import promote_bundle
 from ..bundle.lock import out_lock
 from ..bundle.versions import check_out_dir, discard_version, read_latest
@@ -43,10 +44,12 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True)
 class PushSpec:
-    """--push URL [--push-keep N]: publish the promoted version to a remote OUT (s3://bucket/prefix)."""
+    """--push URL [--push-keep N] [--push-signing-key KEY]: publish the promoted version to a remote OUT
+    (s3://bucket/prefix), signed with the private key file KEY (None: unsigned)."""
 
     url: str
     keep: int | None = None
+    signing_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,10 @@ def check_request(request: RebuildRequest) -> Path:
         _boto3()
         if request.push.keep is not None and request.push.keep < 1:
             raise InputError(f"--push-keep must be >= 1, got {request.push.keep}")
+        if request.push.signing_key is not None:
+            from ..fleet.keys import load_signing_key
+
+            load_signing_key(request.push.signing_key)
     return out
 
 
@@ -163,7 +170,7 @@ def _build(
 ) -> bool:
     from ..pipeline import build_bundle
 
-    log(f"build {request.catalog} -> {request.settings.out}")
+    log(f"build {redact(request.catalog)} -> {request.settings.out}")
     try:
         with stage("build"):
             summary = build_bundle(
@@ -296,21 +303,24 @@ def _push(
 
     try:
         with stage("push"):
-            result.pushed = push_version(vdir, push.url, promote=True, keep=push.keep, progress=progress)
+            result.pushed = push_version(
+                vdir, push.url, promote=True, keep=push.keep, signing_key=push.signing_key, progress=progress
+            )
     except Exception as exc:  # noqa: BLE001 - promoted here; the fleet keeps its version until a retry
         if result.failure is not None:  # a failed push outranks 5 and 10: the fleet did not get the version
             result.notes.append(result.failure.message)
             result.failure = None
         result.fail(EXIT_PUSH_FAILED, "push", _message(exc))
         log(
-            f"push to {push.url} failed: {_message(exc)}; promoted here only; "
-            f"retry: zerogr push {vdir} {push.url}"
+            f"push to {redact(push.url)} failed: {_message(exc)}; promoted here only; "
+            f"retry: zerogr push {vdir} {redact(push.url)}"
         )
         return
     pushed = result.pushed
     log(
         f"pushed {vdir.name} to {pushed.url} as v{pushed.version:06d}"
         + (" (LATEST moved)" if pushed.promoted else f" (remote LATEST stays {pushed.latest})")
+        + (f", signed by {pushed.signed_by}" if pushed.signed_by else ", unsigned (no --push-signing-key)")
     )
 
 

@@ -1,0 +1,273 @@
+"""Signed versions against the real S3 API server (moto's server mode, tests/conftest.py) and real Ed25519
+keys: `zerogr keys new`, `push --signing-key`, and `pull` / `status` / `verify` with --trusted-keys.
+
+A host installs only bytes the build box vouched for, whoever else can write the bucket: a version that is
+unsigned, signed by an unknown key, or changed after signing (the manifest rewritten with matching
+sha256s, a signature copied from another version) is refused with exit 4 and one line, and the host's OUT
+stays byte-identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from zerogr_build.bundle.format import manifest_bytes
+from zerogr_build.fleet.keys import load_signing_key
+from zerogr_build.fleet.signing import signature_file
+from zerogr_build.testing import publish_catalog, random_catalog
+
+from .test_fleet import put, remote_keys, tree, zerogr
+
+
+@pytest.fixture()
+def build_out(tmp_path) -> Path:
+    """A local OUT on the 'build box' with two versions (v1, v2; LATEST = v2)."""
+    out = tmp_path / "build"
+    publish_catalog(random_catalog(seed=1), out)
+    publish_catalog(random_catalog(seed=2, string_ids=True), out)
+    return out
+
+
+@pytest.fixture()
+def remote(s3_bucket) -> str:
+    return f"s3://{s3_bucket}/fleet/bundles"
+
+
+@pytest.fixture()
+def keys(tmp_path) -> dict[str, Path]:
+    """Two key pairs made by `zerogr keys new`: {"a": private, "a.pub": public, "b": ..., "b.pub": ...}."""
+    made = {}
+    for name in ("a", "b"):
+        path = tmp_path / "keys" / name
+        path.parent.mkdir(exist_ok=True)
+        code, out, err = zerogr("keys", "new", str(path))
+        assert code == 0, err
+        made[name], made[f"{name}.pub"] = path, Path(f"{path}.pub")
+    return made
+
+
+def remote_json(url: str, name: str) -> dict:
+    return json.loads(remote_keys(url)[name])
+
+
+def rewrite_with_matching_sha256(url: str, version: str, name: str) -> bytes:
+    """What an attacker with write access to the prefix does: change one file of a pushed version and
+    update its size and sha256 in the remote manifest. Returns the new manifest bytes."""
+    objects = remote_keys(url)
+    data = bytearray(objects[f"{version}/{name}"])
+    data[-1] ^= 0x01
+    put(url, f"{version}/{name}", bytes(data))
+    manifest = json.loads(objects[f"{version}/manifest.json"])
+    manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(bytes(data)).hexdigest()}
+    raw = manifest_bytes(manifest)
+    put(url, f"{version}/manifest.json", raw)
+    return raw
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------- keys new
+
+
+def test_keys_new_writes_a_0600_private_key_and_its_public_line_and_never_overwrites(tmp_path):
+    path = tmp_path / "build-box"
+    code, out, err = zerogr("keys", "new", str(path))
+    assert code == 0, err
+    public = Path(f"{path}.pub").read_text()
+    assert public.startswith("ssh-ed25519 ") and public.strip() in out
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    key = load_signing_key(path)
+    assert key.key_id in out and key.key_id in public
+    before = path.read_bytes(), Path(f"{path}.pub").read_bytes()
+    code, _, err = zerogr("keys", "new", str(path))
+    assert code == 2 and "never overwritten" in one_line(err)
+    assert (path.read_bytes(), Path(f"{path}.pub").read_bytes()) == before
+    # A stray .pub alone also stops it, and nothing is written.
+    Path(f"{tmp_path / 'other'}.pub").write_text("x\n")
+    code, _, err = zerogr("keys", "new", str(tmp_path / "other"))
+    assert code == 2 and not (tmp_path / "other").exists()
+
+
+def test_key_files_that_are_not_safe_or_not_keys_are_usage_errors(tmp_path, keys, build_out, remote):
+    os.chmod(keys["a"], 0o644)
+    code, _, err = zerogr("push", str(build_out), remote, "--signing-key", str(keys["a"]))
+    assert code == 2 and "chmod 600" in one_line(err)
+    empty = tmp_path / "empty.pub"
+    empty.write_text("# no keys yet\n")
+    code, _, err = zerogr("pull", remote, str(tmp_path / "host"), "--trusted-keys", str(empty))
+    assert code == 2 and "holds no ssh-ed25519" in one_line(err)
+    garbage = tmp_path / "garbage.pub"
+    garbage.write_text("ssh-ed25519 bm90IGEga2V5\n")
+    code, _, err = zerogr("status", remote, "--trusted-keys", str(garbage))
+    assert code == 2 and "garbage.pub:1" in one_line(err)
+
+
+# ------------------------------------------------------------------------------------ the signed path
+
+
+def test_a_signed_version_is_pulled_checked_and_recorded_on_the_host(tmp_path, keys, build_out, remote):
+    code, out, err = zerogr("push", str(build_out), remote, "--signing-key", str(keys["a"]), "--json")
+    assert code == 0, err
+    assert "unsigned" not in err
+    key_id = load_signing_key(keys["a"]).key_id
+    assert json.loads(out)["signed_by"] == key_id
+    objects = remote_keys(remote)
+    assert remote_json(remote, "v000001/manifest.json.sig")["key"] == key_id
+
+    host = tmp_path / "host"
+    code, out, err = zerogr("pull", remote, str(host), "--trusted-keys", str(keys["a.pub"]), "--json")
+    assert code == 0, err
+    assert json.loads(out)["signed_by"] == key_id
+    assert (host / "v000001" / "manifest.json.sig").read_bytes() == objects["v000001/manifest.json.sig"]
+    code, out, err = zerogr("verify", str(host), "--trusted-keys", str(keys["a.pub"]))
+    assert code == 0 and f"signed by {key_id}" in out and "not listed" not in err
+
+    for target in (remote, str(host)):
+        code, out, _ = zerogr("status", target, "--json", "--verify", "--trusted-keys", str(keys["a.pub"]))
+        report = json.loads(out)
+        assert code == 0 and [v["signed_by"] for v in report["versions"]] == [key_id]
+
+
+def test_a_version_rewritten_with_matching_sha256s_is_refused_everywhere(tmp_path, keys, build_out, remote):
+    """The attack: a file swapped on the store and the manifest's size and sha256 updated to match."""
+    trusted = ("--trusted-keys", str(keys["a.pub"]))
+    assert zerogr("push", str(build_out / "v000001"), remote, "--signing-key", str(keys["a"]))[0] == 0
+    hosts = [tmp_path / "host-a", tmp_path / "host-b"]
+    for host in hosts:
+        assert zerogr("pull", remote, str(host), *trusted)[0] == 0
+    assert zerogr("push", str(build_out / "v000002"), remote, "--signing-key", str(keys["a"]))[0] == 0
+    rewrite_with_matching_sha256(remote, "v000002", "items.parquet")
+
+    for host in hosts:
+        before = tree(host)
+        code, out, err = zerogr("pull", remote, str(host), *trusted)
+        assert code == 4, (out, err)
+        line = one_line(err)
+        assert f"{remote}/v000002/manifest.json.sig" in line and "changed after it was signed" in line
+        assert tree(host) == before and (host / "LATEST").read_text() == "v000001\n"
+        code, _, err = zerogr("pull", remote, str(host), *trusted, "--verify", "--version", "2")
+        assert code == 4 and tree(host) == before
+
+    for flags in ((), ("--verify",)):
+        code, out, _ = zerogr("status", remote, "--json", *flags, *trusted)
+        report = json.loads(out)
+        assert code == 4 and [v["ok"] for v in report["versions"]] == [True, False]
+        assert "manifest.json.sig" in report["versions"][1]["error"]
+    # The same rewrite on a host after its pull: `zerogr verify` with the trusted keys refuses it too.
+    local = hosts[0] / "v000001" / "manifest.json"
+    manifest = json.loads(local.read_text())
+    manifest["model_version"] = "changed"
+    local.write_bytes(manifest_bytes(manifest))
+    code, _, err = zerogr("verify", str(hosts[0] / "v000001"), *trusted)
+    assert code == 4 and "manifest.json.sig" in one_line(err)
+
+
+def test_unsigned_unknown_key_and_borrowed_signatures_are_refused(tmp_path, keys, build_out, remote):
+    trusted = ("--trusted-keys", str(keys["a.pub"]))
+    host = tmp_path / "host"
+    code, _, err = zerogr("push", str(build_out / "v000001"), remote)
+    assert code == 0 and "unsigned" in err
+    code, _, err = zerogr("pull", remote, str(host), *trusted)
+    assert code == 4 and "unsigned" in one_line(err) and f"{remote}/v000001/manifest.json.sig" in err
+    assert not host.exists() or tree(host) == {}
+
+    assert zerogr("push", str(build_out / "v000002"), remote, "--signing-key", str(keys["b"]))[0] == 0
+    code, _, err = zerogr("pull", remote, str(host), *trusted)
+    assert code == 4 and load_signing_key(keys["b"]).key_id in one_line(err) and "does not trust" in err
+
+    # v3 signed by the trusted key; its signature copied over v2's does not vouch for v2.
+    publish = zerogr("push", str(build_out / "v000001"), remote, "--signing-key", str(keys["a"]), "--json")
+    assert json.loads(publish[1])["version"] == 3  # a's signature was missing on v1: pushed again
+    put(remote, "v000002/manifest.json.sig", remote_keys(remote)["v000003/manifest.json.sig"])
+    code, _, err = zerogr("pull", remote, str(host), *trusted, "--version", "2")
+    assert code == 4 and "changed after it was signed" in one_line(err)
+    assert zerogr("pull", remote, str(host), *trusted)[0] == 0  # v3 is fine
+
+
+def test_key_rotation_trusts_both_keys_and_repushes_under_the_new_one(tmp_path, keys, build_out, remote):
+    both = tmp_path / "trusted.pub"
+    both.write_text(f"# old\n{keys['a.pub'].read_text()}\n# new\n{keys['b.pub'].read_text()}")
+    host = tmp_path / "host"
+    assert zerogr("push", str(build_out / "v000001"), remote, "--signing-key", str(keys["a"]))[0] == 0
+    assert zerogr("pull", remote, str(host), "--trusted-keys", str(both))[0] == 0
+    # The build box switches to key b: the same local version is pushed again, signed by b.
+    code, out, _ = zerogr(
+        "push", str(build_out / "v000001"), remote, "--signing-key", str(keys["b"]), "--json"
+    )
+    result = json.loads(out)
+    assert code == 0 and result["uploaded"] is True and result["version"] == 2
+    assert result["signed_by"] == load_signing_key(keys["b"]).key_id
+    # Pushing it once more with b is a no-op again.
+    code, out, _ = zerogr(
+        "push", str(build_out / "v000001"), remote, "--signing-key", str(keys["b"]), "--json"
+    )
+    assert json.loads(out)["uploaded"] is False
+    assert zerogr("pull", remote, str(host), "--trusted-keys", str(both))[0] == 0
+    # Once every host trusts only b, a's versions are refused: two --trusted-keys files work the same way.
+    only_b = ("--trusted-keys", str(keys["b.pub"]))
+    code, _, err = zerogr("pull", remote, str(tmp_path / "h2"), *only_b, "--version", "1")
+    assert code == 4 and "does not trust" in err
+    two = ("--trusted-keys", str(keys["a.pub"]), "--trusted-keys", str(keys["b.pub"]))
+    assert zerogr("pull", remote, str(tmp_path / "h3"), *two, "--version", "1")[0] == 0
+
+
+def test_a_host_must_choose_between_trusted_keys_and_an_unsigned_fleet(tmp_path, keys, build_out, remote):
+    from typer.testing import CliRunner
+
+    from zerogr_build.cli import app
+
+    def bare(*args: str) -> tuple[int, str]:  # no --allow-unsigned added by the helper
+        result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+        return result.exit_code, result.stderr
+
+    assert zerogr("push", str(build_out), remote)[0] == 0
+    for args in (("pull", remote, str(tmp_path / "host")), ("status", remote)):
+        code, err = bare(*args)
+        assert code == 2 and "--trusted-keys" in one_line(err) and "--allow-unsigned" in err
+    code, err = bare(
+        "pull", remote, str(tmp_path / "host"), "--allow-unsigned", "--trusted-keys", str(keys["a.pub"])
+    )
+    assert code == 2 and "contradict" in one_line(err)
+    assert not (tmp_path / "host").exists()
+    code, _ = bare("pull", remote, str(tmp_path / "host"), "--allow-unsigned")
+    assert code == 0 and not (tmp_path / "host" / "v000001" / "manifest.json.sig").exists()
+
+
+def test_a_signed_manifest_naming_a_file_the_local_disk_cannot_hold_is_exit_4_naming_it(
+    tmp_path, keys, build_out, remote
+):
+    """Even a signed version may name a file the host's file system cannot create (a component over its
+    NAME_MAX): refused up front, naming the remote object, and nothing is written."""
+    assert zerogr("push", str(build_out / "v000001"), remote, "--signing-key", str(keys["a"]))[0] == 0
+    long_name = f"plans/{'x' * 300}.json"
+    body = b"{}"
+    put(remote, f"v000001/{long_name}", body)
+    manifest = remote_json(remote, "v000001/manifest.json")
+    manifest["files"][long_name] = {"bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+    raw = manifest_bytes(manifest)
+    put(remote, "v000001/manifest.json", raw)
+    put(remote, "v000001/manifest.json.sig", signature_file(load_signing_key(keys["a"]), raw))
+    host = tmp_path / "host"
+    host.mkdir()
+    code, _, err = zerogr("pull", remote, str(host), "--trusted-keys", str(keys["a.pub"]))
+    assert code == 4, err
+    assert f"{remote}/v000001/{long_name}" in one_line(err) and "too long" in err
+    assert tree(host) == {}
+
+
+def test_without_cryptography_key_commands_say_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cryptography.hazmat.primitives.asymmetric", None)
+    code, _, err = zerogr("keys", "new", str(tmp_path / "k"))
+    assert code == 2 and "zerogr[s3]" in one_line(err)
+    assert not (tmp_path / "k").exists()
