@@ -83,6 +83,7 @@ def test_split_glob_uri_keeps_wildcards_away_from_the_uri_parser(uri, split):
 @pytest.mark.parametrize(
     ("uri", "secret"),
     [("s3://b/dt=?/monkey_keys.parquet", False), ("s3://b/events/??/signups-[ab].parquet", False),
+     ("s3://b/dt=?/author=x/part.parquet", False), ("s3://b/x?/partition_key=1/p.parquet", False),
      ("s3://b/dt=?/part.parquet?region=us-east-1", False), ("s3://b/x.parquet?secret_key=abc", True),
      ("s3://b/dt=?/x.parquet?region=us&x-amz-security-token=t", True), ("s3://me:pw@b/x.parquet", True)],
 )  # fmt: skip

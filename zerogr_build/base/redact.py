@@ -16,7 +16,7 @@ _USERINFO = re.compile(r"(?<=://)\S*@")
 #: A query `name=value` whose name would carry a secret (access keys, session and security tokens,
 #: signatures).
 _SECRET_QUERY = re.compile(
-    r"([?&;][^=&;\s]*(?:key|secret|token|passw|credential|sig|auth)[^=&;\s]*=)[^&;\s]*",
+    r"([?&;][^=&;\s/]*(?:key|secret|token|passw|credential|sig|auth)[^=&;\s/]*=)[^&;\s]*",
     re.IGNORECASE,
 )
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
