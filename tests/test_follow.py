@@ -279,7 +279,7 @@ def test_gauges_on_a_registry(tmp_path):
         return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
     assert scrape() == {"zerogr_follower_swaps_total": 0, "zerogr_follower_failures_total": 0,
-                        "zerogr_follower_loading": 0}  # fmt: skip
+                        "zerogr_follower_loading": 0, "zerogr_follower_abandoned_loads": 0}  # fmt: skip
     follower.poll()
     bad = publish_version(out, 2, promote=False)
     corrupt_a_table(bad)
@@ -422,3 +422,229 @@ def test_a_base_exception_in_the_polling_thread_is_counted_and_polling_goes_on(t
         wait_for(lambda: follower.current is not None and follower.current.value == "v000002", "v2")
     finally:
         follower.stop()
+
+
+class HangingLoader:
+    """A HotSwap loader whose loads of the versions in `hang` block until released, one Event per attempt
+    (attempt numbers count from 1 per version); `succeed_from` makes attempts from that number on return
+    at once. Records each attempt's start time."""
+
+    def __init__(self, hang: set[str], succeed_from: int | None = None) -> None:
+        self.hang, self.succeed_from = hang, succeed_from
+        self.starts: dict[str, list[float]] = {}
+        self.releases: dict[tuple[str, int], threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, path: Path, *, low_priority: bool) -> str:
+        with self._lock:
+            starts = self.starts.setdefault(path.name, [])
+            starts.append(time.monotonic())
+            attempt = len(starts)
+            release = self.releases.setdefault((path.name, attempt), threading.Event())
+        if path.name in self.hang and (self.succeed_from is None or attempt < self.succeed_from):
+            release.wait(WAIT_S)
+        return path.name
+
+    def attempts(self, name: str) -> int:
+        return len(self.starts.get(name, ()))
+
+    def release(self, name: str | None = None, attempt: int | None = None) -> None:
+        with self._lock:
+            for (n, a), event in self.releases.items():
+                if (name is None or n == name) and (attempt is None or a == attempt):
+                    event.set()
+
+
+def wait_briefly(condition, what: str, seconds: float = 15.0) -> None:
+    """wait_for with a shorter limit, for conditions that never come true when a fix is missing."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_follow_times_out_on_a_hung_first_load_saying_it_is_still_loading(tmp_path):
+    """follow(timeout=T) returns within about T even when the first load never returns: the TimeoutError
+    says the load is still running, and that load is abandoned, not waited for."""
+    out = tmp_path / "bundles"
+    v1 = publish_version(out, 1)
+    loader = HangingLoader({"v000001"})
+    hotswap = HotSwap(loader)
+    late = threading.Timer(10.0, loader.release)  # a bounded test: follow() would otherwise wait forever
+    late.start()
+    try:
+        t0 = time.monotonic()
+        still_loading = r"v000001 is still loading \(.* s so far, load_timeout 600 s\)"
+        with pytest.raises(TimeoutError, match=still_loading):
+            follow(out, hotswap=hotswap, poll_seconds=0.01, timeout=0.5)
+        assert time.monotonic() - t0 < 5.0
+        assert loader.attempts("v000001") == 1 and hotswap.abandoned == (v1,) and hotswap.current is None
+    finally:
+        late.cancel()
+        loader.release()
+
+
+@pytest.mark.parametrize("load_timeout", [1.0, None])
+def test_leaving_a_with_block_waits_for_a_hung_load_no_longer_than_its_load_timeout(
+    tmp_path, monkeypatch, load_timeout
+):
+    """`with Follower(...)` exits once the load in progress has used up its load_timeout (with no
+    load_timeout: after EXIT_WAIT_CAP_SECONDS), abandoning it; it never waits for a hung load forever."""
+    monkeypatch.setattr(follow_module, "EXIT_WAIT_CAP_SECONDS", 1.0)
+    out = tmp_path / "bundles"
+    v1 = publish_version(out, 1)
+    loader = HangingLoader({"v000001"})
+    hotswap = HotSwap(loader)
+    late = threading.Timer(10.0, loader.release)
+    late.start()
+    try:
+        with Follower(out, hotswap=hotswap, poll_seconds=0.01, load_timeout=load_timeout) as follower:
+            wait_for(lambda: follower.loading and loader.attempts("v000001") == 1, "the load to start")
+            t0 = time.monotonic()
+        assert time.monotonic() - t0 < 5.0
+        assert not follower.status()["running"] and follower.current is None and follower.swaps == 0
+        assert hotswap.abandoned == (v1,)
+    finally:
+        late.cancel()
+        loader.release()
+
+
+def test_a_version_whose_load_timed_out_is_retried_with_a_doubling_backoff(tmp_path, caplog):
+    """A slow version (over load_timeout) is tried again while LATEST names it: poll_seconds after the first
+    timeout, then twice and four times that; the fourth attempt loads and is swapped in."""
+    caplog.set_level(logging.ERROR, logger="zerogr_build.follow")
+    out = tmp_path / "bundles"
+    publish_version(out, 1)
+    loader = HangingLoader({"v000002"}, succeed_from=4)
+    poll, load_timeout = 0.1, 0.2
+    follower = Follower(out, hotswap=HotSwap(loader), poll_seconds=poll, load_timeout=load_timeout).start()
+    try:
+        follower.wait_ready(WAIT_S)
+        v2 = publish_version(out, 2)
+        # Each new attempt lets the one before it end, so no more than one abandoned load runs.
+        for attempt in (2, 3, 4):
+            wait_briefly(lambda a=attempt: loader.attempts("v000002") >= a, f"attempt {attempt} of v2")
+            loader.release("v000002", attempt - 1)
+        wait_briefly(lambda: follower.current.path == v2, "v2 swapped in on its fourth attempt")
+    finally:
+        loader.release()
+        follower.stop()
+    starts = loader.starts["v000002"]
+    assert len(starts) == 4 and follower.failures == 3 and follower.swaps == 2
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    for gap, backoff in zip(gaps, (poll, 2 * poll, 4 * poll), strict=True):
+        assert gap >= load_timeout + backoff - 0.05, (gaps, backoff)
+    errors = [r.getMessage() for r in caplog.records]
+    assert len(errors) == 3 and all("not loaded within 0.2 s" in e for e in errors)
+    assert [e.split("tried again in ")[1].split(" s")[0] for e in errors] == ["0.1", "0.2", "0.4"]
+
+
+def test_a_timed_out_version_is_not_retried_once_latest_moves_on(tmp_path):
+    out = tmp_path / "bundles"
+    publish_version(out, 1)
+    loader = HangingLoader({"v000002"})
+    follower = Follower(out, hotswap=HotSwap(loader), poll_seconds=0.01, load_timeout=0.2)
+    try:
+        assert follower.poll() is True
+        publish_version(out, 2)
+        assert follower.poll() is False and "tried again" in follower.last_error
+        v3 = publish_version(out, 3)
+        time.sleep(0.05)  # the backoff of v2 is over, but LATEST names v3 now
+        assert follower.poll() is True and follower.current.path == v3
+        promote_bundle(out / "v000002")
+        assert follower.poll() is False  # named again: a fresh try (it hangs again)
+        assert loader.attempts("v000002") == 2 and follower.failures == 2
+    finally:
+        loader.release()
+        follower.stop()
+
+
+def test_hung_loads_never_pile_up_and_the_follower_says_it_waits(tmp_path, caplog):
+    """Every load of v2 hangs. The first times out and is abandoned, the retry starts beside it and times
+    out too; with two abandoned loads still running no third starts: `waiting`, `last_error`, status() and
+    the gauges say so, v1 keeps serving. Once one of them ends the next try starts."""
+    caplog.set_level(logging.WARNING, logger="zerogr_build.follow")
+    out = tmp_path / "bundles"
+    v1 = publish_version(out, 1)
+    v2 = out / "v000002"
+    loader = HangingLoader({"v000002"}, succeed_from=3)
+    registry = CollectorRegistry()
+    follower = Follower(out, hotswap=HotSwap(loader), poll_seconds=0.01, load_timeout=0.2, registry=registry)
+
+    def gauges() -> dict:
+        text = generate_latest(registry).decode()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+    follower.start()
+    try:
+        follower.wait_ready(WAIT_S)
+        publish_version(out, 2)
+        wait_briefly(lambda: follower.waiting is not None, "the follower to wait for an abandoned load")
+        time.sleep(1.0)  # many polls and backoffs: still no third load
+        assert loader.attempts("v000002") == 2 and follower.current.path == v1
+        status = follower.status()
+        assert status["abandoned_loads"] == [str(v2), str(v2)] and status["loading"] is True
+        assert status["waiting"] == follower.last_error and "v000002: not loading yet" in status["waiting"]
+        assert "2 abandoned loads (v000002, v000002) are still running" in status["waiting"]
+        assert follower.failures == 2  # the two timeouts; waiting is not a failure
+        got = gauges()
+        assert got["zerogr_follower_abandoned_loads"] == 2 and got["zerogr_follower_loading"] == 1
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "not loading yet" in warnings[0]  # said once, not every poll
+
+        loader.release("v000002", 1)  # one abandoned load ends: the third try starts, and loads
+        wait_briefly(lambda: follower.current.path == v2, "the third try of v2 to be swapped in")
+        assert loader.attempts("v000002") == 3 and follower.waiting is None
+        loader.release()
+        wait_briefly(lambda: not follower.abandoned_loads, "the abandoned loads to end")
+        got = gauges()
+        assert got["zerogr_follower_abandoned_loads"] == 0 and got["zerogr_follower_loading"] == 0
+    finally:
+        loader.release()
+        follower.stop()
+
+
+def test_log_lines_escape_control_characters_read_from_disk(tmp_path, caplog):
+    """An error text read from disk reaches the log with its control and bidi characters escaped."""
+    caplog.set_level(logging.INFO, logger="zerogr_build.follow")
+    out = tmp_path / "bundles"
+    publish_version(out, 1)
+
+    def loader(path, *, low_priority):
+        if path.name == "v000002":
+            raise OSError("table \x1b]0;owned\x07 unreadable \u202e")
+        return path.name
+
+    follower = Follower(out, hotswap=HotSwap(loader))
+    assert follower.poll() is True
+    publish_version(out, 2)
+    assert follower.poll() is False
+    follower.stop()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("\\x1b]0;owned\\x07 unreadable \\u202e" in line for line in lines)
+    assert not any(c in line for line in lines for c in "\x1b\x07\u202e")
+
+
+def test_stop_with_a_timeout_releases_the_versions_even_before_the_polling_thread_ends(tmp_path, monkeypatch):
+    """A polling thread that does not see the stop in time (one long wait slice) does not hold stop(timeout)
+    up or keep the live version: stop() returns, drops both versions, and the load that finishes later is
+    never swapped in by the thread that outlived the stop."""
+    monkeypatch.setattr(follow_module, "WAIT_SLICE_SECONDS", WAIT_S)
+    out = tmp_path / "bundles"
+    publish_version(out, 1)
+    loader = HangingLoader({"v000002"})
+    follower = Follower(out, hotswap=HotSwap(loader), poll_seconds=0.01, load_timeout=None).start()
+    try:
+        follower.wait_ready(WAIT_S)
+        publish_version(out, 2)
+        wait_for(lambda: loader.attempts("v000002") == 1, "the v2 load to start")
+        t0 = time.monotonic()
+        follower.stop(timeout=0.5)
+        assert time.monotonic() - t0 < 3.0
+        assert follower.status()["running"] and follower.current is None  # the thread still waits
+        loader.release()
+        wait_for(lambda: not follower.status()["running"], "the polling thread to end")
+        assert follower.current is None and follower.swaps == 1
+    finally:
+        loader.release()

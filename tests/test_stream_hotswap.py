@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 import threading
 import time
 import weakref
@@ -139,6 +140,51 @@ def test_failed_load_keeps_the_live_version():
     with pytest.raises(RuntimeError):
         live.swap()  # nothing pending any more
     live.close()
+
+
+def wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def test_abandoned_loads_are_listed_until_they_end_and_never_pile_up():
+    """abandon() drops a running load: `abandoned` lists it until it ends. One abandoned load may still run
+    when a new one starts; with two still running load_next refuses (busy() says why) until one ends.
+    close() abandons a load still running at its timeout the same way."""
+    gates = {name: threading.Event() for name in ("v1", "v2", "v3", "v4")}
+
+    def loader(path, *, low_priority):
+        gates[path.name].wait(PHASE_TIMEOUT_S)
+        return path.name
+
+    live = HotSwap(loader)
+    try:
+        live.load_next("v1")
+        live.abandon()
+        assert live.abandoned == (Path("v1"),) and not live.loading and live.busy() is None
+        live.load_next("v2")  # beside the one abandoned load
+        assert "already loading" in live.busy()
+        live.abandon()
+        assert live.abandoned == (Path("v1"), Path("v2"))
+        refusal = "2 abandoned loads (v1, v2) are still running; a new load starts once one of them ends"
+        assert live.busy() == refusal
+        with pytest.raises(RuntimeError, match=re.escape(refusal)):
+            live.load_next("v3")
+        gates["v1"].set()  # v1 ends late: never swapped in, no longer listed
+        wait_until(lambda: live.abandoned == (Path("v2"),), "the end of v1")
+        assert live.busy() is None and live.current is None
+        live.load_next("v3")
+        gates["v3"].set()
+        assert live.swap(timeout=PHASE_TIMEOUT_S).value == "v3"
+        live.load_next("v4")
+        live.close(timeout=0.05)
+        assert live.abandoned == (Path("v2"), Path("v4")) and live.current is None
+    finally:
+        for gate in gates.values():
+            gate.set()
+    wait_until(lambda: live.abandoned == (), "the abandoned loads to end")
 
 
 def test_for_decoder_serves_bundle_versions(tmp_path):

@@ -76,13 +76,22 @@ class HotSwap:
     Each load runs in a daemon thread of its own. Whatever it raises (`SystemExit` and other
     BaseExceptions included) ends up in its Future, never silently in the thread. A load that never returns
     can be dropped with `abandon()`: it then finishes on its own, if ever, and is never swapped in, and it
-    does not keep the process from exiting.
+    does not keep the process from exiting. Until it ends it still holds its thread and whatever device
+    memory it has taken, and `abandoned` lists it. At most MAX_ABANDONED_RUNNING (one) abandoned load may
+    still run when a new load starts: with more, `load_next` refuses (`busy()` says why) until one ends, so
+    at most two loads ever run at once and hung loads never pile up.
     """
+
+    MAX_ABANDONED_RUNNING = 1
+    """Abandoned loads that may still be running when `load_next` starts a new one."""
 
     def __init__(self, loader: Loader) -> None:
         self._loader = loader
         self._lock = threading.Lock()
         self._next: Future[LiveVersion] | None = None
+        self._next_path: Path | None = None
+        self._abandoned_lock = threading.Lock()  # guards _abandoned only; never held while taking _lock
+        self._abandoned: dict[Future[LiveVersion], Path] = {}  # abandoned loads still running, oldest first
         self.current: LiveVersion | None = None
 
     @classmethod
@@ -132,10 +141,12 @@ class HotSwap:
     def load_next(self, path: str | Path, *, low_priority: bool = True, **kwargs: Any) -> Future[LiveVersion]:
         """Start loading `path` in the background; returns a Future of the LiveVersion (it references the
         version too: don't keep it around after swapping). Replaces a loaded but not yet swapped version;
-        refuses while another load is still running."""
+        refuses (RuntimeError, saying why) while another load is still running, or while more than
+        MAX_ABANDONED_RUNNING abandoned loads still run."""
         with self._lock:
-            if self._next is not None and not self._next.done():
-                raise RuntimeError("a version is already loading; swap() or wait for it first")
+            refusal = self._refusal()
+            if refusal is not None:
+                raise RuntimeError(refusal)
 
             future: Future[LiveVersion] = Future()
             future.set_running_or_notify_cancel()
@@ -151,15 +162,38 @@ class HotSwap:
                 else:
                     future.set_result(loaded)
 
-            self._next = future
+            self._next, self._next_path = future, Path(path)
             threading.Thread(target=task, name="zerogr-hotswap", daemon=True).start()
             return future
 
     @property
     def loading(self) -> bool:
-        """True while a load started by load_next is still running."""
+        """True while a load started by load_next, and not abandoned, is still running."""
         nxt = self._next
         return nxt is not None and not nxt.done()
+
+    @property
+    def abandoned(self) -> tuple[Path, ...]:
+        """The paths of abandoned loads that are still running, oldest first."""
+        with self._abandoned_lock:
+            return tuple(path for future, path in self._abandoned.items() if not future.done())
+
+    def busy(self) -> str | None:
+        """Why `load_next` would refuse to start a load now (one line), or None when it would start one."""
+        with self._lock:
+            return self._refusal()
+
+    def _refusal(self) -> str | None:
+        if self._next is not None and not self._next.done():
+            return "a version is already loading; swap() or wait for it first"
+        running = self.abandoned
+        if len(running) > self.MAX_ABANDONED_RUNNING:
+            names = ", ".join(path.name for path in running)
+            return (
+                f"{len(running)} abandoned loads ({names}) are still running; a new load starts once one "
+                "of them ends"
+            )
+        return None
 
     def swap(self, *, timeout: float | None = None, release: bool = False) -> LiveVersion:
         """Wait for the pending load (re-raising its error, in which case the live version stays), then
@@ -172,7 +206,7 @@ class HotSwap:
                 new = pending.result(timeout=timeout)
             finally:
                 if pending.done():
-                    self._next = None
+                    self._next = self._next_path = None
             record_serving_stream(new.value)
             old = self.current
             self.current = new
@@ -183,18 +217,34 @@ class HotSwap:
 
     def abandon(self) -> None:
         """Drop the pending load without waiting for it (a failed or finished one too): a load still running
-        finishes on its own and is never swapped in. The live version stays."""
+        finishes on its own and is never swapped in, and is listed in `abandoned` until it ends. The live
+        version stays."""
         with self._lock:
-            self._next = None
+            self._abandon_locked()
+
+    def _abandon_locked(self) -> None:
+        pending, path = self._next, self._next_path
+        self._next = self._next_path = None
+        if pending is None or pending.done() or path is None:
+            return
+        with self._abandoned_lock:
+            self._abandoned[pending] = path
+        # Forgotten as soon as it ends, so its result (device memory) is freed with its thread. A load that
+        # ended meanwhile runs the callback here at once: _abandoned_lock is free again by then.
+        pending.add_done_callback(self._forget_abandoned)
+
+    def _forget_abandoned(self, future: Future[LiveVersion]) -> None:
+        with self._abandoned_lock:
+            self._abandoned.pop(future, None)
 
     def close(self, timeout: float | None = None) -> None:
         """Wait for a running load (at most `timeout` seconds; None: until it ends), then drop both
-        versions; a load still running then is abandoned."""
+        versions; a load still running then is abandoned. Abandoned loads are not waited for."""
         pending = self._next
         if pending is not None:
             wait([pending], timeout=timeout)
         with self._lock:
-            self._next = None
+            self._abandon_locked()
             self.current = None
 
 
