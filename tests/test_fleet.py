@@ -40,18 +40,20 @@ def tree(path: Path) -> dict[str, str]:
 
 def zerogr(*args: str) -> tuple[int, str, str]:
     """Run the CLI in-process: (exit code, stdout, stderr). The fleet of these tests is an unsigned one:
-    `pull` and a remote `status` get --allow-unsigned (signed fleets: test_fleet_signing.py)."""
+    `pull`, a remote `status` and a remote `promote` get --allow-unsigned (signed fleets:
+    test_fleet_signing.py)."""
     args = unsigned(args)
     result = CliRunner().invoke(app, list(args), catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
 
 
 def unsigned(args: tuple[str, ...]) -> tuple[str, ...]:
-    """`args` with --allow-unsigned added to a pull or a status of an s3:// OUT that names no trust."""
+    """`args` with --allow-unsigned added to a pull, or a status or promote of an s3:// OUT, that names no
+    trust."""
     if "--trusted-keys" in args or "--allow-unsigned" in args:
         return args
-    remote_status = args[:1] == ("status",) and any(a.startswith("s3://") for a in args)
-    reads_remote = args[:1] == ("pull",) or remote_status
+    remote = args[:1] in (("status",), ("promote",)) and any(a.startswith("s3://") for a in args)
+    reads_remote = args[:1] == ("pull",) or remote
     return (*args, "--allow-unsigned") if reads_remote else args
 
 

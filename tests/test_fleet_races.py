@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from zerogr_build.fleet.push import prune_remote
-from zerogr_build.fleet.remote import RemoteOut, S3Store
+from zerogr_build.fleet.remote import RemoteError, RemoteOut, S3Store
 from zerogr_build.fleet.signing import Trust
 from zerogr_build.fleet.status import out_status
 from zerogr_build.testing import publish_catalog, random_catalog
@@ -71,6 +71,54 @@ def test_status_leaves_out_versions_pruned_while_it_reads_them(remote, three_pus
     delete(remote, "v000003/manifest.json.sig")
     code, out, _ = zerogr("status", remote, "--json", "--trusted-keys", three_pushed)
     assert code == 4 and json.loads(out)["versions"][0]["ok"] is False
+
+
+class DeleteAt(S3Store):
+    """The real store; the first time status reads `manifest` (a remote object name), that manifest is
+    deleted on the server first (a prune, or someone with write access, removing it mid-read)."""
+
+    def __init__(self, remote: RemoteOut, manifest: str) -> None:
+        super().__init__(remote)
+        self.manifest, self.deleted = manifest, False
+
+    def get_small(self, name, limit):
+        if name == self.manifest and not self.deleted:
+            self.deleted = True
+            self.delete([name])
+        return super().get_small(name, limit)
+
+
+def test_status_keeps_a_row_for_the_version_latest_names_when_it_vanishes_mid_read(remote, three_pushed):
+    trust = Trust.from_files([three_pushed])
+    store = DeleteAt(RemoteOut.parse(remote), "v000003/manifest.json")
+    report = out_status(remote, store=store, trust=trust)
+    assert store.deleted and report["ok"] is False
+    rows = {v["name"]: v for v in report["versions"]}
+    assert sorted(rows) == ["v000001", "v000002", "v000003"]
+    assert rows["v000003"]["latest"] and not rows["v000003"]["ok"]
+    assert "removed while it was read" in rows["v000003"]["error"] and "LATEST" in rows["v000003"]["error"]
+    code, out, _ = zerogr("status", remote, "--json", "--trusted-keys", three_pushed)
+    assert code == 4 and json.loads(out)["versions"][-1]["name"] == "v000003"
+
+
+def test_status_keeps_a_failing_version_when_the_store_cannot_say_if_it_is_still_there(remote, three_pushed):
+    """A version fails its check, and the HEAD that would tell a concurrent prune from a real failure
+    fails too: the row keeps its error, and status goes on with the other versions."""
+    delete(remote, "v000002/manifest.json.sig")
+
+    class HeadFails(S3Store):
+        def head(self, name):
+            raise RemoteError(f"{self.remote.name_url(name)}: SlowDown (try again)")
+
+    report = out_status(
+        remote, store=HeadFails(RemoteOut.parse(remote)), trust=Trust.from_files([three_pushed])
+    )
+    assert [(v["name"], v["ok"]) for v in report["versions"]] == [
+        ("v000001", True),
+        ("v000002", False),
+        ("v000003", True),
+    ]
+    assert "manifest.json.sig" in report["versions"][1]["error"] and report["ok"] is False
 
 
 def test_a_disk_that_fills_during_the_download_is_exit_3_naming_the_out(

@@ -271,3 +271,128 @@ def test_without_cryptography_key_commands_say_how_to_install_it(tmp_path, monke
     code, _, err = zerogr("keys", "new", str(tmp_path / "k"))
     assert code == 2 and "zerogr[s3]" in one_line(err)
     assert not (tmp_path / "k").exists()
+
+
+def bare(*args: str) -> tuple[int, str, str]:
+    """The CLI in-process with exactly `args` (the zerogr helper adds --allow-unsigned to remote reads)."""
+    from typer.testing import CliRunner
+
+    from zerogr_build.cli import app
+
+    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+# --------------------------------------------------------------------- keeping a signed fleet moving
+
+
+def test_an_unsigned_push_is_not_promoted_over_a_signed_latest(tmp_path, keys, build_out, remote):
+    assert zerogr("push", str(build_out / "v000001"), remote, "--signing-key", str(keys["a"]))[0] == 0
+    before = remote_keys(remote)
+    code, out, err = bare("push", str(build_out / "v000002"), remote)
+    line = one_line(err)
+    assert code == 2 and not out
+    assert "v000001, a signed version" in line and "--signing-key" in line and "--allow-unsigned" in line
+    assert remote_keys(remote) == before  # refused before anything was uploaded
+    # --no-promote does not move LATEST: allowed; --allow-unsigned then promotes it on purpose.
+    assert bare("push", str(build_out / "v000002"), remote, "--no-promote")[0] == 0
+    assert remote_keys(remote)["LATEST"] == b"v000001\n"
+    code, _, err = bare("push", str(build_out / "v000002"), remote)  # pushed before: still not promoted
+    assert code == 2 and "a signed version" in one_line(err)
+    code, out, err = bare("push", str(build_out / "v000002"), remote, "--allow-unsigned")
+    assert code == 0 and "LATEST -> v000002" in out and "unsigned" in err
+    # LATEST names an unsigned version now: an unsigned push needs no flag.
+    publish_catalog(random_catalog(seed=3), build_out)
+    assert bare("push", str(build_out / "v000003"), remote)[0] == 0
+
+
+def test_a_fleet_rollback_checks_the_signature_of_its_version(tmp_path, keys, build_out, remote):
+    trusted = ("--trusted-keys", str(keys["a.pub"]))
+    assert zerogr("push", str(build_out / "v000001"), remote, "--signing-key", str(keys["b"]))[0] == 0
+    assert zerogr("push", str(build_out / "v000002"), remote, "--signing-key", str(keys["a"]))[0] == 0
+    publish_catalog(random_catalog(seed=3), build_out)
+    assert zerogr("push", str(build_out / "v000003"), remote, "--signing-key", str(keys["a"]))[0] == 0
+    before = remote_keys(remote)
+    code, out, err = bare("promote", f"{remote}/v000002")
+    assert code == 2 and not out and "--trusted-keys" in one_line(err) and "--allow-unsigned" in err
+    code, out, err = bare("promote", f"{remote}/v000001", *trusted)  # signed by b, not trusted here
+    assert code == 4 and not out and "does not trust" in one_line(err)
+    rewrite_with_matching_sha256(remote, "v000002", "items.parquet")
+    code, out, err = bare("promote", f"{remote}/v000002", *trusted)
+    assert code == 4 and "changed after it was signed" in one_line(err)
+    after = remote_keys(remote)
+    assert after["LATEST"] == before["LATEST"] == b"v000003\n"
+    put(remote, "v000002/manifest.json", before["v000002/manifest.json"])
+    put(remote, "v000002/items.parquet", before["v000002/items.parquet"])
+    code, out, err = bare("promote", f"{remote}/v000002", *trusted)
+    assert code == 0, err
+    assert out == f"{remote}/LATEST: v000003 -> v000002 (backwards: a rollback)\n"
+    code, _, err = bare("promote", f"{remote}/v000002", *trusted, "--allow-unsigned")
+    assert code == 2 and "contradict" in one_line(err)
+    # A local promote with --trusted-keys checks the local copy's signature too.
+    host = tmp_path / "host"
+    assert bare("pull", remote, str(host), *trusted)[0] == 0
+    assert bare("pull", remote, str(host), *trusted, "--version", "3")[0] == 0
+    assert bare("promote", str(host / "v000002"), *trusted)[0] == 0
+    (host / "v000003" / "manifest.json.sig").write_bytes(before["v000001/manifest.json.sig"])
+    code, _, err = bare("promote", str(host / "v000003"), *trusted)
+    assert code == 4 and "manifest.json.sig" in one_line(err)
+    assert (host / "LATEST").read_text() == "v000002\n"
+
+
+def test_a_trusted_keys_file_others_may_write_is_refused(tmp_path, keys, build_out, remote):
+    assert zerogr("push", str(build_out), remote, "--signing-key", str(keys["a"]))[0] == 0
+    trusted = tmp_path / "trusted.pub"
+    trusted.write_bytes(keys["a.pub"].read_bytes())
+    for mode in (0o664, 0o646, 0o666):
+        os.chmod(trusted, mode)
+        for args in (("pull", remote, str(tmp_path / "host")), ("status", remote)):
+            code, _, err = zerogr(*args, "--trusted-keys", str(trusted))
+            assert code == 2 and f"mode {mode:04o}" in one_line(err) and "chmod go-w" in err, (mode, err)
+    assert not (tmp_path / "host").exists()
+    os.chmod(trusted, 0o644)
+    assert zerogr("pull", remote, str(tmp_path / "host"), "--trusted-keys", str(trusted))[0] == 0
+
+
+@pytest.mark.parametrize(
+    "comment", ["two\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExtra x", "caf\u00e9", "tab\there"]
+)
+def test_keys_new_refuses_a_comment_that_is_not_one_line_of_printable_ascii(tmp_path, comment):
+    path = tmp_path / "k"
+    code, out, err = zerogr("keys", "new", str(path), "--comment", comment)
+    assert code == 2 and not out and "--comment" in one_line(err) and "printable ASCII" in err
+    assert not path.exists() and not Path(f"{path}.pub").exists()
+    code, _, err = zerogr("keys", "new", str(path), "--comment", "build box 7 <ops@example.com>")
+    assert code == 0, err
+    assert Path(f"{path}.pub").read_text().endswith(" build box 7 <ops@example.com>\n")
+
+
+# ---------------------------------------------------------------- the signature travels with the version
+
+
+def test_pull_stores_the_remote_signature_even_on_an_unsigned_fleet(tmp_path, keys, build_out, remote):
+    """A host on --allow-unsigned keeps the remote signature, and a version installed without it gets it
+    on the next pull that finds it already there: `verify --trusted-keys` then works on the host."""
+    trusted = ("--trusted-keys", str(keys["a.pub"]))
+    assert zerogr("push", str(build_out / "v000001"), remote, "--signing-key", str(keys["a"]))[0] == 0
+    signature = remote_keys(remote)["v000001/manifest.json.sig"]
+    host = tmp_path / "host"
+    assert bare("pull", remote, str(host), "--allow-unsigned")[0] == 0
+    local = host / "v000001" / "manifest.json.sig"
+    assert local.read_bytes() == signature
+    assert zerogr("verify", str(host), *trusted)[0] == 0
+
+    local.unlink()  # as an older pull on --allow-unsigned left it
+    code, out, err = bare("pull", remote, str(host), "--allow-unsigned")
+    assert code == 0 and "already there" in out, err
+    assert local.read_bytes() == signature
+    assert not [p.name for p in host.iterdir() if p.name.startswith(".tmp-")]
+    code, out, err = zerogr("verify", str(host), *trusted)
+    assert code == 0 and "signed by" in out, err
+
+    # A signature object that is not a signature file is not stored (nothing to check it with).
+    assert zerogr("push", str(build_out / "v000002"), remote, "--signing-key", str(keys["a"]))[0] == 0
+    put(remote, "v000002/manifest.json.sig", b"not a signature\n")
+    assert bare("pull", remote, str(host), "--allow-unsigned")[0] == 0
+    assert (host / "LATEST").read_text() == "v000002\n"
+    assert not (host / "v000002" / "manifest.json.sig").exists()

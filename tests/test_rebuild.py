@@ -177,6 +177,12 @@ def test_push_signing_key_signs_the_pushed_version_and_a_bad_key_is_a_set_up_err
     host = tmp_path / "host"
     pulled = invoke("pull", url, host, "--trusted-keys", f"{key}.pub")
     assert pulled.exit_code == 0, pulled.stderr
+    # A failed push says how to retry it as it was meant: signed with the same key.
+    bucket = "s3://zg-no-such-bucket-here/x"
+    failed = invoke("rebuild", *_args(catalog, out, "--push", bucket, "--push-signing-key", key))
+    assert failed.exit_code == 12, failed.stderr
+    assert "retry: zerogr push " in failed.stderr
+    assert f"v000002 {bucket} --signing-key {key}\n" in failed.stderr
 
 
 def test_a_failed_promote_removes_the_unpromoted_version(catalog, tmp_path, monkeypatch):

@@ -56,6 +56,14 @@ KeepOpt = Annotated[
     ),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the version path/URL.")]
+PushAllowUnsignedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-unsigned",
+        help="Without --signing-key, move the remote LATEST to the unsigned version even when it names a "
+        "signed one (hosts with --trusted-keys then refuse it and keep serving what they have).",
+    ),
+]
 
 
 def push(
@@ -79,6 +87,7 @@ def push(
     ] = True,
     keep: KeepOpt = None,
     signing_key: SigningKeyOpt = None,
+    allow_unsigned: PushAllowUnsignedOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
     metrics_file: MetricsFileOpt = None,
@@ -89,8 +98,10 @@ def push(
     create-only write, every file is uploaded and read back (size and sha256), with --signing-key the
     manifest's signature (manifest.json.sig), the manifest last, and LATEST moves by compare-and-swap.
     Pushing a version pushed before (and signed by the same key) uploads nothing. Without --signing-key
-    the version is unsigned (one warning): hosts with --trusted-keys refuse it. Credentials: the standard
-    AWS_* environment (AWS_ENDPOINT_URL for an S3-compatible server); needs zerogr[s3].
+    the version is unsigned (one warning): hosts with --trusted-keys refuse it, so it is not promoted over
+    a remote LATEST that names a signed version (exit 2, before anything is uploaded) unless
+    --allow-unsigned. Credentials: the standard AWS_* environment (AWS_ENDPOINT_URL for an S3-compatible
+    server); needs zerogr[s3].
     """
     with job_metrics("push", metrics_file) as metrics, cli_errors():
         timings: dict[str, float] = {}
@@ -98,7 +109,7 @@ def push(
             with progress_for(quiet or json_out) as progress:
                 result = push_version(
                     version_dir, dest, promote=promote, keep=keep, signing_key=signing_key,
-                    progress=progress, timings=timings,
+                    allow_unsigned=allow_unsigned, progress=progress, timings=timings,
                 )  # fmt: skip
         finally:
             metrics.add_stages(timings)
@@ -287,14 +298,21 @@ def status(
             raise typer.Exit(4)
 
 
-def promote_remote(url: str, metrics: JobMetrics) -> None:
+def promote_remote(
+    url: str, metrics: JobMetrics, trusted_keys: list[Path] | None, allow_unsigned: bool
+) -> None:
     """`zerogr promote s3://bucket/prefix/vNNNNNN`: move the remote LATEST to that complete version, backwards
-    included (a fleet rollback), by compare-and-swap; one line on stdout naming both versions, and the
-    previous version in the metrics (zerogr_promote_previous_version; 0: there was no LATEST)."""
+    included (a fleet rollback), by compare-and-swap, once its signature checks against --trusted-keys
+    (or --allow-unsigned: one of the two is required, as for pull); one line on stdout naming both
+    versions, and the previous version in the metrics (zerogr_promote_previous_version; 0: there was no
+    LATEST)."""
+    from ..fleet.remote import parse_version_url
     from ..fleet.rollback import move_remote_latest
 
+    remote, _ = parse_version_url(url)  # a URL that breaks the rules is refused first, redacted
+    trust = host_trust(trusted_keys, allow_unsigned, required=True, what=remote.url)
     with metrics.stage("promote"):
-        move = move_remote_latest(url)
+        move = move_remote_latest(url, trust=trust)
     metrics.bundle_from_manifest(move.manifest, move.version)
     previous = parse_version_dir(move.previous) if move.previous else None
     metrics.job_value("previous_version", "The version remote LATEST named before this run.", previous or 0)

@@ -1,7 +1,8 @@
 """The fleet: a bundle OUT dir on object storage and the transfer to and from it (docs/fleet.md).
 
-remote.py (an OUT on S3: the store, conditional writes, listing), push.py / pull.py (a version to / from
-it, with one result type in transfer.py), status.py (the versions of a local or remote OUT),
+remote.py (an OUT on S3: the store, conditional writes, listing), remote_version.py (one remote version
+read as untrusted input: LATEST, its manifest, its objects), push.py / pull.py (a version to / from it,
+with one result type in transfer.py), status.py (the versions of a local or remote OUT),
 pull_record.py (what pull last installed, so a host's own rollback sticks), rollback.py (the remote
 LATEST moved to a named version, backwards included), keys.py / signing.py (the build box's Ed25519 key,
 the signature push writes and the hosts check), local_disk.py (will a pulled version fit the host's disk).

@@ -3,8 +3,9 @@ box's private key that push signs with, and the public keys a serving host trust
 
 Formats (the ones OpenSSH uses, so `ssh-keygen -lf KEY.pub` shows the same fingerprint):
 - a private key file: PEM PKCS#8, unencrypted, mode 0600 (an OpenSSH private key file is read too);
-- a public key: one line `ssh-ed25519 <base64> [comment]`; a trusted-keys file holds one or more such
-  lines, blank lines and `#` comments ignored;
+- a public key: one line `ssh-ed25519 <base64> [comment]` (the comment printable ASCII); a trusted-keys
+  file holds one or more such lines, blank lines and `#` comments ignored, and is refused when other
+  users may write it (group or world write bits: as sshd's StrictModes);
 - a key id: `SHA256:` + the unpadded base64 of the SHA-256 of the key's OpenSSH wire blob.
 
 The cryptography package (zerogr[s3]) is imported only when a key is used.
@@ -29,6 +30,9 @@ PUBLIC_SUFFIX = ".pub"
 MAX_KEY_FILE_BYTES = 64 << 10
 KEY_TYPE = "ssh-ed25519"
 KEY_ID_RE = re.compile(r"SHA256:[A-Za-z0-9+/]{43}\Z")
+#: What a public key line's comment may hold: printable ASCII (no newline, no control character).
+COMMENT_RE = re.compile(r"[\x20-\x7e]*\Z")
+MAX_COMMENT_CHARS = 1024
 
 
 def crypto() -> Any:
@@ -90,6 +94,7 @@ def new_key(path: str | Path, *, comment: str | None = None) -> NewKey:
     """Generate an Ed25519 key pair: the private key into `path` (created with mode 0600; a missing parent
     dir is created with mode 0700) and its public line into `path`.pub. Neither file may exist: a key is
     never overwritten (InputError, exit 2)."""
+    check_comment(comment)
     ed25519, serialization = crypto()
     private_path = Path(path)
     public_path = private_path.with_name(private_path.name + PUBLIC_SUFFIX)
@@ -116,6 +121,20 @@ def new_key(path: str | Path, *, comment: str | None = None) -> NewKey:
         private_path.unlink(missing_ok=True)
         raise
     return NewKey(str(private_path), str(public_path), ident, line)
+
+
+def check_comment(comment: str | None) -> None:
+    """InputError (exit 2) unless `comment` (None: the default one) fits on its public key line: printable
+    ASCII, no newline (which would add a line, a second key, to the .pub), at most MAX_COMMENT_CHARS."""
+    if comment is None:
+        return
+    if len(comment) > MAX_COMMENT_CHARS:
+        raise InputError(f"--comment: longer than {MAX_COMMENT_CHARS} characters")
+    if not COMMENT_RE.match(comment):
+        bad = next(c for c in comment if not COMMENT_RE.match(c))
+        raise InputError(
+            f"--comment: only printable ASCII is allowed on a public key line (found {ascii(bad)})"
+        )
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:
@@ -179,6 +198,7 @@ def load_trusted_keys(paths: list[str | Path] | tuple[str | Path, ...]) -> dict[
     _, serialization = crypto()
     keys: dict[str, Any] = {}
     for path in paths:
+        check_trusted_keys_mode(path)
         try:
             text = read_small_bytes(path, MAX_KEY_FILE_BYTES, "trusted-keys file").decode("utf-8")
         except FileNotFoundError:
@@ -202,3 +222,22 @@ def load_trusted_keys(paths: list[str | Path] | tuple[str | Path, ...]) -> dict[
         if not found:
             raise InputError(f"{path}: holds no {KEY_TYPE} public key")
     return keys
+
+
+def check_trusted_keys_mode(path: str | Path) -> None:
+    """InputError (exit 2) when the trusted-keys file `path` can be written by other users than its owner:
+    whoever can change it decides which signatures the host accepts. As sshd's StrictModes: a group- or
+    world-writable file is refused when zerogr runs as its owner (who can fix it with chmod go-w); a
+    world-writable one whoever owns it. A missing file is left to the read that follows."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return
+    mode = stat.S_IMODE(info.st_mode)
+    if not stat.S_ISREG(info.st_mode):
+        return
+    ours = info.st_uid == os.geteuid()
+    if mode & stat.S_IWOTH or (ours and mode & stat.S_IWGRP):
+        raise InputError(
+            f"{path}: trusted-keys file is writable by other users (mode {mode:04o}); chmod go-w it"
+        )

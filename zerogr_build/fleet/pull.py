@@ -11,10 +11,13 @@ The remote is untrusted input (the trust rules of docs/bundle-format.md section 
   3. under the OUT lock, claim a temp dir OUT/.tmp-<tag>/ (the local publish protocol, lock.py).
   4. stream each object into its file there, one chunk at a time, hashing as it goes and never reading
      past the declared size; then its size and sha256 must equal the manifest's. fsync each file.
-  5. write the remote manifest's exact bytes and its signature's, open the version (headers against the
-     manifest; with verify=True every invariant, as `zerogr verify`).
-  6. under the OUT lock: rename the temp dir to vNNNNNN, record the counter, replace LATEST, record it
-     as pull's (pull_record.py), prune.
+  5. write the remote manifest's exact bytes and its signature's (whenever the remote has a well-formed
+     one: checked with trusted keys, stored unchecked on an unsigned fleet), open the version (headers
+     against the manifest; with verify=True every invariant, as `zerogr verify`).
+  6. under the OUT lock: rename the temp dir to vNNNNNN, record the counter, record the move of LATEST
+     as pull's (pull_record.py: the versions before and after), replace LATEST, mark the move done,
+     prune.
+A version that is already installed downloads nothing; it gets the remote signature if it lacks one.
 A LATEST promoted locally away from what pull last set is held: pull leaves it (and downloads nothing)
 unless follow_remote.
 Any refusal is one line naming the remote object; the temp dir is removed, so the OUT is as it was. A
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -33,13 +35,13 @@ from pathlib import Path
 
 from ..base.errors import BundleError, InputError
 from ..base.progress import NULL_PROGRESS, Progress
-from ..bundle.files import atomic_replace_bytes, fsync_dir, read_small_file, write_bytes_durable
+from ..bundle.files import atomic_replace_bytes, fsync_dir, read_small_file, temp_tag, write_bytes_durable
 from ..bundle.format import (
     COUNTER_NAME,
     MANIFEST_NAME,
     SIGNATURE_NAME,
+    TEMP_PREFIX,
     parse_version_dir,
-    validate_manifest,
     version_dir_name,
 )
 from ..bundle.lock import BuildClaim, out_lock, remove_stale_temps
@@ -48,7 +50,7 @@ from ..bundle.verify import verify_bundle
 from ..bundle.versions import check_out_dir, next_version, prune_versions, replace_latest
 from ..bundle.versions import read_latest as read_local_latest
 from .local_disk import DISK_FULL, NotEnoughSpace, check_names_fit, check_space
-from .pull_record import held_latest, write_record
+from .pull_record import held_latest, record_move, write_record
 from .remote import (
     NothingPublished,
     RefusedRemoteVersion,
@@ -56,15 +58,13 @@ from .remote import (
     RemoteOut,
     S3Store,
     for_each_on_threads,
-    read_latest,
     version_name,
 )
+from .remote_version import check_objects, read_remote_manifest, remote_latest_number
 from .signing import Trust, remote_signature, require_trust
 from .transfer import TransferResult
 
 PULL_THREADS = 4
-#: Files one manifest may list (a bundle has a few dozen: steps, leaves, items, plans, kernels).
-MAX_FILES = 10_000
 
 
 @dataclass(kw_only=True)
@@ -143,9 +143,9 @@ def pull_version(
     store = store or S3Store(remote)
 
     t0 = time.perf_counter()
-    number = version if version is not None else _remote_latest(store)
+    number = version if version is not None else remote_latest_number(store)
     try:
-        raw, manifest = _remote_manifest(store, number, named_by_latest=version is None)
+        raw, manifest = read_remote_manifest(store, number, named_by_latest=version is None)
         signature, signed_by = remote_signature(store, number, raw, trust)
     except RefusedRemoteVersion:  # pruned between the read of LATEST and the manifest's GET: a retry
         _latest_moved(store, number, version)
@@ -161,12 +161,14 @@ def pull_version(
         return _pulled(remote.url, out, number, False, moved, len(entries), total, manifest, signed_by)
     existing = _installed(final, raw)
     if existing:
-        moved = _point_latest(out, final, keep, remote.url, follow_remote)
+        with out_lock(out):
+            _add_signature(out, final, signature)
+            moved = _point_latest_locked(out, final, keep, remote.url, follow_remote)
         return _pulled(remote.url, out, number, False, moved, len(entries), total, manifest, signed_by)
 
     t0 = time.perf_counter()
     try:
-        _check_objects(store, number, entries)
+        check_objects(store, number, entries)
     except RefusedRemoteVersion:
         _latest_moved(store, number, version)
         raise
@@ -197,6 +199,7 @@ def pull_version(
         with out_lock(out):
             if _installed(final, raw):  # a concurrent pull of the same version won the rename
                 claim.release()
+                _add_signature(out, final, signature)
                 moved = _point_latest_locked(out, final, keep, remote.url, follow_remote)
                 return _pulled(
                     remote.url, out, number, False, moved, len(entries), total, manifest, signed_by
@@ -228,7 +231,7 @@ def _latest_moved(store: S3Store, number: int, asked: int | None) -> None:
     if asked is not None:
         return
     try:
-        current = _remote_latest(store)
+        current = remote_latest_number(store)
     except (RefusedRemoteVersion, NothingPublished):
         return
     if current != number:
@@ -236,49 +239,6 @@ def _latest_moved(store: S3Store, number: int, asked: int | None) -> None:
             f"{store.remote.name_url('LATEST')}: moved from {version_dir_name(number)} to "
             f"{version_dir_name(current)} during the pull; run it again"
         )
-
-
-def _remote_latest(store: S3Store) -> int:
-    name, _ = read_latest(store)
-    if name is None:
-        raise NothingPublished(f"{store.remote.name_url('LATEST')}: missing (nothing promoted yet)")
-    number = parse_version_dir(name)
-    if number is None:
-        raise RefusedRemoteVersion(
-            f"{store.remote.name_url('LATEST')}: does not name a version dir (got {name[:80]!r})"
-        )
-    return number
-
-
-def _remote_manifest(store: S3Store, number: int, *, named_by_latest: bool) -> tuple[bytes, dict]:
-    """The remote manifest's bytes and parsed, validated content."""
-    name = version_name(number, MANIFEST_NAME)
-    where = store.remote.name_url(name)
-    got = store.get_small(name, MAX_MANIFEST_BYTES)
-    if got is None:
-        if not named_by_latest and not store.list_under(version_dir_name(number) + "/"):
-            raise NothingPublished(f"{store.remote.name_url(version_dir_name(number))}: no such version")
-        raise RefusedRemoteVersion(
-            f"{where}: missing (the version is incomplete: an upload in progress or killed)"
-        )
-    raw = got[0]
-    try:
-        manifest = json.loads(raw)
-    except RecursionError:
-        raise RefusedRemoteVersion(f"{where}: not readable JSON (nested too deep)") from None
-    except ValueError as exc:
-        raise RefusedRemoteVersion(f"{where}: not readable JSON ({exc})") from None
-    try:
-        validate_manifest(manifest, where)
-    except BundleError as exc:
-        raise RefusedRemoteVersion(str(exc)) from None
-    if manifest["version"] != number:
-        raise RefusedRemoteVersion(
-            f"{where}: version {manifest['version']} does not match {version_dir_name(number)}"
-        )
-    if len(manifest["files"]) > MAX_FILES:
-        raise RefusedRemoteVersion(f"{where}: lists {len(manifest['files'])} files, more than {MAX_FILES}")
-    return raw, manifest
 
 
 def _installed(final: Path, raw: bytes) -> bool:
@@ -297,19 +257,13 @@ def _installed(final: Path, raw: bytes) -> bool:
     )
 
 
-def _point_latest(
-    out: Path, final: Path, keep: int | None, url: str, follow: bool
-) -> tuple[bool, list[str], str | None]:
-    with out_lock(out):
-        return _point_latest_locked(out, final, keep, url, follow)
-
-
 def _point_latest_locked(
     out: Path, final: Path, keep: int | None, url: str, follow: bool
 ) -> tuple[bool, list[str], str | None]:
     """Point LATEST at `final` unless it names it already, record it as pull's, prune: (moved, pruned,
     None). Unless `follow`, a LATEST promoted here away from pull's last one is left: (False, [], it).
-    Call under the OUT lock."""
+    The record names the version being left before LATEST moves, so a pull killed between the two
+    writes leaves a LATEST that the next pull still knows as its own. Call under the OUT lock."""
     held = None if follow else held_latest(out, final.name)
     if held is not None:
         return False, [], held
@@ -319,6 +273,8 @@ def _point_latest_locked(
     except BundleError:
         current = None
     if current != final.name:
+        if current is not None and parse_version_dir(current) is not None:
+            record_move(out, current, final.name, url)
         replace_latest(out, final.name)
         moved = True
     write_record(out, final.name, url)
@@ -326,16 +282,20 @@ def _point_latest_locked(
     return moved, pruned, None
 
 
-def _check_objects(store: S3Store, number: int, entries: dict) -> None:
-    """Every listed file exists remotely with exactly its declared size (one listing of the version)."""
-    listed = store.list_under(version_dir_name(number) + "/")
-    for name, entry in sorted(entries.items()):
-        obj = listed.get(name)
-        where = store.remote.name_url(version_name(number, name))
-        if obj is None:
-            raise RefusedRemoteVersion(f"{where}: missing (listed in the manifest)")
-        if obj.size != int(entry["bytes"]):
-            raise RefusedRemoteVersion(f"{where}: {obj.size} bytes, the manifest says {entry['bytes']}")
+def _add_signature(out: Path, final: Path, signature: bytes | None) -> None:
+    """Give the installed version `final` the remote signature it lacks (installed by a pull that did not
+    store it): written beside OUT's other temp files, then renamed in. An existing one is left as it is.
+    Call under the OUT lock."""
+    target = final / SIGNATURE_NAME
+    if signature is None or target.exists() or target.is_symlink():
+        return
+    temp = out / f"{TEMP_PREFIX}{temp_tag()}-{SIGNATURE_NAME}"
+    try:
+        write_bytes_durable(temp, signature)
+        os.rename(temp, target)
+    finally:
+        temp.unlink(missing_ok=True)
+    fsync_dir(final)
 
 
 def _download(store: S3Store, number: int, entries: dict, tmp: Path, progress: Progress) -> None:

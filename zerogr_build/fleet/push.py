@@ -14,15 +14,21 @@ Protocol:
      `pushed_from` recording the local version and the local manifest's sha256; read both back. The
      version is now complete.
   6. with promote: move LATEST to vN by compare-and-swap on its ETag (If-Match; If-None-Match when there
-     is none), re-reading on a lost race; never to a lower number than LATEST already names.
+     is none), re-reading on a lost race; never to a lower number than LATEST already names. An unsigned
+     version is not promoted over a LATEST that names a signed one (InputError, exit 2, checked before
+     anything is uploaded and again at the move) unless allow_unsigned: hosts that trust keys would
+     refuse it and stop following the remote.
   7. with keep: delete every complete version but the `keep` highest and the one LATEST names (manifest
      first, so a half-deleted version is incomplete, never wrong), and claimed-but-incomplete versions
-     older than STALE_CLAIM_S below a higher version (pushes that died).
+     older than STALE_CLAIM_S below a higher version (pushes that died). LATEST is read again just before
+     each version is deleted and once more after its manifest is, so a rollback that moved LATEST to a
+     version after the listing keeps it.
 A push killed at any point leaves LATEST and every complete version as they were.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -32,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..base.errors import BundleError
+from ..base.errors import BundleError, InputError
 from ..base.progress import NULL_PROGRESS, Progress
 from ..bundle.files import _crash_point, read_small_file
 from ..bundle.format import (
@@ -98,19 +104,20 @@ def push_version(
     promote: bool = True,
     keep: int | None = None,
     signing_key: SigningKey | str | Path | None = None,
+    allow_unsigned: bool = False,
     progress: Progress = NULL_PROGRESS,
     store: S3Store | None = None,
     timings: dict[str, float] | None = None,
 ) -> PushResult:
     """Publish the local version `version_dir` (or the one an OUT dir's LATEST names) to the remote OUT
     `url` (s3://bucket/prefix), signed with `signing_key` (a key file or a loaded key; None: unsigned).
+    An unsigned version is promoted over a LATEST that names a signed one only with `allow_unsigned`.
     Returns a PushResult; see the module docstring for the protocol.
 
-    Raises InputError (bad arguments), RefusedRemoteVersion (the local version fails verification, exit 4),
-    RemoteAccessError / RemoteError (the store refused or failed; nothing complete was changed)."""
+    Raises InputError (bad arguments, an unsigned version over a signed LATEST), RefusedRemoteVersion (the
+    local version fails verification, exit 4), RemoteAccessError / RemoteError (the store refused or
+    failed; nothing complete was changed)."""
     if keep is not None and (isinstance(keep, bool) or int(keep) < 1):
-        from ..base.errors import InputError
-
         raise InputError(f"--keep must be >= 1, got {keep}")
     remote = RemoteOut.parse(url)
     key = load_signing_key(signing_key) if isinstance(signing_key, str | Path) else signing_key
@@ -132,7 +139,10 @@ def push_version(
     state = list_versions(store)
     number = _pushed_before(store, state, local_sha, key)
     uploaded = number is None
+    guard = promote and key is None and not allow_unsigned
     if number is None:
+        if guard:  # before anything is uploaded; checked again when LATEST moves
+            refuse_unsigned_over_signed(store, state.latest)
         number = _claim(store, state, local_sha)
         manifest = _upload_version(store, vdir, local, local_sha, number, progress, key)
     else:
@@ -143,7 +153,7 @@ def push_version(
     t0 = time.perf_counter()
     promoted, latest = False, None
     if promote:
-        promoted, latest = promote_remote(store, number)
+        promoted, latest = promote_remote(store, number, over_signed=not guard)
     else:
         latest = read_latest(store)[0]
     timings["promote"] = time.perf_counter() - t0
@@ -279,17 +289,36 @@ def _upload_version(
     return manifest
 
 
-def promote_remote(store: S3Store, number: int) -> tuple[bool, str | None]:
+def refuse_unsigned_over_signed(store: S3Store, latest: str | None) -> None:
+    """InputError (exit 2) when remote LATEST (`latest`, as read) names a signed version: an unsigned one
+    promoted over it would be refused by every host that trusts keys, which then stop following the
+    remote (a frozen fleet)."""
+    number = parse_version_dir(latest) if latest else None
+    if number is None or store.head(version_name(number, SIGNATURE_NAME)) is None:
+        return
+    raise InputError(
+        f"{store.remote.name_url(LATEST_NAME)}: names {latest}, a signed version; an unsigned version is "
+        "not promoted over it (hosts that trust keys would refuse it and stop updating): give "
+        "--signing-key KEY, or --allow-unsigned to push it unsigned all the same"
+    )
+
+
+def promote_remote(store: S3Store, number: int, *, over_signed: bool = True) -> tuple[bool, str | None]:
     """Point remote LATEST at vNNNNNN by compare-and-swap; never backwards. Returns (LATEST names it
-    now, what LATEST names). The version must be complete (its manifest is checked first)."""
+    now, what LATEST names). The version must be complete (its manifest is checked first). With
+    over_signed=False an unsigned version is not promoted over a LATEST that names a signed one
+    (refuse_unsigned_over_signed)."""
     target = version_dir_name(number)
     if store.head(version_name(number, MANIFEST_NAME)) is None:
         raise RefusedRemoteVersion(f"{store.remote.name_url(target)}: has no {MANIFEST_NAME}; not promoted")
+    guard = not over_signed and store.head(version_name(number, SIGNATURE_NAME)) is None
     for _ in range(CAS_ATTEMPTS):
         current, etag = read_latest(store)
         current_number = parse_version_dir(current) if current else None
         if current_number is not None and current_number >= number:
             return current_number == number, current
+        if guard:
+            refuse_unsigned_over_signed(store, current)
         try:
             if etag is None:
                 store.put(LATEST_NAME, f"{target}\n".encode(), if_none_match=True)
@@ -307,9 +336,10 @@ def prune_remote(store: S3Store, keep: int, now: float | None = None) -> list[st
     STALE_CLAIM_S ago, below a higher-numbered version). Returns the names removed.
 
     Only complete versions numbered below the one LATEST names are ever deleted: a push never moves LATEST
-    backwards, so none of them becomes LATEST again (a deliberate rollback, rollback.py, checks its
-    version after the move), while a version above it may be promoted by a concurrent push at any moment
-    (deleting it then would leave LATEST naming nothing). With no LATEST, no complete version is deleted."""
+    backwards, while a version above it may be promoted by a concurrent push at any moment (deleting it
+    then would leave LATEST naming nothing). With no LATEST, no complete version is deleted. A deliberate
+    rollback (rollback.py) may move LATEST back to a version after the listing: LATEST is read again
+    before each deletion (_delete_version), and the rollback checks its version after the move."""
     state = list_versions(store)
     latest = state.latest_number()
     complete = state.complete()
@@ -323,12 +353,35 @@ def prune_remote(store: S3Store, keep: int, now: float | None = None) -> list[st
         newest = max(obj.modified.timestamp() for obj in objects.values())
         if now - newest > STALE_CLAIM_S:
             doomed.append(number)
-    removed = []
-    for number in sorted(doomed):
-        names = [version_name(number, n) for n in state.objects[number]]
-        manifest = version_name(number, MANIFEST_NAME)
-        if manifest in names:  # first: from here on the version is incomplete, so nobody pulls it
-            store.delete([manifest])
-        store.delete([n for n in names if n != manifest])
-        removed.append(version_dir_name(number))
-    return removed
+    return [version_dir_name(n) for n in sorted(doomed) if _delete_version(store, n, state.objects[n])]
+
+
+def _delete_version(store: S3Store, number: int, objects: dict) -> bool:
+    """Delete the objects `objects` of version `number`. A complete one goes manifest first (from then on
+    it is incomplete, so nobody pulls it), and only while remote LATEST names a higher version: LATEST is
+    read just before, and again once the manifest is gone; when a rollback moved LATEST to it (or below
+    it) in between, the manifest is put back (create-only) and nothing else is deleted. Returns whether
+    the version was deleted."""
+    names = [version_name(number, n) for n in objects]
+    manifest = version_name(number, MANIFEST_NAME)
+    if manifest not in names:  # incomplete: it cannot be promoted, nor pulled
+        store.delete(names)
+        return True
+    if not _below_latest(store, number):
+        return False
+    got = store.get_small(manifest, MAX_MANIFEST_BYTES)
+    store.delete([manifest])
+    if not _below_latest(store, number):
+        if got is not None:
+            with contextlib.suppress(PreconditionFailed):  # someone put it back already
+                store.put(manifest, got[0], if_none_match=True)
+        return False
+    store.delete([n for n in names if n != manifest])
+    return True
+
+
+def _below_latest(store: S3Store, number: int) -> bool:
+    """True when remote LATEST, read now, names a version numbered above `number`."""
+    latest = read_latest(store)[0]
+    latest_number = parse_version_dir(latest) if latest else None
+    return latest_number is not None and number < latest_number

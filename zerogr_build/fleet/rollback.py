@@ -5,11 +5,15 @@ Protocol:
   1. the version must be complete on the store: a valid manifest naming its own number, and every file it
      lists present with its declared size (the cheap check of `zerogr status`; pulls still hash every
      byte). No such version: NothingPublished (exit 5); an incomplete or broken one: RefusedRemoteVersion
-     (exit 4). LATEST is not touched then.
+     (exit 4). Its signature is checked against the trusted keys, as a pull would (UntrustedVersion, exit
+     4), unless the fleet is unsigned (Trust.unsigned()). LATEST is not touched then.
   2. LATEST is replaced by compare-and-swap on its ETag (If-Match; If-None-Match when there is none),
      re-read on a lost race, so the result names exactly the LATEST that was replaced.
   3. the manifest is checked again: a concurrent `push --keep` may prune a version below the LATEST it
-     read. If it is gone, LATEST is put back (compare-and-swap again) and the move is refused.
+     read (prune re-reads LATEST before deleting each version and restores a manifest that LATEST came
+     to name meanwhile, so this is rare). If it is gone, LATEST is put back (compare-and-swap again) and
+     the move is refused; when there was no LATEST before, it is left naming the version (deleting it
+     could not be made conditional on it being ours), and the error says so.
 Serving hosts follow on their next pull (a pull moves LATEST backwards like forwards), except hosts held
 at a local promotion. The next push of a new version moves LATEST forwards again.
 """
@@ -19,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..bundle.format import LATEST_NAME, MANIFEST_NAME, version_dir_name
-from .pull import _check_objects, _remote_manifest
 from .remote import (
     PreconditionFailed,
     RefusedRemoteVersion,
@@ -29,6 +32,8 @@ from .remote import (
     read_latest,
     version_name,
 )
+from .remote_version import check_objects, read_remote_manifest
+from .signing import Trust, remote_signature, require_trust
 
 CAS_ATTEMPTS = 50
 
@@ -36,13 +41,15 @@ CAS_ATTEMPTS = 50
 @dataclass(frozen=True)
 class LatestMove:
     """What a move of remote LATEST did: the remote OUT, the version LATEST names now, the one it named
-    before (None: there was no LATEST), whether it changed, and the version's manifest."""
+    before (None: there was no LATEST), whether it changed, the version's manifest, and the trusted key
+    that signed it (None on an unsigned fleet)."""
 
     url: str
     version: int
     previous: str | None
     moved: bool
     manifest: dict
+    signed_by: str | None = None
 
     def as_dict(self) -> dict:
         """The JSON form (`--json`): every field but the manifest, plus the manifest's model_version."""
@@ -53,21 +60,24 @@ class LatestMove:
         }
 
 
-def move_remote_latest(url: str, *, store: S3Store | None = None) -> LatestMove:
-    """Point the remote LATEST at `url` = s3://bucket/prefix/vNNNNNN, a complete version, whichever way
-    that moves it; see the module docstring. Raises InputError (the URL), NothingPublished (no such
-    version), RefusedRemoteVersion (incomplete or broken, or pruned meanwhile), RemoteAccessError /
-    RemoteError (the store refused or failed)."""
+def move_remote_latest(url: str, *, trust: Trust | None, store: S3Store | None = None) -> LatestMove:
+    """Point the remote LATEST at `url` = s3://bucket/prefix/vNNNNNN, a complete version whose signature
+    checks against `trust` (or Trust.unsigned() for an unsigned fleet; None is refused, InputError),
+    whichever way that moves it; see the module docstring. Raises InputError (the URL, no trust),
+    NothingPublished (no such version), RefusedRemoteVersion (incomplete, broken or not signed by a
+    trusted key, or pruned meanwhile), RemoteAccessError / RemoteError (the store refused or failed)."""
     remote, number = parse_version_url(url)
+    trust = require_trust(trust, remote.url)
     store = store or S3Store(remote)
-    _, manifest = _remote_manifest(store, number, named_by_latest=False)
-    _check_objects(store, number, manifest["files"])
+    raw, manifest = read_remote_manifest(store, number, named_by_latest=False)
+    _, signed_by = remote_signature(store, number, raw, trust)
+    check_objects(store, number, manifest["files"])
     target = version_dir_name(number)
     body = f"{target}\n".encode()
     for _ in range(CAS_ATTEMPTS):
         previous, etag = read_latest(store)
         if previous == target:
-            return LatestMove(remote.url, number, previous, False, manifest)
+            return LatestMove(remote.url, number, previous, False, manifest, signed_by)
         try:
             if etag is None:
                 new_etag = store.put(LATEST_NAME, body, if_none_match=True)
@@ -81,20 +91,22 @@ def move_remote_latest(url: str, *, store: S3Store | None = None) -> LatestMove:
             f"{store.remote.name_url(LATEST_NAME)}: changed {CAS_ATTEMPTS} times while moving it"
         )
     if store.head(version_name(number, MANIFEST_NAME)) is None:
-        _put_back(store, previous, new_etag)
         raise RefusedRemoteVersion(
-            f"{store.remote.name_url(target)}: pruned while LATEST was moved to it; LATEST put back to "
-            f"{previous or '(none)'}"
+            f"{store.remote.name_url(target)}: pruned while LATEST was moved to it; "
+            + _put_back(store, previous, new_etag)
         )
-    return LatestMove(remote.url, number, previous, True, manifest)
+    return LatestMove(remote.url, number, previous, True, manifest, signed_by)
 
 
-def _put_back(store: S3Store, previous: str | None, etag: str) -> None:
-    """Undo a move of LATEST, unless LATEST has changed again since (then that change stands)."""
+def _put_back(store: S3Store, previous: str | None, etag: str) -> str:
+    """Undo a move of LATEST by compare-and-swap on the ETag this move wrote, unless LATEST has changed
+    again since (then that change stands). With no LATEST before, it is left as it is: a delete cannot be
+    made conditional here, and an unconditional one could remove the LATEST of a concurrent push.
+    Returns what happened, for the error message."""
+    if previous is None:
+        return "LATEST (there was none before) is left as it is: promote or push a complete version"
     try:
-        if previous is None:
-            store.delete([LATEST_NAME])
-        else:
-            store.put(LATEST_NAME, f"{previous}\n".encode(), if_match=etag)
+        store.put(LATEST_NAME, f"{previous}\n".encode(), if_match=etag)
     except PreconditionFailed:
-        pass
+        return "LATEST was moved again meanwhile and is left as it is"
+    return f"LATEST put back to {previous}"

@@ -152,14 +152,24 @@ def remote_signature(
     store: S3Store, number: int, manifest_raw: bytes, trust: Trust
 ) -> tuple[bytes | None, str | None]:
     """(the signature object's bytes, the trusted key id that signed) of remote version `number`, checked
-    against its manifest bytes; (None, None) for an unsigned fleet, where it is not read."""
-    if not trust.keys:
-        trust.check(manifest_raw, None, store.remote.name_url(version_name(number, SIGNATURE_NAME)))
-        return None, None
+    against its manifest bytes. On an unsigned fleet nothing is checked: (the bytes of a well-formed
+    signature object, None), so that a pull stores it beside the manifest for a later check with keys,
+    or (None, None) when there is none, or it is not a signature file."""
     name = version_name(number, SIGNATURE_NAME)
+    where = store.remote.name_url(name)
+    if not trust.keys:
+        trust.check(manifest_raw, None, where)  # InputError unless the fleet is unsigned on purpose
+        try:
+            got = store.get_small(name, MAX_SIGNATURE_BYTES)
+            if got is None:
+                return None, None
+            parse_signature(got[0], where)
+        except RefusedRemoteVersion:  # oversized or malformed (UntrustedVersion): not stored
+            return None, None
+        return got[0], None
     got = store.get_small(name, MAX_SIGNATURE_BYTES)
     raw = got[0] if got is not None else None
-    return raw, trust.check(manifest_raw, raw, store.remote.name_url(name))
+    return raw, trust.check(manifest_raw, raw, where)
 
 
 def check_local_signature(version_dir: Path, trust: Trust) -> str | None:

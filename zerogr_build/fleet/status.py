@@ -10,7 +10,8 @@ trusted keys, every version's manifest.json.sig is checked too (signing.py), rem
 OUT is read only with trusted keys or as an unsigned fleet (Trust.unsigned()).
 
 A remote version whose manifest is gone by the time it is read was pruned by a concurrent push: it is
-left out, not reported as failing.
+left out, not reported as failing, unless LATEST names it (then its row says it was removed, and the
+check fails). When the store cannot say whether the manifest is still there, the row keeps its error.
 
 Quality records (quality/<key>.json, a few KiB each) are read on both sides by the same rules as
 `load_quality`; a remote one is also checked against the manifest's size and sha256. One that breaks a
@@ -181,9 +182,15 @@ def _remote_status(remote: RemoteOut, verify: bool, store: S3Store | None, trust
                 raise BundleError(broken[0])
             entry["ok"] = True
         except ZerogrError as exc:
-            if store.head(version_name(number, MANIFEST_NAME)) is None:
-                continue  # pruned by a concurrent push since the listing: not a failing version
             entry["error"] = one_line(exc)
+            if _removed_since_listing(store, number):
+                if not entry["latest"]:
+                    continue  # pruned by a concurrent push since the listing: not a failing version
+                entry["complete"] = False
+                entry["error"] = (
+                    f"removed while it was read ({MANIFEST_NAME} is gone), and LATEST names it: "
+                    "hosts cannot pull it"
+                )
         versions.append(entry)
     return {
         "out": remote.url,
@@ -193,6 +200,15 @@ def _remote_status(remote: RemoteOut, verify: bool, store: S3Store | None, trust
         "ok": _overall(versions),
         "versions": versions,
     }
+
+
+def _removed_since_listing(store: S3Store, number: int) -> bool:
+    """True when remote version `number`'s manifest is gone now; False when it is there, or when the store
+    cannot say (then the version's own error stands)."""
+    try:
+        return store.head(version_name(number, MANIFEST_NAME)) is None
+    except ZerogrError:
+        return False
 
 
 def _quality_names(manifest: dict) -> list[tuple[str, str]]:

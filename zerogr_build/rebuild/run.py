@@ -13,6 +13,7 @@ is kept for inspection (`kept`; `zerogr status` marks it "unpromoted"). So an OU
 from __future__ import annotations
 
 import contextlib
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -313,7 +314,7 @@ def _push(
         result.fail(EXIT_PUSH_FAILED, "push", _message(exc))
         log(
             f"push to {redact(push.url)} failed: {_message(exc)}; promoted here only; "
-            f"retry: zerogr push {vdir} {redact(push.url)}"
+            f"retry: {retry_push(push, vdir)}"
         )
         return
     pushed = result.pushed
@@ -322,6 +323,18 @@ def _push(
         + (" (LATEST moved)" if pushed.promoted else f" (remote LATEST stays {pushed.latest})")
         + (f", signed by {pushed.signed_by}" if pushed.signed_by else ", unsigned (no --push-signing-key)")
     )
+
+
+def retry_push(push: PushSpec, vdir: Path) -> str:
+    """The `zerogr push` command line that retries a failed push of `vdir` as this run would have pushed
+    it: the same remote OUT, --keep and signing key (an unsigned retry would not be promoted over a
+    signed remote LATEST, and would freeze the hosts that trust keys if it were)."""
+    words = ["zerogr", "push", str(vdir), redact(push.url)]
+    if push.keep is not None:
+        words += ["--keep", str(push.keep)]
+    if push.signing_key is not None:
+        words += ["--signing-key", str(push.signing_key)]
+    return shlex.join(words)
 
 
 def _clean_up(result: RebuildResult, log: Log) -> None:
