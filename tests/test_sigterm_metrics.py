@@ -117,7 +117,7 @@ def test_tune_killed_while_measuring(version, tmp_path):
     [
         ("push", ["push", "{version}/v000001", "s3://bucket/fleet"]),
         ("pull", ["pull", "s3://bucket/fleet", "{tmp}/HOST", "--allow-unsigned"]),
-        ("promote", ["promote", "s3://bucket/fleet/v000001"]),
+        ("promote", ["promote", "s3://bucket/fleet/v000001", "--allow-unsigned"]),
     ],
 )
 def test_fleet_commands_killed_while_the_store_hangs(version, tmp_path, hung_s3, job, args):
