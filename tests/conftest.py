@@ -138,6 +138,23 @@ def s3_bucket(s3_env) -> str:
     return name
 
 
+@pytest.fixture()
+def remote(s3_bucket) -> str:
+    """A remote OUT on the moto server: s3://<fresh bucket>/fleet/bundles."""
+    return f"s3://{s3_bucket}/fleet/bundles"
+
+
+@pytest.fixture()
+def build_out(tmp_path):
+    """A local OUT on the 'build box' with two versions (v1, v2; LATEST = v2)."""
+    from zerogr_build.testing import publish_catalog, random_catalog
+
+    out = tmp_path / "build"
+    publish_catalog(random_catalog(seed=1), out)
+    publish_catalog(random_catalog(seed=2, string_ids=True), out)
+    return out
+
+
 # --- Ray (the --engine ray tests) ---
 # Tests marked xdist_group run on one xdist worker, so the suite starts one Ray cluster, not one per worker:
 # `-n 2` distributes with loadgroup instead of load (the same as load for every unmarked test).

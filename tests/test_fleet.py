@@ -72,20 +72,6 @@ def samples(path: Path) -> dict:
     return found
 
 
-@pytest.fixture()
-def build_out(tmp_path) -> Path:
-    """A local OUT on the 'build box' with two versions (v1, v2; LATEST = v2)."""
-    out = tmp_path / "build"
-    publish_catalog(random_catalog(seed=1), out)
-    publish_catalog(random_catalog(seed=2, string_ids=True), out)
-    return out
-
-
-@pytest.fixture()
-def remote(s3_bucket) -> str:
-    return f"s3://{s3_bucket}/fleet/bundles"
-
-
 def client():
     import boto3
 

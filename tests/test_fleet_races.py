@@ -21,11 +21,6 @@ from .test_fleet import delete, tree, zerogr
 
 
 @pytest.fixture()
-def remote(s3_bucket) -> str:
-    return f"s3://{s3_bucket}/fleet/bundles"
-
-
-@pytest.fixture()
 def three_pushed(tmp_path, remote) -> str:
     """Three versions pushed (v1..v3, LATEST = v3), signed with a fresh key; returns the public key file."""
     out = tmp_path / "build"

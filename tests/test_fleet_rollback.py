@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_fleet
 from tests.test_fleet import delete, put, remote_keys, samples, zerogr
 from zerogr_build.fleet import pull as pull_module
 from zerogr_build.fleet.pull import pull_version
@@ -27,8 +26,6 @@ from zerogr_build.fleet.signing import Trust
 from zerogr_build.testing import publish_catalog, random_catalog
 
 UNSIGNED = "--allow-unsigned"
-build_out = test_fleet.build_out  # the fixtures: a build box OUT with v1 and v2, and a remote OUT URL
-remote = test_fleet.remote
 
 
 def pull(remote_url: str, host: Path, *args: str) -> tuple[int, str, str]:

@@ -27,20 +27,6 @@ from .test_fleet import put, remote_keys, tree, zerogr
 
 
 @pytest.fixture()
-def build_out(tmp_path) -> Path:
-    """A local OUT on the 'build box' with two versions (v1, v2; LATEST = v2)."""
-    out = tmp_path / "build"
-    publish_catalog(random_catalog(seed=1), out)
-    publish_catalog(random_catalog(seed=2, string_ids=True), out)
-    return out
-
-
-@pytest.fixture()
-def remote(s3_bucket) -> str:
-    return f"s3://{s3_bucket}/fleet/bundles"
-
-
-@pytest.fixture()
 def keys(tmp_path) -> dict[str, Path]:
     """Two key pairs made by `zerogr keys new`: {"a": private, "a.pub": public, "b": ..., "b.pub": ...}."""
     made = {}

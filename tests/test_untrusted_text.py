@@ -25,9 +25,6 @@ from zerogr_build.fleet.remote import RemoteOut
 from zerogr_build.index import build_index
 from zerogr_build.testing import random_catalog
 
-build_out = test_fleet.build_out  # the fixtures: a build box OUT with v1 and v2, and a remote OUT URL
-remote = test_fleet.remote
-
 KEY_ID = "AKIAEXAMPLEKEYID0042"
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY"  # AWS secret keys often hold '/'
 TOKEN = "IQoJb3JpZ2luX2VjEXAMPLESESSIONTOKEN"
