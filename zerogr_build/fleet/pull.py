@@ -60,7 +60,7 @@ from .remote import (
     for_each_on_threads,
     version_name,
 )
-from .remote_version import check_objects, read_remote_manifest, remote_latest_number
+from .remote_version import check_objects, parse_remote_manifest, read_remote_manifest, remote_latest_number
 from .signing import Trust, remote_signature, require_trust
 from .transfer import TransferResult
 
@@ -145,8 +145,9 @@ def pull_version(
     t0 = time.perf_counter()
     number = version if version is not None else remote_latest_number(store)
     try:
-        raw, manifest = read_remote_manifest(store, number, named_by_latest=version is None)
+        raw = read_remote_manifest(store, number, named_by_latest=version is None)
         signature, signed_by = remote_signature(store, number, raw, trust)
+        manifest = parse_remote_manifest(store, number, raw)
     except RefusedRemoteVersion:  # pruned between the read of LATEST and the manifest's GET: a retry
         _latest_moved(store, number, version)
         raise

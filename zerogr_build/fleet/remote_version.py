@@ -1,6 +1,7 @@
 """Reading one version of a remote OUT as untrusted input, shared by pull (pull.py), the fleet rollback
-(rollback.py) and the signature check of both: the version remote LATEST names, a version's manifest
-(bounded, parsed, validated, naming its own number), and the check that every file it lists is on the
+(rollback.py) and remote status (status.py): the version remote LATEST names, a version's manifest (its
+bytes, bounded, then parsed and validated, naming its own number: a signed fleet checks the bytes in
+between), and the check that every file it lists is on the
 store with its declared size (one listing, nothing downloaded).
 
 Every refusal is one line naming the remote object: RefusedRemoteVersion (exit 4), or NothingPublished
@@ -34,21 +35,28 @@ def remote_latest_number(store: S3Store) -> int:
     return number
 
 
-def read_remote_manifest(store: S3Store, number: int, *, named_by_latest: bool) -> tuple[bytes, dict]:
-    """The remote manifest of version `number`: its exact bytes and its parsed, validated content.
+def read_remote_manifest(store: S3Store, number: int, *, named_by_latest: bool) -> bytes:
+    """The exact bytes of remote version `number`'s manifest (at most MAX_MANIFEST_BYTES), unparsed: a
+    signed fleet checks them (signing.remote_signature) before parse_remote_manifest reads them.
 
     A missing manifest is NothingPublished when the version has no object at all and was asked for by
     number (`named_by_latest` False), RefusedRemoteVersion (an incomplete version) otherwise."""
     name = version_name(number, MANIFEST_NAME)
-    where = store.remote.name_url(name)
     got = store.get_small(name, MAX_MANIFEST_BYTES)
     if got is None:
         if not named_by_latest and not store.list_under(version_dir_name(number) + "/"):
             raise NothingPublished(f"{store.remote.name_url(version_dir_name(number))}: no such version")
         raise RefusedRemoteVersion(
-            f"{where}: missing (the version is incomplete: an upload in progress or killed)"
+            f"{store.remote.name_url(name)}: missing (the version is incomplete: an upload in progress or "
+            "killed)"
         )
-    raw = got[0]
+    return got[0]
+
+
+def parse_remote_manifest(store: S3Store, number: int, raw: bytes) -> dict:
+    """The manifest bytes `raw` of remote version `number` parsed and validated: a manifest naming its own
+    number and at most MAX_FILES files; RefusedRemoteVersion naming the remote manifest otherwise."""
+    where = store.remote.name_url(version_name(number, MANIFEST_NAME))
     try:
         manifest = json.loads(raw)
     except RecursionError:
@@ -65,7 +73,7 @@ def read_remote_manifest(store: S3Store, number: int, *, named_by_latest: bool) 
         )
     if len(manifest["files"]) > MAX_FILES:
         raise RefusedRemoteVersion(f"{where}: lists {len(manifest['files'])} files, more than {MAX_FILES}")
-    return raw, manifest
+    return manifest
 
 
 def check_objects(store: S3Store, number: int, entries: dict) -> None:

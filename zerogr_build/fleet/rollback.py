@@ -32,7 +32,7 @@ from .remote import (
     read_latest,
     version_name,
 )
-from .remote_version import check_objects, read_remote_manifest
+from .remote_version import check_objects, parse_remote_manifest, read_remote_manifest
 from .signing import Trust, remote_signature, require_trust
 
 CAS_ATTEMPTS = 50
@@ -69,8 +69,9 @@ def move_remote_latest(url: str, *, trust: Trust | None, store: S3Store | None =
     remote, number = parse_version_url(url)
     trust = require_trust(trust, remote.url)
     store = store or S3Store(remote)
-    raw, manifest = read_remote_manifest(store, number, named_by_latest=False)
+    raw = read_remote_manifest(store, number, named_by_latest=False)
     _, signed_by = remote_signature(store, number, raw, trust)
+    manifest = parse_remote_manifest(store, number, raw)
     check_objects(store, number, manifest["files"])
     target = version_dir_name(number)
     body = f"{target}\n".encode()

@@ -21,7 +21,6 @@ rule is shown as {"file", "error"}, never as a decision, and fails its version's
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from datetime import datetime
 from pathlib import Path
@@ -30,17 +29,16 @@ from typing import Any
 from ..base.errors import BundleError, InputError, ZerogrError, one_line
 from ..bundle.format import (
     MANIFEST_NAME,
-    SIGNATURE_NAME,
     parse_version_dir,
-    validate_manifest,
     version_dir_name,
 )
 from ..bundle.quality import MAX_QUALITY_BYTES, load_quality, parse_quality, quality_key_of, quality_row
-from ..bundle.reader import MAX_MANIFEST_BYTES, load_manifest
+from ..bundle.reader import load_manifest
 from ..bundle.verify import verify_bundle
 from ..bundle.versions import read_latest, version_dirs
 from .remote import CLAIM_NAME, RemoteOut, S3Store, is_remote, list_versions, version_name
-from .signing import MAX_SIGNATURE_BYTES, Trust, check_local_signature, require_trust
+from .remote_version import parse_remote_manifest, read_remote_manifest
+from .signing import Trust, check_local_signature, remote_signature, require_trust
 
 
 def out_status(
@@ -252,24 +250,9 @@ def _remote_quality(store: S3Store, number: int, manifest: dict) -> list[dict[st
 def _remote_manifest(store: S3Store, number: int, trust: Trust) -> tuple[dict, str | None]:
     """(the remote manifest, the trusted key id that signed it or None on an unsigned fleet): the
     signature is checked before the manifest is parsed."""
-    name = version_name(number, MANIFEST_NAME)
-    where = store.remote.name_url(name)
-    got = store.get_small(name, MAX_MANIFEST_BYTES)
-    if got is None:
-        raise BundleError(f"{where}: missing")
-    signed_by = None
-    if trust.keys:
-        signature = store.get_small(version_name(number, SIGNATURE_NAME), MAX_SIGNATURE_BYTES)
-        where_sig = store.remote.name_url(version_name(number, SIGNATURE_NAME))
-        signed_by = trust.check(got[0], signature[0] if signature else None, where_sig)
-    try:
-        manifest = json.loads(got[0])
-    except (ValueError, RecursionError) as exc:
-        raise BundleError(f"{where}: not readable JSON ({type(exc).__name__})") from None
-    validate_manifest(manifest, where)
-    if manifest["version"] != number:
-        raise BundleError(f"{where}: version {manifest['version']} does not match {version_dir_name(number)}")
-    return manifest, signed_by
+    raw = read_remote_manifest(store, number, named_by_latest=True)
+    signed_by = remote_signature(store, number, raw, trust)[1] if trust.keys else None
+    return parse_remote_manifest(store, number, raw), signed_by
 
 
 def _check_remote_files(store: S3Store, number: int, manifest: dict, objects: dict, verify: bool) -> None:
