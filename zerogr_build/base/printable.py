@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from .redact import redact
+
 _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
 
@@ -22,3 +24,9 @@ def _escape(match: re.Match[str]) -> str:
 def printable(text: object) -> str:
     """`str(text)` with its control characters replaced by visible escapes (tab kept)."""
     return _CONTROL.sub(_escape, str(text))
+
+
+def safe_text(text: object) -> str:
+    """`text` as it may be shown anywhere (a message, a log line, a metrics label): secrets redacted
+    (base.redact), then control characters escaped."""
+    return printable(redact(str(text)))

@@ -12,17 +12,11 @@ from collections.abc import Iterator
 import typer
 
 from ..base.errors import ZerogrError, one_line
-from ..base.printable import printable
-from ..base.redact import redact
+from ..base.printable import safe_text
 from ._render import stderr_console
 from ._signals import interrupt_exit_code
 
 DEBUG_ENV = "ZEROGR_DEBUG"
-
-
-def safe_text(text: object) -> str:
-    """`text` as it may be shown: secrets redacted, control characters escaped (one line or not)."""
-    return printable(redact(str(text)))
 
 
 def shown(exc: BaseException) -> str:

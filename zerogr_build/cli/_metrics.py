@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
 import stat
 import threading
 import time
@@ -39,9 +38,8 @@ from typing import Any
 
 import typer
 
-from ..base.printable import printable
-from ..base.redact import redact
-from ._signals import interrupt_exit_code, signals_as_interrupts
+from ..base.printable import safe_text
+from ._signals import interrupt_exit_code, signal_name, signals_as_interrupts
 
 PREFIX = "zerogr"
 BUNDLE_GAUGES = {
@@ -67,7 +65,7 @@ class JobMetrics:
 
     def fail(self, stage: str, reason: str) -> None:
         """Name what failed: written as zerogr_job_failure_info{stage, reason} 1 when the run fails."""
-        self.failure = (stage, printable(redact(" ".join(reason.split())))[:300])
+        self.failure = (stage, safe_text(" ".join(reason.split()))[:300])
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -242,7 +240,7 @@ def job_metrics(job: str, path: str | os.PathLike | None) -> Iterator[JobMetrics
                 sys.stderr.write(f"WARNING: could not write the metrics file {metrics.path}: {exc}\n")
 
     def forced_exit(signum: int) -> None:
-        metrics.fail("signal", f"terminated by {signal.Signals(signum).name}; ended after the grace period")
+        metrics.fail("signal", f"terminated by {signal_name(signum)}; ended after the grace period")
         write_once(128 + signum)
 
     try:
@@ -252,7 +250,7 @@ def job_metrics(job: str, path: str | os.PathLike | None) -> Iterator[JobMetrics
     except typer.Exit as exc:
         status = int(exc.exit_code or 0)
         if status > 128 and metrics.failure is None:
-            metrics.fail("signal", f"terminated by {_signal_name(status - 128)}")
+            metrics.fail("signal", f"terminated by {signal_name(status - 128)}")
         raise
     except KeyboardInterrupt as exc:
         status = interrupt_exit_code(exc)
@@ -260,11 +258,3 @@ def job_metrics(job: str, path: str | os.PathLike | None) -> Iterator[JobMetrics
         raise
     finally:
         write_once(status)
-
-
-def _signal_name(signum: int) -> str:
-    """SIGTERM for 15; "signal N" for a number that names no signal here."""
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"

@@ -23,13 +23,21 @@ SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "S
 GRACE_SECONDS = 10.0
 
 
+def signal_name(signum: int) -> str:
+    """SIGTERM for 15; "signal N" for a number that names no signal here."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 class Terminated(KeyboardInterrupt):
     """Raised in the main thread when SIGTERM or SIGHUP arrives."""
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
         self.exit_code = 128 + signum
-        self.name = signal.Signals(signum).name
+        self.name = signal_name(signum)
         super().__init__(f"terminated by {self.name}")
 
 
@@ -87,7 +95,7 @@ class _Watchdog:
         finally:
             os.close(self.read_fd)
         time.sleep(grace)
-        name = signal.Signals(signum).name
+        name = signal_name(signum)
         try:
             if on_forced_exit is not None:
                 on_forced_exit(signum)

@@ -10,10 +10,11 @@ from typing import Annotated
 
 import typer
 
+from ..base.printable import safe_text
 from ..config import load_settings
 from ..fleet.signing import Trust, check_local_signature
 from ..pipeline import inspect_bundle, verify_with_catalog
-from ._errors import cli_errors, safe_text, warnings_on_stderr
+from ._errors import cli_errors, warnings_on_stderr
 from ._metrics import job_metrics
 from ._options import (
     AvailableOpt,

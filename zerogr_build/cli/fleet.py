@@ -22,13 +22,14 @@ from typing import Annotated
 
 import typer
 
+from ..base.printable import safe_text
 from ..bundle.format import parse_version_dir
 from ..fleet.pull import pull_version
 from ..fleet.push import push_version
 from ..fleet.remote import RemoteOut, is_remote
 from ..fleet.signing import host_trust
 from ..fleet.status import out_status
-from ._errors import cli_errors, safe_text, warnings_on_stderr
+from ._errors import cli_errors, warnings_on_stderr
 from ._metrics import JobMetrics, job_metrics
 from ._options import (
     AllowUnsignedOpt,

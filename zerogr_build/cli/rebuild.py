@@ -13,7 +13,8 @@ from typing import Annotated, Any
 import typer
 
 from ..base.errors import InputError, one_line
-from ._errors import cli_errors, safe_text, warnings_on_stderr
+from ..base.printable import safe_text
+from ._errors import cli_errors, warnings_on_stderr
 from ._metrics import JobMetrics, job_metrics
 from ._options import MetricsFileOpt
 from ._progress import progress_for

@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ._errors import cli_errors, safe_text
+from ..base.printable import safe_text
+from ._errors import cli_errors
 from ._metrics import job_metrics
 from ._options import BundleArg, ConfigOpt, JsonOpt, MetricsFileOpt, bundle_path, with_help
 from ._progress import progress_for
