@@ -67,7 +67,7 @@ from .remote import (
     read_latest,
     version_name,
 )
-from .signing import MAX_SIGNATURE_BYTES, Trust, signature_file
+from .signing import Trust, remote_signature, signature_file
 from .transfer import TransferResult
 
 PUSH_THREADS = 4
@@ -201,8 +201,7 @@ def _pushed_before(
 def _signed_by(store: S3Store, number: int, manifest_raw: bytes, key: SigningKey) -> bool:
     """True when remote version `number` carries a valid signature by `key`."""
     try:
-        got = store.get_small(version_name(number, SIGNATURE_NAME), MAX_SIGNATURE_BYTES)
-        Trust({key.key_id: key.private.public_key()}).check(manifest_raw, got[0] if got else None, "")
+        remote_signature(store, number, manifest_raw, Trust({key.key_id: key.private.public_key()}))
     except RefusedRemoteVersion:  # missing, oversized, malformed, another key's, or not this manifest's
         return False
     return True
