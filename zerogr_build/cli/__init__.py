@@ -2,6 +2,7 @@
 
     build.py    build, promote          bundle.py   inspect, verify
     tune.py     tune                    compare.py  compare
+    diff.py     diff (two versions)
     fleet.py    push, pull, status      rebuild.py  rebuild (cron: build -> ... -> promote -> push)
     keys.py     keys new (signing keys)
     config.py   config --show-defaults  demo.py     demo-catalog
@@ -29,6 +30,7 @@ from .bundle import inspect, verify
 from .compare import compare
 from .config import config
 from .demo import demo_catalog
+from .diff import diff
 from .fleet import pull, push, status
 from .keys import keys_app
 from .rebuild import COMMAND_SETTINGS as REBUILD_SETTINGS
@@ -71,6 +73,7 @@ app.command()(build)
 app.command()(inspect)
 app.command()(verify)
 app.command()(promote)
+app.command()(diff)
 app.command()(tune)
 app.command()(compare)
 app.command()(push)
