@@ -84,7 +84,7 @@ def test_failed_verify_never_moves_latest(catalog, tmp_path, monkeypatch):
         return real_verify(*args, **kwargs)
 
     monkeypatch.setattr(pipeline, "verify_with_catalog", watching_verify)
-    args = [catalog, "--out", out, "--codebook-sizes", "16,16,16", "--device", "cpu", "--keep", "1"]
+    args = [catalog, "--out", out, "--codebook-sizes", "16,16,16", "--device", "cpu", "--keep", "1", "--force"]
     args += ["--tune-args", TUNE_ARGS]
 
     def run(corrupt: bool):
