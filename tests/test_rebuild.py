@@ -18,7 +18,6 @@ import pytest
 
 from zerogr_build.bundle import open_bundle
 from zerogr_build.bundle.quality import find_quality
-
 from zerogr_build.rebuild import PushSpec
 from zerogr_build.rebuild.push import retry_push
 
@@ -131,8 +130,8 @@ def test_push_publishes_what_was_promoted_and_a_failed_push_exits_12(catalog, tm
     assert s3.get_object(Bucket=s3_bucket, Key="fleet/LATEST")["Body"].read() == b"v000001\n"
 
     untuned = run_rebuild(
-        catalog, "--out", out, *SIZES, "--device", "cpu", "--tune-args", "--iters 0", "--push", url, "--force",
-        cwd=tmp_path,
+        catalog, "--out", out, *SIZES, "--device", "cpu", "--tune-args", "--iters 0", "--push", url,
+        "--force", cwd=tmp_path,
     )  # fmt: skip
     assert untuned.returncode == 5, untuned.stderr  # promoted without a plan: pushed all the same
     assert s3.get_object(Bucket=s3_bucket, Key="fleet/LATEST")["Body"].read() == b"v000002\n"
@@ -199,7 +198,7 @@ def test_a_full_disk_at_promote_is_exit_8_and_removes_the_unpromoted_version(cat
     )
     failure = _failure(prom)
     assert failure["stage"] == "promote" and "disk full writing" in failure["reason"]
-    assert "No space left on device" in failure["reason"] and "retrying alone will not help" in failure["reason"]
+    assert "No space left on device" in failure["reason"] and "retrying alone" in failure["reason"]
 
 
 def test_a_crash_outside_the_stages_is_exit_1_and_named_in_the_metrics(catalog, tmp_path, monkeypatch):

@@ -84,8 +84,8 @@ def test_failed_verify_never_moves_latest(catalog, tmp_path, monkeypatch):
         return real_verify(*args, **kwargs)
 
     monkeypatch.setattr(pipeline, "verify_with_catalog", watching_verify)
-    args = [catalog, "--out", out, "--codebook-sizes", "16,16,16", "--device", "cpu", "--keep", "1", "--force"]
-    args += ["--tune-args", TUNE_ARGS]
+    args = [catalog, "--out", out, "--codebook-sizes", "16,16,16", "--device", "cpu", "--keep", "1"]
+    args += ["--force", "--tune-args", TUNE_ARGS]
 
     def run(corrupt: bool):
         monkeypatch.setattr(pipeline, "build_bundle", corrupting_build if corrupt else real_build)

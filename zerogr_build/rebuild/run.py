@@ -242,10 +242,10 @@ def _build(
         f"built {result.version_dir} (not promoted: LATEST unchanged): {items:,} items, "
         f"{summary['distinct_sids']:,} distinct SIDs, index {human_bytes(summary['index_bytes'])}"
     )
-    shared = summary["items_in_shared_sids"]
+    shared, share = summary["items_in_shared_sids"], 100 * summary["items_in_shared_sids"] / items
     log(
-        f"{shared:,} items ({100 * shared / items:.2f}%) share {summary['shared_sids']:,} SIDs with other "
-        f"items ({summary['collisions']:,} beyond one per SID)"
+        f"{shared:,} items share {summary['shared_sids']:,} SIDs with other items ({share:.2f}% of the "
+        f"items; {summary['collisions']:,} beyond one per SID)"
     )
     return True
 
