@@ -28,7 +28,7 @@ from .reader import Bundle, open_bundle
 
 #: What one round of matching may hold (both versions' ids and packed SIDs of the round, and the sort's
 #: scratch); more items take more rounds, each reading both item files once more.
-DEFAULT_MEMORY_BYTES = 1 << 30
+DEFAULT_MEMORY_BYTES = 512 << 20
 #: At most this many rounds (a budget far too small for the items is not a reason to read them forever).
 MAX_PASSES = 64
 #: Items read per batch of items.parquet.

@@ -38,11 +38,11 @@ def diff(
     (matched by item id), and each version's items, distinct SIDs, share of items in shared SIDs, rows and
     fan-out per step (children per prefix: mean, p99, max), the first token's largest share and model tag.
 
-    Both item files are read in batches; memory stays near 1 GiB however many items (more items take more
-    passes over the files). `zerogr diff OUT OUT/v000008` compares a new, unpromoted version with the
-    one LATEST names, as the guards of `zerogr rebuild` do. --json prints one object whose top-level keys
-    include items_added, items_removed and items_sid_changed.
-    """  # fmt: skip
+    Both item files are read in batches, and the matching holds about 512 MiB of ids and SIDs however many
+    items there are (more items take more passes over the files). `zerogr diff OUT OUT/v000008` compares a
+    new, unpromoted version with the one LATEST names, as the guards of `zerogr rebuild` do. --json prints
+    one object whose top-level keys include items_added, items_removed and items_sid_changed.
+    """
     from ..bundle.diff import diff_versions
 
     with cli_errors():
