@@ -170,6 +170,10 @@ def build(
     publishes OUT/vNNNNNN atomically, then points OUT/LATEST at it (not with --no-promote). Bad input exits
     with code 2 and one line naming file, column, row and item id; nothing is published then.
 
+    With --guards the new version is compared with the one LATEST names before it is promoted (the
+    guards of zerogr rebuild, thresholds in the config's [guards] table): when one fires, exit 6, LATEST
+    untouched and the version removed (kept with --no-promote); --accept-change REASON lets it through.
+
     With --engine ray the catalog is read, validated and indexed in --partitions partitions on a Ray
     cluster and the version is written here, the same files as a local build. A cluster that cannot be
     reached or fails exits with code 3 (retry); a partition too large for a worker's memory with code 2

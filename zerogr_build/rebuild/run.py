@@ -147,15 +147,29 @@ def _locked(
         result.fail(EXIT_RETRY if exc.exit_code == EXIT_RETRY else EXIT_USAGE, "setup", failure_message(exc))
         return
     previous = previous_version(out)
-    if previous is not None and not request.force and _unchanged(request, previous, result, stage, log):
-        _fleet(request, result, stage, progress, log)
-        return
-    if result.failure is not None or not _build(request, out, result, stage, progress, log):
+    unchanged = (
+        previous is not None and not request.force and _unchanged(request, previous, result, stage, log)
+    )
+    if not unchanged and result.failure is None:
+        _new_version(request, out, previous, result, stage, progress, log)
+    _fleet(request, result, stage, progress, log)
+
+
+def _new_version(
+    request: RebuildRequest,
+    out: Path,
+    previous: Path | None,
+    result: RebuildResult,
+    stage: _Stages,
+    progress: Progress,
+    log: Log,
+) -> None:
+    """Build, verify, guard, tune, gate and promote a new version; remove it unless it was promoted (or
+    kept for inspection)."""
+    if not _build(request, out, result, stage, progress, log):
         return
     try:
         _after_build(request, result, stage, previous, progress, log)
-        if result.promoted:
-            _fleet(request, result, stage, progress, log)
     except Exception as exc:  # a bug past every stage's own handling: remove the unpromoted version, re-raise
         result.fail(EXIT_CRASH, "crash", failure_message(exc))
         remove_unpromoted(result, log)
@@ -382,8 +396,9 @@ def _tune(request: RebuildRequest, vdir: Path, previous: Path | None, progress: 
 def _fleet(
     request: RebuildRequest, result: RebuildResult, stage: _Stages, progress: Progress, log: Log
 ) -> None:
-    """The fleet's part of the run, after promote, or after a run whose inputs had not changed
-    (result.unchanged: nothing new to push). Anything the fleet needs on every run goes here."""
+    """The fleet's part of the run, reached by every run that got past preflight: one that promoted a new
+    version, one that made none (its inputs had not changed) and one whose version failed. Anything the
+    fleet needs on every run goes here; --push publishes a version this run promoted."""
     if request.push is not None and result.promoted:
         assert result.version_dir is not None
         with stage("push"):
