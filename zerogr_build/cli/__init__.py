@@ -3,7 +3,7 @@
     build.py    build, promote          bundle.py   inspect, verify
     tune.py     tune                    compare.py  compare
     fleet.py    push, pull, status      rebuild.py  rebuild (cron: build -> ... -> promote -> push)
-    keys.py     keys new (signing keys)
+    keys.py     keys new (signing keys) report.py   report (HTML page of the last versions)
     config.py   config --show-defaults  demo.py     demo-catalog
     _options.py shared option aliases   _errors.py  exception -> exit code, warnings on stderr
     _usage.py   plain usage lines
@@ -33,6 +33,7 @@ from .fleet import pull, push, status
 from .keys import keys_app
 from .rebuild import COMMAND_SETTINGS as REBUILD_SETTINGS
 from .rebuild import rebuild
+from .report import report
 from .tune import tune
 
 app = typer.Typer(
@@ -78,6 +79,7 @@ app.command()(pull)
 app.command()(status)
 app.add_typer(keys_app)
 app.command(**REBUILD_SETTINGS)(rebuild)
+app.command()(report)
 app.command()(config)
 app.command("demo-catalog")(demo_catalog)
 
