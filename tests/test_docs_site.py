@@ -1,7 +1,7 @@
 """The rendered documentation site, looked at in a real browser (headless Chromium; .ci/run installs it):
-no code block is cut off on the right or wraps its lines (each one fits or scrolls with a scrollbar), the home page
-fits without scrolling and has the install and first-build commands and a link to the README page, and the
-runnable-docs markers (`# needs: ...`) never reach a page. A screenshot of the home page is written to
+no code block is cut off on the right or wraps its lines (each one fits or scrolls with a scrollbar), the
+home page fits without scrolling and has the install and first-build commands and a link to the README page,
+and the runnable-docs markers (`# needs: ...`) never reach a page. A screenshot of the home page is written to
 $ZEROGR_SCREENSHOT_DIR (default: the test's temp dir) for a human to look at."""
 
 from __future__ import annotations
