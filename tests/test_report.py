@@ -211,6 +211,18 @@ def test_rebuild_report_writes_the_page_and_the_gate_gauges(rebuilt) -> None:
     assert value(got, "rebuild_gate_min_overlap", "rebuild") == record["thresholds"]["min_overlap"] == 0
 
 
+def test_a_failed_rebuild_writes_the_report_too(rebuilt, tmp_path: Path) -> None:
+    """A run refused with exit 2 (codebook sizes one step short: nothing published) still writes the page
+    of OUT's versions, and the run's exit code stands."""
+    done = run_rebuild(
+        rebuilt["work"] / "c1.parquet", "--out", rebuilt["out"], "--codebook-sizes", "12,12",
+        "--device", "cpu", "--report", tmp_path / "after-failure.html", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    page = (tmp_path / "after-failure.html").read_text()
+    assert [row["version"].split()[0] for row in tables(page)["Versions"]] == ["v000001", "v000002"]
+
+
 def test_guards_changes_and_an_unreadable_version_are_shown(rebuilt, tmp_path: Path) -> None:
     """Guards as a manifest records them, the changes of the last two versions, and a version whose
     manifest is broken: its own row says why, the others are shown."""
