@@ -91,6 +91,19 @@ def test_each_timer_starts_its_oneshot_service_that_runs_zerogr() -> None:
         _known_options(argv)
 
 
+def test_every_shell_script_of_the_recipes_parses() -> None:
+    """The `sh -c` scripts of the units and the containers, checked by the shell itself (`sh -n`)."""
+    scripts = [_script(_unit(p)["Service"]["ExecStart"]) for p in SYSTEMD.glob("*.service")]
+    cron = _documents("rebuild.yaml")[("CronJob", "zerogr-rebuild")]["spec"]["jobTemplate"]
+    serving = _documents("serving.yaml")[("Deployment", "recommender")]
+    for pod in (cron["spec"]["template"]["spec"], serving["spec"]["template"]["spec"]):
+        scripts += [c["args"][0] for c in pod["containers"] if c.get("command") == ["/bin/sh", "-c"]]
+    assert len(scripts) == 4
+    for script in scripts:
+        done = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, f"{done.stderr}\n{script}"
+
+
 # ---------------------------------------------------------------------------------------- kubernetes
 
 
