@@ -21,7 +21,21 @@ use.
 The Decoder's step state (BeamState) and everything else is reached through its submodule.
 """
 
+from typing import TYPE_CHECKING
+
 from .base.errors import BundleError, InputError, ZerogrError
+
+if TYPE_CHECKING:  # for type checkers and the API docs; at run time these load on first use (_LAZY)
+    from .bundle import Bundle, open_bundle, promote_bundle, publish_bundle, verify_bundle
+    from .catalog import Catalog, read_catalog
+    from .compare import run_compare, run_gate
+    from .index import SidIndex, build_index
+    from .pipeline import build_bundle, inspect_bundle
+    from .runtime.decoder import Decoder, SearchResult
+    from .runtime.items.constraints import ItemMask, ItemSets
+    from .runtime.serving.follow import Follower, follow
+    from .runtime.serving.hotswap import HotSwap
+    from .tune import tune_bundle
 
 __version__ = "0.1.0"
 
