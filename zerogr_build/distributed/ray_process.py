@@ -143,7 +143,7 @@ def ray_process_engine(target: str, address: str) -> Iterator[RayProcessEngine]:
     env = child_env(dict(os.environ), target)
     child = _Child.start(target, env)
     try:
-        child.wait_connected(address or "a new local instance", connect_timeout(), env)
+        child.wait_connected(address, connect_timeout(), env)
         yield RayProcessEngine(child)
         child.close(CLOSE_TIMEOUT_S)
     except Exception:
@@ -243,7 +243,8 @@ class _Child:
                 sys.stderr.write(f"ray: {line}\n")
 
     def wait_connected(self, address: str, timeout: float, env: dict[str, str]) -> None:
-        """Return once the child reports it is connected; raise its failure otherwise (module docstring)."""
+        """Return once the child reports it is connected (`address`: as the user gave it, "" for a local
+        instance); raise its failure otherwise (module docstring)."""
         deadline = time.monotonic() + timeout
         while True:
             if select.select([self.conn], [], [], 0.2)[0]:
@@ -255,6 +256,8 @@ class _Child:
                     return
                 if status == "auth":
                     raise auth_error(address, env)
+                if not address:
+                    raise ClusterError(f"could not start a local Ray instance ({self._why(detail)}): retry")
                 raise ClusterError(
                     f"cannot connect to the Ray cluster at {address} ({self._why(detail)}): check that it "
                     "runs and that --ray-address (ray_address in the config) names it, then retry"
@@ -262,6 +265,11 @@ class _Child:
             if self.auth_refused.is_set():
                 raise auth_error(address, env)
             if time.monotonic() > deadline:
+                if not address:
+                    raise ClusterError(
+                        f"a local Ray instance did not start within {timeout:g} s ({CONNECT_TIMEOUT_ENV} "
+                        "sets the wait): retry"
+                    )
                 raise ClusterError(
                     f"cannot connect to the Ray cluster at {address}: no answer within {timeout:g} s (is it "
                     f"a Ray head? {CONNECT_TIMEOUT_ENV} sets the wait): check --ray-address, then retry"
@@ -277,7 +285,7 @@ class _Child:
         try:
             send(self.conn, (operation, args, dropped))
             status, value = receive(self.conn)
-        except (EOFError, OSError, ConnectionError):
+        except (EOFError, OSError):
             raise ClusterError(
                 f"the Ray cluster failed during the build: its driver process ended ({self._why([])}): "
                 "retry; nothing was published"
