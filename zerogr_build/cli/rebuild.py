@@ -15,6 +15,7 @@ import typer
 
 from ..base.errors import InputError, one_line
 from ..base.printable import safe_text
+from ._early_metrics import metrics_path as _metrics_path
 from ._errors import cli_errors, warnings_on_stderr
 from ._metrics import JobMetrics, job_metrics
 from ._options import MetricsFileOpt
@@ -47,16 +48,6 @@ Exit codes (what a scheduler should do; stdout holds the version dir on 0, 5, 10
   11  the quality gate could not run: not promoted, the new version removed; fix the gate inputs
   12  --push failed: promoted here, the fleet keeps its version; retry zerogr push VERSION URL
  143  ended by SIGTERM (129 SIGHUP, 130 Ctrl-C): the new version, if unpromoted, removed"""
-
-
-def _metrics_path(args: Sequence[str]) -> str | None:
-    """--metrics-file's value in raw arguments (a usage error stops before the options are parsed)."""
-    for i, arg in enumerate(args):
-        if arg == "--metrics-file" and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith("--metrics-file="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 class MonitoredCommand(UsageCommand):
