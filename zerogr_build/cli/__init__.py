@@ -3,7 +3,7 @@
     build.py    build, promote          bundle.py   inspect, verify
     tune.py     tune                    compare.py  compare
     fleet.py    push, pull, status      rebuild.py  rebuild (cron: build -> ... -> promote -> push)
-    keys.py     keys new (signing keys)
+    keys.py     keys new (signing keys) report.py   report (HTML page of the last versions)
     config.py   config --show-defaults  demo.py     demo-catalog
     _app.py     the Typer app           _signals.py SIGTERM/SIGHUP: at start-up, and as Ctrl-C in a command
     _options.py shared option aliases   _errors.py  exception -> exit code, warnings on stderr

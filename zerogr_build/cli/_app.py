@@ -18,6 +18,7 @@ from .fleet import pull, push, status
 from .keys import keys_app
 from .rebuild import COMMAND_SETTINGS as REBUILD_SETTINGS
 from .rebuild import rebuild
+from .report import report
 from .tune import tune
 
 app = typer.Typer(
@@ -63,5 +64,6 @@ app.command()(pull)
 app.command()(status)
 app.add_typer(keys_app)
 app.command(**REBUILD_SETTINGS)(rebuild)
+app.command()(report)
 app.command()(config)
 app.command("demo-catalog")(demo_catalog)
