@@ -109,7 +109,12 @@ def test_the_defaults_pass_updates_and_churn_and_stop_truncation_and_collapse(ve
 def test_accept_change_is_recorded_in_the_manifest(versions):
     report = guard_version(versions["truncated"], GuardThresholds(), accept_change="  partial  scope\n")
     assert not report.refused and report.accepted == "partial scope"
-    recorded = load_manifest(versions["truncated"])["change_accepted"]  # validated on load
+    manifest = load_manifest(versions["truncated"])  # validated on load
+    assert [(g["guard"], g["fired"]) for g in manifest["guards"]] == [
+        ("items_ratio", True), ("items_removed", True), ("shared_sid_items", False),
+        ("distinct_sids_ratio", True), ("sid_changed_same_tag", False),
+    ]  # fmt: skip
+    recorded = manifest["accept_change"]
     assert recorded["reason"] == "partial scope" and recorded["against"] == "v000001"
     assert recorded["guards"] == ["items_ratio", "items_removed", "distinct_sids_ratio"]
     with pytest.raises(InputError, match="needs a reason"):
@@ -191,6 +196,6 @@ def test_build_and_promote_with_guards_refuse_with_exit_6(versions, tmp_path):
     accepted = invoke("promote", vdir, "--guards", "--accept-change", "a smaller catalog on purpose")
     assert accepted.exit_code == 0, accepted.output
     assert (out / "LATEST").read_text() == "v000008\n"
-    assert load_manifest(vdir)["change_accepted"]["reason"] == "a smaller catalog on purpose"
+    assert load_manifest(vdir)["accept_change"]["reason"] == "a smaller catalog on purpose"
     assert invoke("promote", versions["base"]).exit_code == 0  # back to v1 for the other tests
     assert invoke("build", versions["base.parquet"], "--accept-change", "x").exit_code == 2

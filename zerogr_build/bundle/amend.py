@@ -82,11 +82,11 @@ def add_bundle_files(version_dir: str | Path, files: Mapping[str, bytes]) -> dic
 
 #: Top-level manifest fields a published version may gain later (informational; every other field is the
 #: writer's, fixed at publish or kept right by add_bundle_files).
-AMENDABLE_FIELDS = frozenset({"change_accepted"})
+AMENDABLE_FIELDS = frozenset({"guards", "accept_change"})
 
 
 def set_manifest_fields(version_dir: str | Path, fields: Mapping[str, object]) -> dict:
-    """Set informational top-level fields (AMENDABLE_FIELDS, e.g. the guards' `change_accepted`) of a
+    """Set informational top-level fields (AMENDABLE_FIELDS: the guards' `guards` and `accept_change`) of a
     published version's manifest, atomically under the OUT lock (after rolling an interrupted add
     forward). Returns the new manifest; ValueError for a field that is not amendable."""
     unknown = sorted(set(fields) - AMENDABLE_FIELDS)

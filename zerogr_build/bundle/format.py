@@ -185,14 +185,23 @@ def validate_manifest(manifest: Any, where: str = MANIFEST_NAME) -> dict:
 
 
 def _validate_run_fields(manifest: Mapping, where: str) -> None:
-    """The optional fields a rebuild writes: `rebuild_run` (the run id of the `zerogr rebuild` that built
-    the version) and `change_accepted` (the --accept-change that let fired guards through: reason,
-    guards, against, at)."""
+    """The optional fields rebuild and the guards write: `rebuild_run` (the run id of the `zerogr rebuild`
+    that built the version), `guards` (what each guard measured against LATEST: a list of {guard, value,
+    threshold, bound, fired, note}) and `accept_change` (the --accept-change that let fired guards
+    through: reason, guards, against, at)."""
     if "rebuild_run" in manifest:
         _need(manifest, "rebuild_run", str, where)
-    if "change_accepted" in manifest:
-        accepted = _need(manifest, "change_accepted", dict, where)
-        accepted_where = f"{where}: change_accepted"
+    if "guards" in manifest:
+        for i, check in enumerate(_need(manifest, "guards", list, where)):
+            check_where = f"{where}: guards[{i}]"
+            if not isinstance(check, dict):
+                raise BundleError(f"{check_where} must be an object")
+            for key, types in (("guard", str), ("value", (int, float)), ("threshold", (int, float)),
+                               ("bound", str), ("fired", bool), ("note", str)):  # fmt: skip
+                _need(check, key, types, check_where)
+    if "accept_change" in manifest:
+        accepted = _need(manifest, "accept_change", dict, where)
+        accepted_where = f"{where}: accept_change"
         _need(accepted, "reason", str, accepted_where)
         guards = _need(accepted, "guards", list, accepted_where)
         if not all(isinstance(g, str) for g in guards):

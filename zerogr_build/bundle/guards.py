@@ -15,9 +15,10 @@ Each guard measures one number of the diff (bundle/diff.py) and fires when it cr
                           while the model tag did not                  fires above max_sid_changed_same_tag
                           (never when the tag changed: a new model redraws SIDs)
 
-`--accept-change REASON` lets fired guards through; the reason, the guards and the version compared with
-are recorded in the manifest (`change_accepted`, docs/bundle-format.md section 5). The first version of
-an OUT (no LATEST) has nothing to be compared with and passes.
+What every guard measured is recorded in the version's manifest (`guards`, docs/bundle-format.md section
+5). `--accept-change REASON` lets fired guards through; the reason, the guards and the version compared
+with are recorded there too (`accept_change`). The first version of an OUT (no LATEST) has nothing to be
+compared with and passes.
 """
 
 from __future__ import annotations
@@ -204,9 +205,10 @@ def guard_version(
 ) -> GuardReport:
     """Run the guards of the published version `version_dir` against the version its OUT's LATEST names.
 
-    When a guard fires and `accept_change` is given, the acceptance is written into the version's manifest
-    (`change_accepted`: reason, guards, against, at) before this returns. A version that LATEST already
-    names, or an OUT without LATEST, passes with nothing compared (`against` None for the latter)."""
+    What each guard measured is written into the version's manifest (`guards`) before this returns, and
+    when a guard fired and `accept_change` is given, the acceptance too (`accept_change`: reason, guards,
+    against, at). A version that LATEST already names, or an OUT without LATEST, passes with nothing
+    compared or recorded (`against` None for the latter)."""
     from .amend import set_manifest_fields
     from .diff import diff_versions
 
@@ -219,15 +221,16 @@ def guard_version(
         return GuardReport(vdir.name, latest)
     diff = diff_versions(vdir.parent / latest, vdir, progress=progress)
     report = GuardReport(vdir.name, latest, evaluate_guards(diff, thresholds), diff=diff)
+    record: dict[str, Any] = {"guards": [dataclasses.asdict(c) for c in report.checks]}
     if report.fired and reason is not None:
         report.accepted = reason
-        record = {
+        record["accept_change"] = {
             "reason": reason,
             "guards": [c.guard for c in report.fired],
             "against": latest,
             "at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         }
-        set_manifest_fields(vdir, {"change_accepted": record})
+    set_manifest_fields(vdir, record)
     return report
 
 

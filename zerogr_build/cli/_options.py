@@ -46,7 +46,7 @@ AcceptChangeOpt = Annotated[
     typer.Option(
         "--accept-change",
         help="Let fired guards through for an intended change (a new catalog scope, a model with other "
-        "SIDs); REASON is recorded in the manifest (change_accepted) and the metrics.",
+        "SIDs); REASON is recorded in the manifest (accept_change) and the metrics.",
         metavar="REASON",
         show_default=False,
     ),
