@@ -80,6 +80,8 @@ def expected_row(world, logits: torch.Tensor, kind: dict, output: list[int]) -> 
     for row, ok in zip(tokens.tolist(), allowed_items(world, kind).tolist(), strict=True):
         if ok and row[:t] == output[:t]:
             out[row[t]] = logits[row[t]]
+    if torch.isneginf(out).all():  # no allowed SID continues the prefix: EOS, an empty answer
+        out[tiny.EOS] = logits[tiny.EOS]
     return out
 
 

@@ -110,25 +110,37 @@ class SidMasking:
 
     def _mask_group(self, scores: torch.Tensor, group: list[SidRequest], t: int, generated) -> torch.Tensor:
         """scores [n, vocab] of the requests `group`, all on one plan key, at SID step t (t = L: past it);
-        generated int64 [n, t] their SID tokens so far."""
+        generated int64 [n, t] their SID tokens so far. A row with no allowed continuation keeps only EOS."""
         plan = group[0].plan
         assert plan is not None
         catalog = plan.catalog
         masks = catalog.masks(plan.sid_map, plan.sid_key, scores.shape[1], self.device)
         rows = masks.rows(generated.to(self.device))
+        eos = plan.sid_map.eos_token_id if plan.sid_map.eos_token_id is not None else self.model_eos
         if t == catalog.index.num_steps:
-            eos = plan.sid_map.eos_token_id if plan.sid_map.eos_token_id is not None else self.model_eos
             return scores if eos is None else masks.apply_eos(scores, rows, eos)
         if plan.resident is None:
-            return masks.apply(scores, rows, t)
+            out = masks.apply(scores, rows, t)
+        else:
+            out = self._filtered(scores, rows, t, group, masks.steps[t].token_of)
+        if (
+            eos is not None
+        ):  # no allowed SID left (everything excluded or unavailable): end, as an empty answer
+            dead = torch.isneginf(out).all(dim=1)
+            out[:, eos] = torch.where(dead, scores[:, eos], out[:, eos])
+        return out
+
+    def _filtered(self, scores, rows, t: int, group: list[SidRequest], token_of) -> torch.Tensor:
+        """masks.apply with the group's item constraints (the Decoder's slot filters)."""
+        plan = group[0].plan
+        assert plan is not None
         # The group's compiled include / exclude lists, reused while its requests stay together (the cache
         # holds the requests themselves, so an id in the key cannot be reused by another while cached).
         key = tuple(id(r) for r in group)
         cached = self._groups.get(key)
         if cached is None:
             cached = self._groups.put(key, (group, plan.constraints([r.plan for r in group])))
-        steps = catalog.steps(self.device)
-        return _constrained(scores, rows, t, steps, cached[1], masks.steps[t].token_of)
+        return _constrained(scores, rows, t, plan.catalog.steps(self.device), cached[1], token_of)
 
 
 def _constrained(scores, rows, t, steps, constraints, token_of) -> torch.Tensor:
