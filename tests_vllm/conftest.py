@@ -16,15 +16,12 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
 
 import pytest  # noqa: E402
-import vllm.envs  # noqa: E402
-from vllm.triton_utils import HAS_TRITON  # noqa: E402
 
-from zerogr_build.integrations.vllm import PROCESSOR, PROCESSOR_V2  # noqa: E402
+from zerogr_build.integrations.vllm import runner_processor  # noqa: E402
 from zerogr_build.integrations.vllm import tiny_model as tiny  # noqa: E402
 from zerogr_build.integrations.vllm.registry import ENV_VAR  # noqa: E402
 
-_V2 = vllm.envs.VLLM_USE_V2_MODEL_RUNNER
-RUNNER_PROCESSOR = PROCESSOR_V2 if (_V2 if _V2 is not None else HAS_TRITON) else PROCESSOR
+RUNNER_PROCESSOR = runner_processor()
 
 
 def use_registry(path) -> None:

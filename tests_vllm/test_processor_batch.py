@@ -10,17 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import vllm.v1.worker.cpu.shm  # noqa: F401  vLLM's CPU worker patch of the V2 buffers (no pinned memory)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
-from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, build_custom_logits_processors
-from vllm.v1.worker.gpu.states import RequestState
 
-from zerogr_build.integrations.vllm import PROCESSOR_V2, SidLogitsProcessor
+from zerogr_build.integrations.vllm import SidLogitsProcessor
 from zerogr_build.integrations.vllm import tiny_model as tiny
 from zerogr_build.integrations.vllm.admission import admit
+from zerogr_build.integrations.vllm.v2_batch import V2Batch
 
 L = len(tiny.SIZES)
 SLOTS = 6
@@ -145,51 +143,11 @@ def plans(draw):
     return steps
 
 
-class V2Batch:
-    """vLLM's RequestState as Model Runner V2 keeps it, written the way its staged-write kernels write (they
-    need Triton, which has no CPU backend here)."""
-
-    def __init__(self, config) -> None:
-        self.states = RequestState(
-            max_num_reqs=SLOTS, max_model_len=32, max_num_batched_tokens=256, num_speculative_steps=0,
-            vocab_size=tiny.VOCAB, device=torch.device("cpu"),
-        )  # fmt: skip
-        (self.processor,) = build_custom_logits_processors(config, self.states, False, [PROCESSOR_V2])
-
-    def add(self, rid: int, params: SamplingParams, output: list[int]) -> None:
-        tokens = PROMPT + output  # a preempted request comes back with its partial output as prefill
-        self.states.add_request(str(rid), len(PROMPT), tokens, 0, 8)
-        for buffer in (self.states.all_token_ids, self.states.total_len, self.states.num_computed_tokens):
-            buffer.clear_staged_writes()
-        slot = self.states.req_id_to_index[str(rid)]
-        self.states.all_token_ids.gpu[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
-        self.processor.add_request(slot, params)
-
-    def remove(self, rid: int) -> None:
-        self.states.remove_request(str(rid))
-
-    def append(self, rid: int, position: int, token: int) -> None:
-        slot = self.states.req_id_to_index[str(rid)]
-        self.states.all_token_ids.gpu[slot, len(PROMPT) + position] = token
-
-    def apply(self, order: list[int], rows: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        slots = np.asarray([self.states.req_id_to_index[str(r)] for r in order], dtype=np.int32)
-        mapping = torch.from_numpy(slots)
-        ctx = LogitsContext(
-            expanded_idx_mapping=mapping, idx_mapping=mapping, idx_mapping_np=slots,
-            expanded_local_pos=torch.zeros(len(order), dtype=torch.int32),
-            input_ids=torch.zeros(len(order), dtype=torch.int32),
-            pos=torch.as_tensor([len(PROMPT) + n - 1 for n in lengths], dtype=torch.int64),
-            seq_lens_upper_bound_np=np.asarray([len(PROMPT) + n for n in lengths], dtype=np.int32),
-        )  # fmt: skip
-        return self.processor.apply(rows, ctx)
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plan=plans(), seed=st.integers(0, 2**16))
 def test_v1_and_v2_equal_the_brute_force_mask(world, plan, seed):
     v1 = SidLogitsProcessor(world["config"], torch.device("cpu"), False)
-    v2 = V2Batch(world["config"])
+    v2 = V2Batch(world["config"], SLOTS)
     requests: dict[int, tuple[dict, list[int]]] = {}  # the reference: request -> (kind, live output)
     index: dict[int, int] = {}  # request -> its V1 batch row
     gen = torch.Generator().manual_seed(seed)
@@ -197,7 +155,7 @@ def test_v1_and_v2_equal_the_brute_force_mask(world, plan, seed):
         gone = [index.pop(r) for r in removed + preempted]
         for r in removed:
             requests.pop(r)
-            v2.remove(r)
+            v2.remove(str(r))
         ops = []
         for r, (kind, output) in added:
             requests[r] = (kind, list(output))
@@ -206,8 +164,8 @@ def test_v1_and_v2_equal_the_brute_force_mask(world, plan, seed):
             index[r] = min(set(range(SLOTS)) - set(index.values()))
             ops.append((index[r], params_of(kind), PROMPT, output))
             if r in preempted:
-                v2.remove(r)
-            v2.add(r, params_of(kind), output)
+                v2.remove(str(r))
+            v2.add(str(r), params_of(kind), PROMPT, output)
         row_of = {row: r for r, row in index.items()}
         moved = []
         for a, b, swap in moves:
@@ -231,7 +189,7 @@ def test_v1_and_v2_equal_the_brute_force_mask(world, plan, seed):
         order = [int(r) for r in np.random.default_rng(order_seed).permutation(sorted(requests))]
         if order:
             stacked = torch.stack([logits[r] for r in order])
-            got_v2 = v2.apply(order, stacked.clone(), [len(requests[r][1]) for r in order])
+            got_v2 = v2.apply([str(r) for r in order], stacked.clone())
         for r, (kind, output) in requests.items():
             want = expected_row(world, logits[r], kind, output)
             torch.testing.assert_close(got_v1[index[r]], want, rtol=0, atol=0)
@@ -239,6 +197,6 @@ def test_v1_and_v2_equal_the_brute_force_mask(world, plan, seed):
         for r, (kind, output) in requests.items():  # the engine appends a token between steps
             if kind["kind"] != "plain" and len(output) < L + 1:
                 token = tiny.SID_OFFSETS[len(output)] if len(output) < L else tiny.EOS
-                v2.append(r, len(output), token)
+                v2.append(str(r), token)
                 output.append(token)
     v1.update_state(None)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import vllm.v1.worker.cpu.shm  # noqa: F401  vLLM's CPU worker patch of the V2 buffers (no pinned memory)
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.v1.sample.logits_processor import build_logitsprocs
@@ -15,12 +14,12 @@ from vllm.v1.worker.gpu.sample.logits_processor import (
     build_custom_logits_processors,
     build_custom_logits_processors_params_validator,
 )
-from vllm.v1.worker.gpu.states import RequestState
 
 from zerogr_build.base.errors import InputError
 from zerogr_build.integrations.vllm import PROCESSOR, PROCESSOR_V2, SidLogitsProcessor, SidLogitsProcessorV2
 from zerogr_build.integrations.vllm import tiny_model as tiny
 from zerogr_build.integrations.vllm.admission import PIN_KEY
+from zerogr_build.integrations.vllm.v2_batch import request_state
 
 
 @pytest.fixture(scope="module")
@@ -31,20 +30,13 @@ def registry(tmp_path_factory):
     return tiny.write_registry(root / "catalogs.toml", {"c": {"bundle": "out", "sid_map": "sid_map.json"}})
 
 
-def request_state() -> RequestState:
-    return RequestState(
-        max_num_reqs=4, max_model_len=64, max_num_batched_tokens=256, num_speculative_steps=0,
-        vocab_size=tiny.VOCAB, device=torch.device("cpu"),
-    )  # fmt: skip
-
-
 def test_v2_loader_takes_processor_v2_and_refuses_the_v1_class(registry, engine_config):
     config = engine_config(registry)
     for given in (PROCESSOR_V2, SidLogitsProcessorV2):
-        (built,) = build_custom_logits_processors(config, request_state(), False, [given])
+        (built,) = build_custom_logits_processors(config, request_state(config, 4), False, [given])
         assert isinstance(built, SidLogitsProcessorV2)
     with pytest.raises(ValueError, match="SidLogitsProcessor is not a subclass of vllm.v1.worker.gpu"):
-        build_custom_logits_processors(config, request_state(), False, [PROCESSOR])
+        build_custom_logits_processors(config, request_state(config, 4), False, [PROCESSOR])
 
 
 def test_v1_loader_takes_processor_and_refuses_the_v2_class(registry, engine_config):
@@ -72,4 +64,4 @@ def test_v2_refuses_speculative_decoding(registry, engine_config):
     spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     config = engine_config(registry, speculative_config=spec)
     with pytest.raises(InputError, match="cannot mask draft tokens exactly under speculative decoding"):
-        build_custom_logits_processors(config, request_state(), False, [PROCESSOR_V2])
+        build_custom_logits_processors(config, request_state(config, 4), False, [PROCESSOR_V2])

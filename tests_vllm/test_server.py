@@ -7,14 +7,7 @@ after the bad ones, and a follow catalog swaps versions under load with every an
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -23,18 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests_vllm.conftest import RUNNER_PROCESSOR
+from zerogr_build.integrations.vllm import PROCESSOR_V2
 from zerogr_build.integrations.vllm import tiny_model as tiny
 from zerogr_build.integrations.vllm.admission import NO_FILE
-from zerogr_build.integrations.vllm.registry import ENV_VAR
+from zerogr_build.integrations.vllm.local_server import LocalServer
 
 L = len(tiny.SIZES)
 SECRETS = ("TOPSECRET", "db_password", "email", "ssn")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -58,54 +46,19 @@ def server(tmp_path_factory, tiny_model_dir):
         allow_paths_under=["requests"], poll_seconds=0.2, limits={"request_file_bytes": 4096},
     )  # fmt: skip
     assert (requests / "big.parquet").stat().st_size > 4096 > (requests / "avail.parquet").stat().st_size
-    port = free_port()
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - the server writes it until the module ends
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir),
-        "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-        "--enforce-eager", "--max-model-len", "64", "--max-num-seqs", "32", "--seed", "0",
-        "--gpu-memory-utilization", "0.5", "--logits-processors", RUNNER_PROCESSOR,
-    ]  # fmt: skip
-    env = dict(os.environ, **{ENV_VAR: str(registry)})
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, (root / "server.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, "the server did not come up"
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=5) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                time.sleep(1)
-        yield dict(url=url, root=root, sids=sids, log=root / "server.log")
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+    args = ("--max-num-seqs", "32", "--gpu-memory-utilization", "0.5")
+    with LocalServer(tiny_model_dir, registry, RUNNER_PROCESSOR, root / "server.log", args) as running:
+        yield dict(server=running, root=root, sids=sids, log=root / "server.log")
 
 
 def complete(server, zerogr: dict | None = None, *, seed: int = 0, n: int = 1, max_tokens: int = L + 1):
     """(HTTP status, the reply's JSON) of one /v1/completions request."""
     rng = np.random.default_rng(seed)
-    body = {"model": "tiny", "prompt": tiny.prompt(rng), "max_tokens": max_tokens, "temperature": 1.0,
-            "seed": seed, "n": n, "return_token_ids": True}  # fmt: skip
+    body = {"prompt": tiny.prompt(rng), "max_tokens": max_tokens, "temperature": 1.0, "seed": seed, "n": n,
+            "return_token_ids": True}  # fmt: skip
     if zerogr is not None:
         body["vllm_xargs"] = {"zerogr": json.dumps(zerogr)}
-    request = urllib.request.Request(
-        f"{server['url']}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=120) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return server["server"].complete(body)
 
 
 def sids_of(reply: dict) -> list[tuple[int, ...] | None]:
@@ -209,3 +162,10 @@ def test_follow_swaps_under_load_without_a_gap(server):
     ) as pool:  # excluding every item of the old version: ignored, as Decoder.search does
         after = list(pool.map(lambda i: one(i, range(1000, 1100)), range(48, 60)))
     assert all(sid in second for sid in after)
+
+
+def test_the_runner_is_the_one_its_processor_is_for(server):
+    """vLLM logs "Using V2 Model Runner" exactly when Model Runner V2 runs; the processor given is its class
+    (the other runner's class would have stopped the server at start)."""
+    log = server["log"].read_text(errors="replace")
+    assert ("Using V2 Model Runner" in log) == (RUNNER_PROCESSOR == PROCESSOR_V2)

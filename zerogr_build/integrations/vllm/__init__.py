@@ -31,6 +31,19 @@ from .spec import RequestSpec, spec_of
 PROCESSOR = "zerogr_build.integrations.vllm:SidLogitsProcessor"  # the V1 model runner's class path
 PROCESSOR_V2 = "zerogr_build.integrations.vllm:SidLogitsProcessorV2"  # Model Runner V2's
 
+
+def runner_processor() -> str:
+    """The class path for the model runner vLLM 0.32 picks in this environment: PROCESSOR_V2 when
+    VLLM_USE_V2_MODEL_RUNNER says so or, unset, wherever Triton runs; else PROCESSOR. (vLLM also falls back
+    to V1 for a few features V2 lacks, saying so in its log; the runner that starts refuses the other's
+    class, so a wrong guess fails at start, never silently.)"""
+    import vllm.envs
+    from vllm.triton_utils import HAS_TRITON
+
+    use_v2 = vllm.envs.VLLM_USE_V2_MODEL_RUNNER
+    return PROCESSOR_V2 if (HAS_TRITON if use_v2 is None else use_v2) else PROCESSOR
+
+
 __all__ = [
     "PROCESSOR",
     "PROCESSOR_V2",
@@ -39,5 +52,6 @@ __all__ = [
     "SidLogitsProcessor",
     "SidLogitsProcessorV2",
     "beam_search",
+    "runner_processor",
     "spec_of",
 ]
