@@ -38,12 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ...base.errors import InputError
-from ...base.small_files import read_small_bytes
-
-try:  # Python >= 3.11
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+from ...base.small_files import read_small_toml
 
 ENV_VAR = "ZEROGR_VLLM_CATALOGS"
 MAX_REGISTRY_BYTES = 1 << 20
@@ -132,16 +127,7 @@ def load_registry(path: str | Path) -> Registry:
     """Parse and check a registry file (module docstring). Paths are made absolute and real; nothing else
     is opened here (the engine opens the catalogs)."""
     path = Path(path).absolute()
-    try:
-        data = tomllib.loads(read_small_bytes(path, MAX_REGISTRY_BYTES, "catalog registry").decode("utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: catalog registry not found ({ENV_VAR})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read the catalog registry ({exc})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path}: the catalog registry is not valid TOML ({exc})") from None
-    except RecursionError:
-        raise InputError(f"{path}: the catalog registry is not valid TOML (nested too deep)") from None
+    data = read_small_toml(path, MAX_REGISTRY_BYTES, "catalog registry")
     _known_keys(data, _TOP_KEYS, f"{path}")
     base = path.parent
     roots = data.get("allow_paths_under", [])
