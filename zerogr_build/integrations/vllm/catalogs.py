@@ -11,9 +11,10 @@ catalog's own OUT dir, nothing else), else the live one. When a follow catalog's
 thread opens the new version here before requests are pinned to it, off the engine's step loop.
 
 Every cache is bounded (lru.Lru) and keyed by what the bytes are, never by how a request spelled a path:
-versions by real path (limits.open_versions, plus those live requests hold), per version its vocabulary masks
-and item filters (limits.filters_per_version), files by (st_dev, st_ino, size, mtime_ns). The catalog's
-availability file is read again when it changes; its SID map and item sets are read once, at start.
+versions by real path and manifest identity (limits.open_versions, plus those live requests hold), per
+version its vocabulary masks and item filters (limits.filters_per_version), files by (st_dev, st_ino, size,
+mtime_ns). The catalog's availability file is read again when it changes; its SID map and item sets are
+read once, at start.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 
 from ...base.errors import InputError
 from ...bundle import open_bundle
-from ...bundle.format import parse_version_dir
+from ...bundle.format import MANIFEST_NAME, parse_version_dir
 from ...runtime.device_tables import DeviceStep, index_to_device
 from ...runtime.items.constraints import ItemMask, ItemSets, item_ids
 from ...runtime.items.files import read_available_ids, read_set_memberships
@@ -176,8 +177,10 @@ class EngineCatalogs:
         return catalog
 
     def version(self, version_dir: Path) -> Catalog:
-        """The Catalog of a version dir (real path), opened once while it stays cached."""
-        return self._versions.get_or_make(version_dir, lambda: Catalog(version_dir, self.registry.limits))
+        """The Catalog of a version dir (real path), opened once while it stays cached (keyed by the path and
+        its manifest's identity: a version dir made again under the same name is opened again)."""
+        key = (version_dir, *file_identity(os.stat(version_dir / MANIFEST_NAME)))
+        return self._versions.get_or_make(key, lambda: Catalog(version_dir, self.registry.limits))
 
     def version_dir(self, name: str, pin: str | None) -> Path:
         """The version dir a request of catalog `name` decodes: `pin` (a version dir name admission chose,
