@@ -13,8 +13,10 @@ The SID is a request's first L generated tokens: at step t < L a row keeps only 
 prefix to a catalog prefix (and, with item constraints or the catalog's availability, to a prefix holding an
 allowed item); from step L on only EOS is left (the SID map's eos_token_id, else the model's). Rows are
 grouped by (version, SID map, item filter, step) and each group is masked with a few tensor ops (VocabMasks,
-or the Decoder's slot filters for constrained requests), with no Python loop over the vocabulary. A request
-that fails in the engine (logged) gets only the model's EOS: an engine hook cannot fail one request.
+or the Decoder's slot filters for constrained requests), with no Python loop over the vocabulary. A row
+with no allowed SID left (every item excluded or unavailable) gets only EOS: an empty answer, never a token
+the mask forbids. A request that fails in the engine (logged) gets only the model's EOS: an engine hook
+cannot fail one request, and an error escaping it would stop the engine for every request.
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ class SidMasking:
             return SidRequest(plan)
         except (ZerogrError, OSError) as exc:
             logger.error("zerogr: request failed in the engine, ending it with EOS: %s", one_line(exc))
+            return SidRequest(None)
+        except Exception:  # noqa: BLE001 - a bug here must end one request, not the engine
+            logger.exception("zerogr: request failed in the engine, ending it with EOS")
             return SidRequest(None)
 
     def apply(
