@@ -24,11 +24,12 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.compute as pc
 from vllm.exceptions import VLLMValidationError
 
 from ...base.errors import InputError, ZerogrError, one_line
 from ...bundle.reader import load_manifest
-from ...runtime.items.files import read_set_memberships
+from ...runtime.items.files import read_columns
 from .live import LiveVersions
 from .registry import ENV_VAR, FileRefusal, Registry, load_registry
 from .spec import RequestSpec, spec_of
@@ -80,8 +81,10 @@ def id_kind(version_dir: Path) -> str | None:
 
 
 def _set_names(path: Path) -> frozenset[str]:
-    names, _ids, _what = read_set_memberships(path, "set", "item_id")
-    return frozenset(names.tolist())
+    """The distinct set names of an item-sets file: its "set" column only (the engine reads the rest)."""
+    column = read_columns(path, lambda _schema: ["set"], "an item-sets file").column("set")
+    names = pc.unique(column).to_pylist()
+    return frozenset(n.decode("utf-8", "replace") if isinstance(n, bytes) else str(n) for n in names)
 
 
 _VIEW_LOCK = threading.Lock()
