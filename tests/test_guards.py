@@ -16,10 +16,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zerogr_build.base.errors import InputError
+from zerogr_build.base.small_files import tomllib
 from zerogr_build.bundle import load_manifest, publish_bundle
 from zerogr_build.bundle.diff import StepStats, VersionDiff, VersionStats
 from zerogr_build.bundle.guards import GuardThresholds, evaluate_guards, guard_version
-from zerogr_build.config import load_guard_thresholds, tomllib
+from zerogr_build.config import load_guard_thresholds
 from zerogr_build.index import build_index
 
 from .cli_runs import invoke

@@ -1,5 +1,6 @@
 """zerogr's beam_search over a real vLLM engine equals the zerogr Decoder over the same model run by
-transformers (SidGenerator: the model's head rows, its own KV cache), within 1e-4, in both orders; with
+transformers (SidGenerator: the model's head rows, its own KV cache), within 1e-4, in both orders, with and
+without an EOS in the SID map (score_first then counts the EOS step in both, as the quality gate does); with
 include / exclude / availability it equals the Decoder over a bundle rebuilt from the allowed items."""
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ def world(tmp_path_factory):
     del llm
 
 
-def decoder_reference(world, bundle_dir, order: str, beam_width: int):
-    """The Decoder over the transformers model (SidGenerator), no EOS term: (sids [B, M, L], scores)."""
-    gen = SidGenerator(world["hf"], open_bundle(bundle_dir), world["sid_map"])
+def decoder_reference(world, bundle_dir, order: str, beam_width: int, sid_map=None):
+    """The Decoder over the transformers model (SidGenerator): (sids [B, M, L], scores)."""
+    gen = SidGenerator(world["hf"], open_bundle(bundle_dir), sid_map or world["sid_map"])
     res = gen.generate(torch.tensor(world["prompts"]), beam_width=beam_width, order=order)
     return res.sids.numpy(), res.scores.numpy()
 
@@ -63,11 +64,11 @@ def assert_same_beams(got_sids, got_scores, ref_sids, ref_scores) -> None:
 
 @pytest.mark.parametrize("order", ["filter_first", "score_first"])
 @pytest.mark.parametrize("beam_width", [4, 16])
-def test_beam_search_equals_the_decoder(world, order, beam_width):
-    out = beam_search(
-        world["llm"], world["prompts"], str(world["out"]), world["sid_map"], beam_width, order=order
-    )
-    ref_sids, ref_scores = decoder_reference(world, world["out"], order, beam_width)
+@pytest.mark.parametrize("eos", [False, True], ids=["no-eos", "eos"])
+def test_beam_search_equals_the_decoder(world, order, beam_width, eos):
+    sid_map = tiny.sid_map(eos=eos)
+    out = beam_search(world["llm"], world["prompts"], str(world["out"]), sid_map, beam_width, order=order)
+    ref_sids, ref_scores = decoder_reference(world, world["out"], order, beam_width, sid_map)
     got = out.result
     assert_same_beams(got.sids.numpy(), got.scores.numpy(), ref_sids, ref_scores)
     catalog = {tuple(s) for s in world["sids"].tolist()}

@@ -13,17 +13,25 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_bench_vllm_runs_on_tiny_inputs(tmp_path):
+    """All four tables: V1 and V2 apply on the same batches mask the same; the processor's rows (engine,
+    beam search, server) return only catalog SIDs."""
     args = ["--catalog", "60", "--prompts", "2", "--repeats", "1", "--requests", "4", "--batches", "1,4",
-            "--beams", "2"]  # fmt: skip
+            "--beams", "2", "--concurrency", "1,2", "--server-requests", "4"]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "bench_vllm.py"), *args],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("generate", "beam"))]
-    assert len(rows) == 6
-    zerogr = [r for r in rows if "zerogr" in r or "processor" in r]
-    assert len(zerogr) == 3 and all(r[-1] == "100.0%" for r in zerogr)
+    rows = [
+        line.split()
+        for line in proc.stdout.splitlines()
+        if line.startswith(("apply", "generate", "beam", "server"))
+    ]
+    applied = [r for r in rows if r[0] == "apply,"]
+    assert len(applied) == 4 and all(r[-1] == "yes" for r in applied)
+    assert len(rows) == 4 + 6 + 4
+    zerogr = [r for r in rows if r[0] != "apply," and ("zerogr" in r or "processor" in r)]
+    assert len(zerogr) == 5 and all(r[-1] == "100.0%" for r in zerogr)
 
 
 def test_this_venv_is_what_vllm_env_sh_makes():

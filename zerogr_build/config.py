@@ -21,16 +21,11 @@ from typing import TYPE_CHECKING, Any
 from .base.device import parse_device
 from .base.dtypes import DTYPE_NAMES
 from .base.errors import InputError
-from .base.small_files import read_small_bytes
+from .base.small_files import read_small_toml
 from .cuda.nvcc import parse_kernel_archs
 
 if TYPE_CHECKING:
     from .bundle.guards import GuardThresholds
-
-try:  # Python >= 3.11
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 #: The packaged config listing every key with its default (`zerogr config --show-defaults`).
 DEFAULT_CONFIG_RESOURCE = "configs/default.toml"
@@ -166,25 +161,11 @@ def _check_values(s: BuildSettings, where: str) -> None:
         raise InputError(f"{where}: sid_columns names a column twice: {list(s.sid_columns)}")
 
 
-def _read_config_text(path: Path) -> str:
-    """A config file's text: a regular file of at most MAX_CONFIG_BYTES (base.small_files)."""
-    return read_small_bytes(path, MAX_CONFIG_BYTES, "config file").decode("utf-8")
-
-
 def read_config_table(config_file: str | Path, table: str) -> dict[str, Any]:
     """The `[table]` of a TOML config file ({} when absent). Raises InputError for a missing or invalid file
     and for unknown tables."""
     path = Path(config_file)
-    try:
-        data = tomllib.loads(_read_config_text(path))
-    except FileNotFoundError:
-        raise InputError(f"{path}: config file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read config file ({exc})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path}: invalid TOML ({exc})") from None
-    except RecursionError:
-        raise InputError(f"{path}: invalid TOML (nested too deep)") from None
+    data = read_small_toml(path, MAX_CONFIG_BYTES, "config file")
     for key, value in data.items():
         if not isinstance(value, dict):
             raise InputError(f"{path}: top-level key {key!r}; put settings under [build] (or [tune])")

@@ -1,5 +1,5 @@
-"""Small files read whole (configs, plans, SID maps, quality records): a regular file of bounded size, and
-JSON without NaN or Infinity. A FIFO, a device or an oversized file is refused before it is read."""
+"""Small files read whole (configs, plans, SID maps, quality records): a regular file of bounded size, JSON
+without NaN or Infinity, TOML. A FIFO, a device or an oversized file is refused before it is read."""
 
 from __future__ import annotations
 
@@ -10,6 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
+
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
 
 
 def read_small_bytes(path: str | Path, limit: int, what: str, error: type[Exception] = InputError) -> bytes:
@@ -59,6 +64,21 @@ def read_small_json(path: str | Path, limit: int, what: str, error: type[Excepti
     except FileNotFoundError:
         raise error(f"{path}: cannot read {what} (file not found)") from None
     return parse_small_json(raw, str(path), what, limit, error)
+
+
+def read_small_toml(path: str | Path, limit: int, what: str) -> dict[str, Any]:
+    """The TOML document in the regular file `path` of at most `limit` bytes; InputError naming the file and
+    `what` it should be when it is missing, unreadable or not TOML."""
+    try:
+        return tomllib.loads(read_small_bytes(path, limit, what).decode("utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: {what} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read {what} ({exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: invalid TOML ({exc})") from None
+    except RecursionError:
+        raise InputError(f"{path}: invalid TOML (nested too deep)") from None
 
 
 def _refuse_constant(name: str) -> Any:

@@ -81,3 +81,16 @@ class SearchResult:
     def valid(self) -> torch.Tensor:
         """bool [B, M]: the beam names a real catalog SID."""
         return self.leaves >= 0
+
+    def rescored(self, extra: torch.Tensor) -> SearchResult:
+        """This result with extra fp32 [B * M] (or [B, M]) added to its beams' scores, re-sorted best first
+        per request (padding stays -inf, last): e.g. the forced EOS step's log-probability."""
+        scores = self.scores + extra.reshape(self.scores.shape).to(self.scores)
+        order = torch.argsort(scores, dim=1, descending=True, stable=True)
+        return SearchResult(
+            sids=torch.gather(self.sids, 1, order[:, :, None].expand_as(self.sids)),
+            scores=torch.gather(scores, 1, order),
+            leaves=torch.gather(self.leaves, 1, order),
+            order=self.order,
+            constraints=self.constraints,
+        )

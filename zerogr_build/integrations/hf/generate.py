@@ -123,7 +123,7 @@ class SidGenerator:
         res = dec.finish(state)
         if eos is None:
             return res
-        return _resorted(res, session.token_log_prob(hidden, eos).to(res.scores.device))
+        return res.rescored(session.token_log_prob(hidden, eos))
 
     def items(self, res: SearchResult, items: Sequence[Any] | np.ndarray | None = None):
         """Item ids of every result beam, [B][M] lists (Decoder.items)."""
@@ -158,18 +158,6 @@ def _record_tag(model, bundle, model_version: str | None) -> str | None:
     if hasattr(bundle, "files") and quality_files(bundle):
         return model_hash(model)
     return None
-
-
-def _resorted(res: SearchResult, extra: torch.Tensor) -> SearchResult:
-    """res with extra fp32 [B * M] added to its beams' scores, re-sorted best first per request."""
-    scores = res.scores + extra.view(res.scores.shape)  # -inf (padding) stays -inf
-    order = torch.argsort(scores, dim=1, descending=True, stable=True)
-    return SearchResult(
-        sids=torch.gather(res.sids, 1, order[:, :, None].expand_as(res.sids)),
-        scores=torch.gather(scores, 1, order),
-        leaves=torch.gather(res.leaves, 1, order),
-        order=res.order,
-    )
 
 
 def _step_layer(weight: torch.Tensor, bias: torch.Tensor | None, tokens: torch.Tensor):

@@ -15,7 +15,10 @@ on its V_t codes, so Decoder.step sees exactly the engine's numbers and selects 
   - score_first: the engine's log-probabilities as they are, normalised over the whole vocabulary. That
     needs logprobs_mode "raw_logprobs" (the default) or "processed_logprobs" (the beam requests use
     temperature 1 and no processor, so both are the raw values); the *_logits modes are refused for it.
-The SID's score is the sum of its L steps (no EOS term), as Decoder.search returns it.
+The SID's score is the sum of its L steps, as Decoder.search returns it. With an EOS in the SID map,
+score_first then adds each final beam's log p(EOS) over the whole vocabulary and re-sorts (one more
+one-token request per beam): the same score as SidGenerator's and the quality gate's score_first, so the
+gate's verdict carries over. Under filter_first EOS is the only valid token after the SID, log 1 = 0.
 """
 
 from __future__ import annotations
@@ -83,8 +86,7 @@ def beam_search(
     sid_map = sid_map if isinstance(sid_map, SidMap) else SidMap.load(sid_map)
     table = catalog_token_table(sid_map, bundle.index)
     vocab = _vocab_size(llm)
-    if max(int(line.max()) for line in table) >= vocab:
-        raise InputError(f"the SidMap spells tokens beyond the model's vocabulary ({vocab})")
+    sid_map.check_vocabulary(bundle.index.codebook_sizes, vocab)
     token_prompts = [_prompt_tokens(llm, p) for p in prompts]
     if not token_prompts:
         raise InputError("beam_search needs at least one prompt")
@@ -96,6 +98,8 @@ def beam_search(
         normalizer = None if order == "filter_first" else torch.zeros(state.num_beams)
         state = dec.step(state, logits, "full", log_normalizer=normalizer)
     res = dec.finish(state)
+    if order == "score_first" and sid_map.eos_token_id is not None:
+        res = res.rescored(_eos_logprobs(llm, res, token_prompts, table, sid_map.eos_token_id))
     sids = res.sids.numpy()
     spelled = [
         [[int(table[s][c]) for s, c in enumerate(sid)] if sid[0] >= 0 else [] for sid in beams]
@@ -165,6 +169,26 @@ def _step_logits(
         logprobs = result.outputs[0].logprobs[0]
         values = [logprobs[tok].logprob for tok in table[t][part].tolist()]
         out[i, torch.as_tensor(part)] = torch.tensor(values, dtype=torch.float32)
+    return out
+
+
+def _eos_logprobs(llm, res: SearchResult, prompts: list[list[int]], table, eos: int) -> torch.Tensor:
+    """fp32 [B, M]: each final beam's log p(EOS) after its SID, over the whole vocabulary (0 at padding)."""
+    from vllm import SamplingParams, TokensPrompt
+
+    sids = res.sids.numpy()
+    beams = [(b, m) for b, m in zip(*np.nonzero(sids[:, :, 0] >= 0), strict=True)]
+    params = SamplingParams(
+        max_tokens=1, temperature=1.0, top_p=1.0, top_k=0, detokenize=False, logprob_token_ids=[eos]
+    )
+    inputs = [
+        TokensPrompt(prompt_token_ids=prompts[b] + [int(table[s][c]) for s, c in enumerate(sids[b, m])])
+        for b, m in beams
+    ]
+    out = torch.zeros(sids.shape[:2], dtype=torch.float32)
+    results = llm.generate(inputs, params, use_tqdm=False) if inputs else []
+    for (b, m), result in zip(beams, results, strict=True):
+        out[b, m] = result.outputs[0].logprobs[0][eos].logprob
     return out
 
 

@@ -1,22 +1,30 @@
-"""The bundles, SID maps and item filters of one process, opened once and shared by every request.
+"""The engine's side of the registry: every catalog opened at start, then what requests derive from it.
 
-    version_dir = version_for(spec)              # the version a new request uses (see "follow")
-    plan = prepare(spec, device)                 # everything a request needs, every rule checked
-    plan.catalog.masks(plan.sid_map, vocab, device)   # VocabMasks of that version, SID map and vocabulary
+    catalogs = EngineCatalogs(registry, device, vocab_size)   # opens every registered catalog now
+    plan = catalogs.plan(spec, pin)       # a request's version, SID map and item filter, every rule checked
+    plan.catalog.masks(plan.sid_map, plan.sid_key, vocab, device)   # VocabMasks of that version
 
-Bundles are opened by version dir (memory-mapped, checked once) and cached by it, so requests naming the same
-version share one copy, and a new version is opened beside the old one. An OUT dir is resolved to the version
-its LATEST names: once per process (the first time a request names it), or for every new request when the
-request says "follow": true. A request keeps the version it was resolved to for its whole life.
-Files named by requests (SID maps, item sets, availability) are cached by (path, size, mtime): an updated
-file is read again, an unchanged one never.
+At start each catalog's live version is opened (memory-mapped, checked) with its SID map (checked against
+the model's vocabulary), its item sets and its availability; the engine fails to start, naming the file,
+if one is broken. A request decodes the version admission pinned (admission.PIN_KEY; a version of the
+catalog's own OUT dir, nothing else), else the live one. When a follow catalog's LATEST moves, LiveVersions'
+thread opens the new version here before requests are pinned to it, off the engine's step loop.
+
+Every cache is bounded (lru.Lru) and keyed by what the bytes are, never by how a request spelled a path:
+versions by real path and manifest identity (limits.open_versions, plus those live requests hold), per
+version its vocabulary masks and item filters (limits.filters_per_version), files by (st_dev, st_ino, size,
+mtime_ns). The catalog's availability file is read again when it changes; its SID map and item sets are
+read once, at start.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
-from collections import OrderedDict
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,147 +33,89 @@ import numpy as np
 import torch
 
 from ...base.errors import InputError
-from ...bundle import open_bundle, resolve_bundle
-from ...bundle.format import MANIFEST_NAME
+from ...bundle import open_bundle
+from ...bundle.format import MANIFEST_NAME, parse_version_dir
 from ...runtime.device_tables import DeviceStep, index_to_device
 from ...runtime.items.constraints import ItemMask, ItemSets, item_ids
+from ...runtime.items.files import read_available_ids, read_set_memberships
 from ...runtime.items.requests import RequestConstraints, request_constraints
 from ...runtime.items.space import ItemSpace, Resident, SetBits, make_resident
 from ..sid_map import SidMap, catalog_token_table
 from ..vocab_masks import VocabMasks
+from .live import LiveVersions
+from .lru import Lru
+from .registry import CatalogEntry, Limits, Registry, file_identity
 from .spec import RequestSpec
 
-MAX_VERSIONS = 4  # bundle versions kept open beyond those that live requests hold
-MAX_FILTERS = 16  # (availability, item sets) combinations kept per version
-_LOCK = threading.RLock()
-_VERSIONS: OrderedDict[Path, Catalog] = OrderedDict()
-_FIXED: dict[str, Path] = {}  # OUT dir -> the version it resolved to (requests without "follow")
-_SID_MAPS: dict[tuple, tuple[SidMap, tuple]] = {}
+logger = logging.getLogger("vllm.zerogr")
+MASKS_PER_VERSION = 4  # (SID map, vocabulary width, device) combinations of one version
+REQUEST_FILES = 8  # request-named availability files kept read
 
 
-def _file_key(path: str) -> tuple:
-    """(absolute path, size, mtime_ns) of a regular file; InputError naming it otherwise."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise InputError(f"{path}: {exc.strerror or exc}") from None
-    if not os.path.isfile(path):
-        raise InputError(f"{path}: not a regular file")
-    return (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+@contextmanager
+def logged_warnings() -> Iterator[None]:
+    """Warnings raised inside (ids a version lacks, ignored) go to the server log, one line each."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for warning in caught:
+        logger.warning("zerogr: %s", warning.message)
 
 
 class Catalog:
     """One opened bundle version and what requests derive from it (device tables, vocabulary masks, item
-    filters), each built on first use."""
+    filters), each built on first use and kept in a bounded cache."""
 
-    def __init__(self, version_dir: Path) -> None:
+    def __init__(self, version_dir: Path, limits: Limits) -> None:
         self.bundle = open_bundle(version_dir)
         self.index = self.bundle.index
         self.path = self.bundle.path
         self.ids = item_ids(self.bundle)
+        self._lock = threading.RLock()
         self._steps: dict[torch.device, tuple[DeviceStep, ...]] = {}
         self._spaces: dict[torch.device, ItemSpace] = {}
-        self._masks: dict[tuple, VocabMasks] = {}
-        self._filters: OrderedDict[tuple, Resident] = OrderedDict()
-        self._tables: dict[tuple, tuple[np.ndarray, ...]] = {}
+        self._tables: Lru[tuple[np.ndarray, ...]] = Lru(MASKS_PER_VERSION)
+        self._masks: Lru[VocabMasks] = Lru(MASKS_PER_VERSION)
+        self._filters: Lru[Resident] = Lru(limits.filters_per_version)
 
     def __repr__(self) -> str:
         return f"Catalog({str(self.path)!r}, version={self.bundle.version})"
 
     def steps(self, device: torch.device) -> tuple[DeviceStep, ...]:
         """The step tables on `device` (the Decoder's layout)."""
-        with _LOCK:
+        with self._lock:
             if device not in self._steps:
                 self._steps[device] = index_to_device(self.index, device)
             return self._steps[device]
 
     def token_table(self, sid_map: SidMap, key: tuple) -> tuple[np.ndarray, ...]:
         """catalog_token_table of a SID map (checked to spell every code the catalog uses), cached by key."""
-        with _LOCK:
-            if key not in self._tables:
-                self._tables[key] = catalog_token_table(sid_map, self.index)
-            return self._tables[key]
+        return self._tables.get_or_make(key, lambda: catalog_token_table(sid_map, self.index))
 
     def masks(self, sid_map: SidMap, key: tuple, vocab_size: int, device: torch.device) -> VocabMasks:
         """VocabMasks of this version for one SID map and vocabulary width, on `device`."""
-        with _LOCK:
-            cache_key = (key, int(vocab_size), device)
-            if cache_key not in self._masks:
-                table = self.token_table(sid_map, key)
-                self._masks[cache_key] = VocabMasks(self.index, table, vocab_size, device)
-            return self._masks[cache_key]
 
-    def item_filter(self, available: Any, item_sets: str | None, device: torch.device) -> Resident:
-        """The Decoder's resident item state for one availability (None, a Parquet file, a tuple of ids)
-        and one item sets file (or None), on `device`; ids not in the catalog are refused."""
-        avail_key = ("file", *_file_key(available)) if isinstance(available, str) else available
-        sets_key = None if item_sets is None else _file_key(item_sets)
-        key = (avail_key, sets_key, device)
-        with _LOCK:
-            cached = self._filters.get(key)
-            if cached is not None:
-                self._filters.move_to_end(key)
-                return cached
-            if device not in self._spaces:
-                self._spaces[device] = ItemSpace(self.bundle, self.steps(device), device)
-            mask = None
-            if isinstance(available, str):
-                mask = ItemMask.from_parquet(self.bundle, available)
-            elif available is not None:
-                mask = ItemMask.from_bool(self.bundle, self._known(available, "available"))
-            sets = None if item_sets is None else SetBits.build(ItemSets.from_parquet(self.bundle, item_sets))
-            resident = self._filters[key] = make_resident(self._spaces[device], mask, sets)
-            while len(self._filters) > MAX_FILTERS:
-                self._filters.popitem(last=False)
-            return resident
+        def make() -> VocabMasks:
+            return VocabMasks(self.index, self.token_table(sid_map, key), vocab_size, device)
 
-    def _known(self, ids: tuple, key: str) -> np.ndarray:
-        """bool [items] in the items table's order: the positions of ids, every one in the catalog."""
-        found = self.ids.lookup(list(ids), f'extra_args["zerogr"]["{key}"]')
-        if (found < 0).any():
-            bad = ids[int(np.flatnonzero(found < 0)[0])]
-            raise InputError(
-                f'extra_args["zerogr"]["{key}"]: item id {bad!r} is not in the catalog ({self.path})'
-            )
-        out = np.zeros(self.index.num_items, dtype=bool)
-        out[found] = True
-        return out
+        return self._masks.get_or_make((key, int(vocab_size), device), make)
 
+    def item_filter(
+        self, key: tuple, mask: Callable[[], ItemMask | None], sets: Callable[[], ItemSets | None], device
+    ) -> Resident:
+        """The Decoder's resident item state for the availability mask() and item sets sets() make, cached
+        under `key` (what they are made from)."""
 
-def open_catalog(version_dir: Path) -> Catalog:
-    """The Catalog of a version dir, opened once per process (the newest MAX_VERSIONS stay cached)."""
-    with _LOCK:
-        catalog = _VERSIONS.get(version_dir)
-        if catalog is None:
-            catalog = _VERSIONS[version_dir] = Catalog(version_dir)
-            while len(_VERSIONS) > MAX_VERSIONS:
-                _VERSIONS.popitem(last=False)  # requests still on it keep their reference
-        else:
-            _VERSIONS.move_to_end(version_dir)
-        return catalog
+        def make() -> Resident:
+            with self._lock:
+                if device not in self._spaces:
+                    self._spaces[device] = ItemSpace(self.bundle, self.steps(device), device)
+            with logged_warnings():
+                item_sets = sets()
+                bits = None if item_sets is None else SetBits.build(item_sets)
+                return make_resident(self._spaces[device], mask(), bits)
 
-
-def version_for(spec: RequestSpec) -> Path:
-    """The version dir a new request of `spec` uses: its LATEST now ("follow"), else the version the OUT
-    dir resolved to the first time this process saw it (a version dir is itself)."""
-    path = os.path.abspath(spec.bundle)
-    if spec.follow:
-        if (Path(path) / MANIFEST_NAME).exists():
-            raise InputError(f'{spec.bundle}: "follow" needs an OUT dir (this is a version dir)')
-        return resolve_bundle(path).resolve()
-    with _LOCK:
-        if path not in _FIXED:
-            _FIXED[path] = resolve_bundle(path).resolve()
-        return _FIXED[path]
-
-
-def load_sid_map(path: str) -> tuple[SidMap, tuple]:
-    """(SidMap, its cache key) of a file SidMap.save wrote, read again only when the file changes."""
-    key = _file_key(path)
-    with _LOCK:
-        if key not in _SID_MAPS:
-            _SID_MAPS[key] = (SidMap.load(path), key)
-        return _SID_MAPS[key]
+        return self._filters.get_or_make((key, device), make)
 
 
 @dataclass(frozen=True, eq=False)
@@ -180,28 +130,136 @@ class RequestPlan:
     resident: Resident | None
 
     def constraints(self, plans: list[RequestPlan]) -> RequestConstraints:
-        """The RequestConstraints of `plans` (all on this plan's resident), one request each, in order."""
+        """The RequestConstraints of `plans` (all on this plan's resident), one request each, in order.
+        Excluded ids this version lacks are ignored (logged), as Decoder.search does."""
         include = [list(p.spec.include) if p.spec.include else None for p in plans]
         exclude = [list(p.spec.exclude) if p.spec.exclude else None for p in plans]
         assert self.resident is not None
-        return request_constraints(self.resident, self.catalog.ids, include, exclude, len(plans))
+        with logged_warnings():
+            return request_constraints(self.resident, self.catalog.ids, include, exclude, len(plans))
 
 
-def prepare(spec: RequestSpec, device: torch.device, version_dir: Path | None = None) -> RequestPlan:
-    """Open (or reuse) everything `spec` names and check every rule: InputError / BundleError naming the
-    first broken one. version_dir: the version to use (default: version_for(spec))."""
-    catalog = open_catalog(version_dir if version_dir is not None else version_for(spec))
-    sid_map, sid_key = load_sid_map(spec.sid_map)
-    catalog.token_table(sid_map, sid_key)  # every code spelt, EOS distinct
-    resident = None
-    if spec.constrained:
-        resident = catalog.item_filter(spec.available, spec.item_sets if spec.include else None, device)
-        if spec.include:
-            assert resident.set_bits is not None
-            resident.set_bits.sets.lookup(list(spec.include))  # unknown set names
-        if spec.exclude:
-            catalog._known(spec.exclude, "exclude")
-    return RequestPlan(spec, catalog, sid_map, sid_key, resident)
+class EngineCatalogs:
+    """Every registered catalog, opened in the engine (module docstring)."""
+
+    def __init__(self, registry: Registry, device: torch.device, vocab_size: int) -> None:
+        self.registry = registry
+        self.device = device
+        self.vocab_size = int(vocab_size)
+        self._lock = threading.RLock()
+        self._versions: Lru[Catalog] = Lru(registry.limits.open_versions)
+        self._sid_maps: dict[str, tuple[SidMap, tuple]] = {}
+        self._set_rows: dict[str, tuple[np.ndarray, Any, str, tuple]] = {}
+        self._availability: dict[str, tuple[tuple, Any]] = {}
+        self._request_files: Lru[Any] = Lru(REQUEST_FILES)
+        for name, entry in registry.catalogs.items():
+            sid_map = SidMap.load(entry.sid_map)
+            self._sid_maps[name] = (sid_map, ("sid_map", *file_identity(os.stat(entry.sid_map))))
+            if entry.item_sets is not None:
+                names, ids, what = read_set_memberships(entry.item_sets, "set", "item_id")
+                self._set_rows[name] = (names, ids, what, file_identity(os.stat(entry.item_sets)))
+            if entry.availability is not None:
+                self._registered_availability(entry)
+        self.live = LiveVersions(registry, on_change=self.prepare)
+        for name in registry.catalogs:
+            self.prepare(name, self.live.current(name))
+
+    def close(self) -> None:
+        self.live.close()
+
+    def prepare(self, name: str, version_dir: Path) -> Catalog:
+        """Open `version_dir` of catalog `name` and build its vocabulary masks (the SID map checked against
+        the version and the model's vocabulary), so its first request finds them ready."""
+        sid_map, sid_key = self._sid_maps[name]
+        catalog = self.version(version_dir)
+        sid_map.check_vocabulary(catalog.index.codebook_sizes, self.vocab_size)
+        catalog.masks(sid_map, sid_key, self.vocab_size, self.device)
+        return catalog
+
+    def version(self, version_dir: Path) -> Catalog:
+        """The Catalog of a version dir (real path), opened once while it stays cached (keyed by the path and
+        its manifest's identity: a version dir made again under the same name is opened again)."""
+        key = (version_dir, *file_identity(os.stat(version_dir / MANIFEST_NAME)))
+        return self._versions.get_or_make(key, lambda: Catalog(version_dir, self.registry.limits))
+
+    def version_dir(self, name: str, pin: str | None) -> Path:
+        """The version dir a request of catalog `name` decodes: `pin` (a version dir name admission chose,
+        which must be a version of the catalog's own OUT dir), else the live version."""
+        live = self.live.current(name)
+        if pin is None or pin == live.name:
+            return live
+        entry = self.registry.catalogs[name]
+        out = entry.bundle
+        if parse_version_dir(pin) is None or live.parent != out or (out / pin).resolve().parent != out:
+            raise InputError(f"catalog {name!r}: {pin[:80]!r} is not one of its versions")
+        return (out / pin).resolve()
+
+    def plan(self, spec: RequestSpec, pin: str | None) -> RequestPlan:
+        """Everything a request needs, every rule checked: InputError / BundleError naming the first broken
+        one (for the server log)."""
+        entry = self.registry.catalogs.get(spec.catalog)
+        if entry is None:
+            raise InputError(f"unknown catalog {spec.catalog!r}")
+        catalog = self.version(self.version_dir(spec.catalog, pin))
+        sid_map, sid_key = self._sid_maps[spec.catalog]
+        catalog.token_table(sid_map, sid_key)  # every code spelt, EOS distinct
+        resident = None
+        if spec.constrained or entry.availability is not None:
+            resident = self._filter(entry, spec, catalog)
+            if spec.include:
+                assert resident.set_bits is not None
+                resident.set_bits.sets.lookup(list(spec.include))  # unknown set names
+        return RequestPlan(spec, catalog, sid_map, sid_key, resident)
+
+    def _filter(self, entry: CatalogEntry, spec: RequestSpec, catalog: Catalog) -> Resident:
+        """The resident item filter of a request: the catalog's availability AND the request's, the
+        catalog's item sets when the request names sets."""
+        registered = self._registered_availability(entry) if entry.availability is not None else None
+        requested: tuple[tuple, Any] | None = None
+        if isinstance(spec.available, str):
+            requested = self._request_file(spec.available)
+        elif spec.available is not None:
+            requested = (("ids", spec.available), list(spec.available))
+        rows = self._set_rows.get(entry.name) if spec.include else None
+        if spec.include and rows is None:
+            raise InputError(f'catalog {entry.name!r} has no item sets to "include"')
+        key = (
+            None if registered is None else registered[0],
+            None if requested is None else requested[0],
+            None if rows is None else rows[3],
+        )
+
+        def mask() -> ItemMask | None:
+            held = [ids for ids in (registered, requested) if ids is not None]
+            parts = [ItemMask.from_ids(catalog.bundle, ids).available for _, ids in held]
+            if not parts:
+                return None
+            return ItemMask.from_bool(catalog.bundle, np.logical_and.reduce(parts))
+
+        def sets() -> ItemSets | None:
+            return None if rows is None else ItemSets.from_memberships(catalog.bundle, *rows[:3])
+
+        return catalog.item_filter(key, mask, sets, self.device)
+
+    def _registered_availability(self, entry: CatalogEntry) -> tuple[tuple, Any]:
+        """(identity, ids) of the catalog's availability file, read again when it has changed."""
+        assert entry.availability is not None
+        identity = ("registered", *file_identity(os.stat(entry.availability)))
+        with self._lock:
+            held = self._availability.get(entry.name)
+            if held is None or held[0] != identity:
+                ids, _what = read_available_ids(entry.availability)
+                held = self._availability[entry.name] = (identity, ids)
+            return held
+
+    def _request_file(self, text: str) -> tuple[tuple, Any]:
+        """(identity, ids) of an availability file a request names (checked again here: a file admission
+        allowed may have been replaced since)."""
+        found = self.registry.request_file(text)
+        if not isinstance(found, tuple):
+            raise InputError(f"request file refused: {found.reason}")
+        identity = ("file", *found[1])
+        return identity, self._request_files.get_or_make(identity, lambda: read_available_ids(found[0])[0])
 
 
-__all__ = ["Catalog", "RequestPlan", "load_sid_map", "open_catalog", "prepare", "version_for"]
+__all__ = ["Catalog", "EngineCatalogs", "RequestPlan", "logged_warnings"]

@@ -8,6 +8,7 @@ Head dimension 64 (vLLM's CPU attention refuses 16).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +83,29 @@ def write_sets(path: Path, sets: dict[str, list[int]]) -> Path:
 def write_available(path: Path, ids) -> Path:
     pq.write_table(pa.table({"item_id": pa.array([int(i) for i in ids], pa.int64())}), path)
     return path
+
+
+def write_registry(path: Path, catalogs: dict[str, dict], **top) -> Path:
+    """A catalog registry file (registry.py): one [catalogs.NAME] table per entry of `catalogs` (keys
+    bundle, sid_map, item_sets, availability, follow), top-level keys from `top` (allow_paths_under,
+    poll_seconds, limits = {...})."""
+    lines = [f"{key} = {_toml(v)}" for key, v in top.items()]
+    for name, entry in catalogs.items():
+        lines += ["", f"[catalogs.{name}]"] + [f"{key} = {_toml(v)}" for key, v in entry.items()]
+    path = Path(path)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _toml(value) -> str:
+    """A TOML value: inline table, array, bool / number, or a string (paths too; JSON escapes are TOML's)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, (bool, int, float)):
+        return json.dumps(value)
+    return json.dumps(str(value))
 
 
 def sid_codes(token_ids) -> tuple[int, ...] | None:

@@ -199,14 +199,21 @@ class ItemSets:
         from .files import read_set_memberships
 
         names, ids, what = read_set_memberships(path, set_column, item_column)
+        return cls.from_memberships(source, names, ids, what)
+
+    @classmethod
+    def from_memberships(cls, source: Any, names: np.ndarray, ids: Any, what: str) -> ItemSets:
+        """The sets of membership rows already read (read_set_memberships: set name per row, item id per
+        row, how messages name the file): one file read, then mapped onto any number of versions. Rows naming
+        ids not in `source` are reported in one warning and ignored."""
         lookup = item_ids(source)
         found = lookup.lookup(ids, what, "row")
         unknown = int((found < 0).sum())
         uniq, inverse = np.unique(names, return_inverse=True)
         if unknown:
-            warnings.warn(f"{path}: {unknown} of {found.shape[0]} rows name item ids that are not in the "
+            warnings.warn(f"{what}: {unknown} of {found.shape[0]} rows name item ids that are not in the "
                           f"catalog ({len(set(inverse[found < 0].tolist()))} sets; ignored)",
-                          stacklevel=2)  # fmt: skip
+                          stacklevel=3)  # fmt: skip
         keep = found >= 0
         order = np.argsort(inverse[keep], kind="stable")
         grouped = found[keep][order]

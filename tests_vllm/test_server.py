@@ -1,0 +1,171 @@
+"""vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`, one for the module, on 127.0.0.1)
+with a catalog registry: completions decode catalog SIDs, every refusal is one line that answers nothing
+about the server's files (the hostile-input reproducer: paths, JSON and Parquet files outside the allowed
+root, symlinks out of it, a file over the cap, another tenant's bundle), plain and zerogr requests still work
+after the bad ones, and a follow catalog swaps versions under load with every answer a whole SID."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests_vllm.conftest import RUNNER_PROCESSOR
+from zerogr_build.integrations.vllm import PROCESSOR_V2
+from zerogr_build.integrations.vllm import tiny_model as tiny
+from zerogr_build.integrations.vllm.admission import NO_FILE
+from zerogr_build.integrations.vllm.local_server import LocalServer
+
+L = len(tiny.SIZES)
+SECRETS = ("TOPSECRET", "db_password", "email", "ssn")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_model_dir):
+    """The server over a registry of "live" (follow, polled every 0.2 s), with request files allowed under
+    requests/ only; secrets and another tenant's bundle beside it."""
+    root = tmp_path_factory.mktemp("vllm_server")
+    sids = tiny.catalog_sids(200, seed=9)
+    tiny.publish(root / "live", sids[:100], 1000 + np.arange(100))
+    tiny.publish(root / "other-tenant", sids[100:], 5000 + np.arange(100))
+    tiny.sid_map().save(root / "sid_map.json")
+    (root / "secret.json").write_text(json.dumps({"db_password": "TOPSECRET-123"}))
+    pq.write_table(pa.table({"email": ["a@b.c"], "ssn": ["123-45-6789"]}), root / "private.parquet")
+    requests = root / "requests"
+    requests.mkdir()
+    tiny.write_available(requests / "avail.parquet", range(1000, 1030))
+    tiny.write_available(requests / "big.parquet", range(1000, 3000))  # over limits.request_file_bytes
+    (requests / "link.parquet").symlink_to(root / "private.parquet")
+    registry = tiny.write_registry(
+        root / "catalogs.toml", {"live": {"bundle": "live", "sid_map": "sid_map.json", "follow": True}},
+        allow_paths_under=["requests"], poll_seconds=0.2, limits={"request_file_bytes": 4096},
+    )  # fmt: skip
+    assert (requests / "big.parquet").stat().st_size > 4096 > (requests / "avail.parquet").stat().st_size
+    args = ("--max-num-seqs", "32", "--gpu-memory-utilization", "0.5")
+    with LocalServer(tiny_model_dir, registry, RUNNER_PROCESSOR, root / "server.log", args) as running:
+        yield dict(server=running, root=root, sids=sids, log=root / "server.log")
+
+
+def complete(server, zerogr: dict | None = None, *, seed: int = 0, n: int = 1, max_tokens: int = L + 1):
+    """(HTTP status, the reply's JSON) of one /v1/completions request."""
+    rng = np.random.default_rng(seed)
+    body = {"prompt": tiny.prompt(rng), "max_tokens": max_tokens, "temperature": 1.0, "seed": seed, "n": n,
+            "return_token_ids": True}  # fmt: skip
+    if zerogr is not None:
+        body["vllm_xargs"] = {"zerogr": json.dumps(zerogr)}
+    return server["server"].complete(body)
+
+
+def sids_of(reply: dict) -> list[tuple[int, ...] | None]:
+    """The SID of every choice; each must be 3 SID tokens then EOS."""
+    out = []
+    for choice in reply["choices"]:
+        tokens = list(choice["token_ids"])
+        assert tokens[L:] == [tiny.EOS], tokens
+        out.append(tiny.sid_codes(tokens))
+    return out
+
+
+def catalog(sids) -> set[tuple[int, ...]]:
+    return {tuple(int(c) for c in s) for s in sids}
+
+
+def test_completions_decode_catalog_sids(server):
+    first = catalog(server["sids"][:100])
+    for seed in range(4):
+        status, reply = complete(server, {"catalog": "live"}, seed=seed, n=2)
+        assert status == 200, reply
+        assert all(sid in first for sid in sids_of(reply))
+    status, reply = complete(server, None, max_tokens=6)
+    assert status == 200 and len(reply["choices"][0]["token_ids"]) == 6
+
+
+def hostile(root) -> list[tuple[dict, str]]:
+    """(the zerogr arguments a client sends, the one line the server must answer), per probe."""
+    requests = root / "requests"
+    outside = ["/etc/nonexistent", "/etc", "/etc/passwd", str(root / "secret.json"),
+               str(root / "private.parquet"), str(requests / "link.parquet"), str(requests / "big.parquet"),
+               "requests/avail.parquet", str(requests / ".." / "secret.json"),
+               str(requests / "nope.parquet")]  # fmt: skip
+    probes = [({"catalog": "live", "available": path}, NO_FILE) for path in outside]
+    for key, value in (("sid_map", str(root / "secret.json")), ("bundle", str(root / "other-tenant")),
+                       ("item_sets", str(root / "private.parquet"))):  # fmt: skip
+        probes.append(({"catalog": "live", key: value}, f"zerogr: extra_args[\"zerogr\"]: '{key}' is set by"))
+    probes.append(({"catalog": "other-tenant"}, "zerogr: unknown catalog 'other-tenant'"))
+    return probes
+
+
+def test_refusals_answer_nothing_about_the_servers_files(server):
+    """Every probe is refused with its one line, which names no server path and no file content; the
+    reasons go to the server's log; plain and zerogr requests work after them."""
+    root = server["root"]
+    path_answers = set()
+    for args, message in hostile(root):
+        status, reply = complete(server, args)
+        text = reply["error"]["message"]
+        assert status == 400 and text.startswith(message), (args, reply)
+        if message == NO_FILE:
+            path_answers.add(text)
+        body = json.dumps(reply)
+        assert str(root) not in body and not any(s in body for s in SECRETS), (args, body)
+    assert len(path_answers) == 1  # the same line whatever is (or is not) at the path
+    log = server["log"].read_text(errors="replace")
+    assert "outside allow_paths_under" in log and "more than limits.request_file_bytes" in log
+    status, reply = complete(server, None)
+    assert status == 200
+    status, reply = complete(server, {"catalog": "live"}, seed=5)
+    assert status == 200 and sids_of(reply)[0] in catalog(server["sids"][:100])
+
+
+def test_excluded_ids_the_catalog_lacks_are_no_oracle(server):
+    """Known and unknown excluded ids get the same answer: a SID (unknown ones are ignored)."""
+    for ids in ([1000], [99999], [5000]):
+        status, reply = complete(server, {"catalog": "live", "exclude": ids}, seed=3)
+        assert status == 200 and sids_of(reply)[0] is not None, reply
+
+
+def test_an_allowed_request_file_restricts_the_items(server):
+    path = str(server["root"] / "requests" / "avail.parquet")
+    allowed = catalog(server["sids"][:30])  # items 1000..1029
+    for seed in range(3):
+        status, reply = complete(server, {"catalog": "live", "available": path}, seed=seed, n=3)
+        assert status == 200 and all(sid in allowed for sid in sids_of(reply)), reply
+
+
+def test_follow_swaps_under_load_without_a_gap(server):
+    """Requests keep coming while a new version is published: every answer is a whole SID of one version
+    (also those excluding every item of the old version), and once the server has moved, only the new one."""
+    first, second = catalog(server["sids"][:100]), catalog(server["sids"][100:])
+
+    def one(i: int, exclude=range(1000, 1050)):
+        args = {"catalog": "live"} | ({"exclude": list(exclude)} if i % 3 == 0 else {})
+        status, reply = complete(server, args, seed=100 + i)
+        assert status == 200, reply
+        return sids_of(reply)[0]
+
+    with ThreadPoolExecutor(6) as pool:
+        before = list(pool.map(one, range(12)))
+        tiny.publish(server["root"] / "live", server["sids"][100:], 2000 + np.arange(100))
+        during = list(pool.map(one, range(12, 48)))
+    assert all(sid in first for sid in before)
+    assert all(sid in first | second for sid in during)
+    deadline = time.monotonic() + 30
+    while one(0) not in second:  # the front end reads LATEST every 0.2 s
+        assert time.monotonic() < deadline, "the server never moved to the new version"
+    with ThreadPoolExecutor(
+        6
+    ) as pool:  # excluding every item of the old version: ignored, as Decoder.search does
+        after = list(pool.map(lambda i: one(i, range(1000, 1100)), range(48, 60)))
+    assert all(sid in second for sid in after)
+
+
+def test_the_runner_is_the_one_its_processor_is_for(server):
+    """vLLM logs "Using V2 Model Runner" exactly when Model Runner V2 runs; the processor given is its class
+    (the other runner's class would have stopped the server at start)."""
+    log = server["log"].read_text(errors="replace")
+    assert ("Using V2 Model Runner" in log) == (RUNNER_PROCESSOR == PROCESSOR_V2)

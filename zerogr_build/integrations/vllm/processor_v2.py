@@ -1,0 +1,77 @@
+"""SidLogitsProcessorV2: the same catalog constraint for vLLM's Model Runner V2 (vLLM 0.32's default
+wherever Triton runs, i.e. every CUDA install).
+
+    ZEROGR_VLLM_CATALOGS=catalogs.toml
+    llm = LLM(model, logits_processors=[PROCESSOR_V2])   # "...integrations.vllm:SidLogitsProcessorV2"
+
+The V2 interface differs from V1's in where things are, not in what the processor does: a request enters a
+persistent slot (add_request; slots are recycled, so every field of the slot is set again), and each step's
+apply(logits, ctx) gets rows in the step's own order, ctx.idx_mapping_np telling the slot of each row. A
+request's generated tokens are read on the device from the runner's token buffer (all_token_ids from
+prompt_len on); how many it has is the host-side seq_lens_upper_bound_np minus prompt_len, exact without
+speculative decoding. Under speculative decoding a request owns one row per draft token, whose tokens are
+not committed yet: this processor refuses to start there rather than mask them approximately.
+
+The request state and the masking are masking.py's, shared with the V1 processor (processor.py);
+admission (validate_params) is admission.py's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcessor, LogitsProcRequestState
+
+from ...base.errors import InputError
+from .admission import admit
+from .masking import SidMasking, SidRequest
+
+
+class SidLogitsProcessorV2(LogitsProcessor):
+    """Catalog-constrained generation for requests with extra_args["zerogr"] under Model Runner V2."""
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        """Admission (front end): refuse a bad zerogr request with one line, else pin its version."""
+        admit(sampling_params)
+
+    def __init__(self, vllm_config, req_states: LogitsProcRequestState) -> None:
+        if getattr(vllm_config, "speculative_config", None) is not None:
+            raise InputError(
+                "zerogr: SidLogitsProcessorV2 cannot mask draft tokens exactly under speculative decoding; "
+                "serve without a speculative config"
+            )
+        self.req_states = req_states
+        self.masking = SidMasking(vllm_config, req_states.device)
+        self._slots: list[SidRequest | None] = [None] * req_states.max_num_reqs
+
+    def add_request(self, req_idx: int, sampling_params) -> bool:
+        """A request enters slot req_idx (a recycled slot's old request is forgotten); True when it is a
+        zerogr request, whose rows this processor masks."""
+        self._slots[req_idx] = request = self.masking.request(sampling_params)
+        return request is not None
+
+    def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
+        """Mask the rows of zerogr requests of logits [num_rows, vocab] (in place); other rows untouched."""
+        slot_of = np.asarray(ctx.idx_mapping_np)
+        rows = [row for row, slot in enumerate(slot_of.tolist()) if self._slots[slot] is not None]
+        if not rows:
+            return logits
+        if logits.shape[0] != slot_of.shape[0]:
+            raise RuntimeError(f"zerogr: {logits.shape[0]} logits rows for {slot_of.shape[0]} requests")
+        slots = slot_of[rows]
+        prompt_len = self.req_states.prompt_len.np[slots].astype(np.int64)
+        steps = (np.asarray(ctx.seq_lens_upper_bound_np)[rows] - prompt_len).tolist()
+        tokens = self.req_states.all_token_ids.gpu
+
+        def prefix(positions: list[int], t: int) -> torch.Tensor:
+            at = torch.as_tensor(slots[positions], device=tokens.device)
+            start = torch.as_tensor(prompt_len[positions], device=tokens.device)
+            cols = start[:, None] + torch.arange(t, device=tokens.device)
+            return tokens[at[:, None], cols].long()
+
+        requests = [self._slots[slot] for slot in slots.tolist()]
+        return self.masking.apply(logits, rows, requests, steps, prefix)  # type: ignore[arg-type]
+
+
+__all__ = ["SidLogitsProcessorV2"]
