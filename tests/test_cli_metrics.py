@@ -163,19 +163,19 @@ def test_rebuild_metrics_progress_plan_reuse_and_exit_5(tmp_path):
         (name,) = (out / version / "plans").glob("*.json")
         return json.loads(name.read_text())
 
-    second = run_rebuild(*common, "--tune-args", TUNE_ARGS, cwd=tmp_path)  # the same shapes: reused
+    second = run_rebuild(*common, "--force", "--tune-args", TUNE_ARGS, cwd=tmp_path)  # same shapes: reused
     assert second.returncode == 0, second.stderr
     assert "reused the plan of" in second.stderr and "write plan into the bundle" not in second.stderr
     assert plan_of("v000002")["reused_from"]["bundle_version"] == 1
     assert verify_bundle(out / "v000002")["ok"]
     assert value(metrics(prom), "bundle_version", "rebuild") == 2
 
-    third = run_rebuild(*common, "--retune", "--tune-args", TUNE_ARGS, cwd=tmp_path)
+    third = run_rebuild(*common, "--force", "--retune", "--tune-args", TUNE_ARGS, cwd=tmp_path)
     assert third.returncode == 0, third.stderr
     assert "reused" not in third.stderr and "reused_from" not in plan_of("v000003")
     ok_at = value(metrics(prom), "job_last_success_timestamp_seconds", "rebuild")
 
-    failed_tune = run_rebuild(*common, "--retune", "--tune-args", "--iters 0", cwd=tmp_path)
+    failed_tune = run_rebuild(*common, "--force", "--retune", "--tune-args", "--iters 0", cwd=tmp_path)
     assert failed_tune.returncode == 5
     assert failed_tune.stdout == f"{(out / 'v000004').resolve()}\n"  # valid and promoted: printed
     assert (out / "LATEST").read_text() == "v000004\n"

@@ -18,6 +18,8 @@ import pytest
 
 from zerogr_build.bundle import open_bundle
 from zerogr_build.bundle.quality import find_quality
+from zerogr_build.rebuild import PushSpec
+from zerogr_build.rebuild.push import retry_push
 
 from .cli_runs import REBUILD_SH, REPO, TUNE_ARGS, invoke, run_rebuild, zerogr_command
 from .test_cli_metrics import metrics, value
@@ -128,29 +130,24 @@ def test_push_publishes_what_was_promoted_and_a_failed_push_exits_12(catalog, tm
     assert s3.get_object(Bucket=s3_bucket, Key="fleet/LATEST")["Body"].read() == b"v000001\n"
 
     untuned = run_rebuild(
-        catalog,
-        "--out",
-        out,
-        *SIZES,
-        "--device",
-        "cpu",
-        "--tune-args",
-        "--iters 0",
-        "--push",
-        url,
-        cwd=tmp_path,
-    )
+        catalog, "--out", out, *SIZES, "--device", "cpu", "--tune-args", "--iters 0", "--push", url,
+        "--force", cwd=tmp_path,
+    )  # fmt: skip
     assert untuned.returncode == 5, untuned.stderr  # promoted without a plan: pushed all the same
     assert s3.get_object(Bucket=s3_bucket, Key="fleet/LATEST")["Body"].read() == b"v000002\n"
 
-    missing = run_rebuild(
-        *_args(catalog, out, "--push", "s3://zg-no-such-bucket-here/x", "--metrics-file", prom), cwd=tmp_path
+    # A push that fails after promote: the remote LATEST names a signed version, this run pushes unsigned.
+    s3.put_object(Bucket=s3_bucket, Key="signed/v000009/manifest.json.sig", Body=b"{}")
+    s3.put_object(Bucket=s3_bucket, Key="signed/LATEST", Body=b"v000009\n")
+    refused = run_rebuild(
+        *_args(catalog, out, "--push", f"s3://{s3_bucket}/signed", "--metrics-file", prom, "--force"),
+        cwd=tmp_path,
     )
-    assert missing.returncode == 12, missing.stderr
-    assert missing.stdout == f"{(out / 'v000003').resolve()}\n"  # promoted here: printed
+    assert refused.returncode == 12, refused.stderr
+    assert refused.stdout == f"{(out / 'v000003').resolve()}\n"  # promoted here: printed
     assert (out / "LATEST").read_text() == "v000003\n"
     assert value(metrics(prom), "job_exit_status", "rebuild") == 12 and _failure(prom)["stage"] == "push"
-    assert "retry: zerogr push" in missing.stderr
+    assert "retry: zerogr push" in refused.stderr
 
 
 def test_push_signing_key_signs_the_pushed_version_and_a_bad_key_is_a_set_up_error(
@@ -178,14 +175,11 @@ def test_push_signing_key_signs_the_pushed_version_and_a_bad_key_is_a_set_up_err
     pulled = invoke("pull", url, host, "--trusted-keys", f"{key}.pub")
     assert pulled.exit_code == 0, pulled.stderr
     # A failed push says how to retry it as it was meant: signed with the same key.
-    bucket = "s3://zg-no-such-bucket-here/x"
-    failed = invoke("rebuild", *_args(catalog, out, "--push", bucket, "--push-signing-key", key))
-    assert failed.exit_code == 12, failed.stderr
-    assert "retry: zerogr push " in failed.stderr
-    assert f"v000002 {bucket} --signing-key {key}\n" in failed.stderr
+    retry = retry_push(PushSpec(url, 3, str(key)), out / "v000002")
+    assert retry == f"zerogr push {out / 'v000002'} {url} --keep 3 --signing-key {key}"
 
 
-def test_a_failed_promote_removes_the_unpromoted_version(catalog, tmp_path, monkeypatch):
+def test_a_full_disk_at_promote_is_exit_8_and_removes_the_unpromoted_version(catalog, tmp_path, monkeypatch):
     import zerogr_build.bundle as bundle_pkg
 
     out, prom = tmp_path / "bundles", tmp_path / "m.prom"
@@ -196,17 +190,15 @@ def test_a_failed_promote_removes_the_unpromoted_version(catalog, tmp_path, monk
 
     monkeypatch.setattr(bundle_pkg, "promote_bundle", failing_promote)
     monkeypatch.setattr("zerogr_build.rebuild.run.promote_bundle", failing_promote)
-    done = invoke("rebuild", *_args(catalog, out, "--metrics-file", prom))
-    assert done.exit_code == 3 and done.stdout == "", done.stderr
+    done = invoke("rebuild", *_args(catalog, out, "--metrics-file", prom, "--force"))
+    assert done.exit_code == 8 and done.stdout == "", done.stderr  # a full disk: named, exit 8
     assert "removed the unpromoted version v000002" in done.stderr
     assert (
         sorted(p.name for p in out.glob("v*")) == ["v000001"] and (out / "LATEST").read_text() == "v000001\n"
     )
-    assert _failure(prom) == {
-        "job": "rebuild",
-        "stage": "promote",
-        "reason": "OSError: [Errno 28] No space left on device",
-    }
+    failure = _failure(prom)
+    assert failure["stage"] == "promote" and "disk full writing" in failure["reason"]
+    assert "No space left on device" in failure["reason"] and "retrying alone" in failure["reason"]
 
 
 def test_a_crash_outside_the_stages_is_exit_1_and_named_in_the_metrics(catalog, tmp_path, monkeypatch):
@@ -289,7 +281,7 @@ def test_rebuild_sh_runs_zerogr_rebuild(catalog, tmp_path):
     assert done.stdout == f"{(out / 'v000001').resolve()}\n"
 
 
-def test_rebuild_sh_without_a_zerogr_exits_6_with_a_metrics_file_under_cron_env(catalog, tmp_path):
+def test_rebuild_sh_without_a_zerogr_exits_2_with_a_metrics_file_under_cron_env(catalog, tmp_path):
     """Under cron's environment (no venv on PATH, no python): exit 2 and a metrics file naming it."""
     prom = tmp_path / "textfile" / "rebuild.prom"
     prom.parent.mkdir()

@@ -52,7 +52,7 @@ def rebuilt(tmp_path_factory) -> dict:
             f"c{version}.parquet", "--out", "bundles", "--codebook-sizes", "12,12,12", "--device", "cpu",
             "--tune-args", TUNE_ARGS, "--model-version", f"{HOSTILE_TAG}{version}",
             "--gate-model-fn", "tests.compare_models:model_fn", "--gate-requests", "requests.parquet",
-            "--min-overlap", "0", "--gate-args", "--k 1,3 --batch-size 4", *extra,
+            "--min-overlap", "0", "--gate-args", "--k 1,3 --batch-size 4", "--no-guards", *extra,
             cwd=work, env={"PYTHONPATH": str(REPO)},
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
@@ -230,11 +230,15 @@ def test_guards_changes_and_an_unreadable_version_are_shown(rebuilt, tmp_path: P
     shutil.copytree(rebuilt["out"], out, symlinks=True)
     manifest_path = out / "v000002" / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
-    manifest["guards"] = {
-        "items_removed": {"fired": True, "value": 0.4, "threshold": 0.1},
-        "<b>sid_changed</b>": {"fired": False, "value": 0.01, "threshold": 0.2},
-    }
-    manifest["accept_change"] = {"reason": "catalog <cleanup>"}
+    manifest["guards"] = [  # as the guards record them (docs/bundle-format.md section 5)
+        {"guard": "items_removed", "value": 0.4, "threshold": 0.1, "bound": "max", "fired": True, "note": ""},
+        {"guard": "<b>sid_changed</b>", "value": 0.01, "threshold": 0.2, "bound": "max", "fired": False,
+         "note": ""},
+    ]  # fmt: skip
+    manifest["accept_change"] = {
+        "reason": "catalog <cleanup>", "guards": ["items_removed"], "against": "v000001",
+        "at": "2026-11-29T20:17:13.000000Z",
+    }  # fmt: skip
     manifest_path.write_text(json.dumps(manifest))
     (out / "v000003").mkdir()
     (out / "v000003" / "manifest.json").write_text("{")

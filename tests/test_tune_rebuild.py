@@ -85,7 +85,7 @@ def test_failed_verify_never_moves_latest(catalog, tmp_path, monkeypatch):
 
     monkeypatch.setattr(pipeline, "verify_with_catalog", watching_verify)
     args = [catalog, "--out", out, "--codebook-sizes", "16,16,16", "--device", "cpu", "--keep", "1"]
-    args += ["--tune-args", TUNE_ARGS]
+    args += ["--force", "--tune-args", TUNE_ARGS]
 
     def run(corrupt: bool):
         monkeypatch.setattr(pipeline, "build_bundle", corrupting_build if corrupt else real_build)

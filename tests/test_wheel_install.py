@@ -125,7 +125,7 @@ def test_a_wheel_install_runs_help_build_verify_and_rebuild(src: Path, wheel: Pa
     assert built.endswith("bundles/v000001")
     _run([zerogr, "verify", built, "--catalog", "catalog.parquet"], work, env)
     rebuilt = _run(
-        [zerogr, "rebuild", "catalog.parquet", "--codebook-sizes", "64,64,64", "--device", "cpu",
+        [zerogr, "rebuild", "catalog.parquet", "--codebook-sizes", "64,64,64", "--device", "cpu", "--force",
          "--tune-args", TUNE_ARGS, "--metrics-file", "rebuild.prom"],
         work, env,
     )  # fmt: skip

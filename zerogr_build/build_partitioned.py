@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .base.progress import NULL_PROGRESS, Progress
@@ -24,6 +24,7 @@ def build_bundle_partitioned(
     on_inferred: Callable[[tuple[int, ...]], None],
     policy: FormatPolicy,
     progress: Progress = NULL_PROGRESS,
+    manifest_extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build and publish `catalog_path` on the Ray cluster settings.ray_address in settings.partitions
     partitions; returns the summary pipeline.build_bundle returns, plus "engine" (name, partitions, rows
@@ -48,6 +49,7 @@ def build_bundle_partitioned(
             manifest_fields={
                 "model_version": settings.model_version or None,
                 "settings": settings.manifest_dict(),
+                **(manifest_extra or {}),
             },
             kernel_files=kernels,
             on_inferred=on_inferred,

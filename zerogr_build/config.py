@@ -1,7 +1,7 @@
 """Build and tune settings: defaults (in code, so an installed package needs no checkout), a TOML file, CLI
 overrides.
 
-Precedence: dataclass defaults < `[build]` / `[tune]` table of the config file < CLI flags.
+Precedence: dataclass defaults < `[build]` / `[tune]` / `[guards]` table of the config file < CLI flags.
 The packaged zerogr_build/configs/default.toml (`zerogr config --show-defaults`) lists every key with its
 default (a test keeps the two in step). TOML has no null, so
 "not set" is spelled as an empty value: sid_columns = [] (use sid_column), codebook_sizes = [] (not set: a
@@ -16,13 +16,16 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base.device import parse_device
 from .base.dtypes import DTYPE_NAMES
 from .base.errors import InputError
 from .base.small_files import read_small_toml
 from .cuda.nvcc import parse_kernel_archs
+
+if TYPE_CHECKING:
+    from .bundle.guards import GuardThresholds
 
 #: The packaged config listing every key with its default (`zerogr config --show-defaults`).
 DEFAULT_CONFIG_RESOURCE = "configs/default.toml"
@@ -36,7 +39,7 @@ def default_config_text() -> str:
 
 
 #: Tables a config file may hold.
-KNOWN_TABLES = frozenset({"build", "tune"})
+KNOWN_TABLES = frozenset({"build", "tune", "guards"})
 MAX_CONFIG_BYTES = 1 << 20
 _INT_RE = re.compile(r"[+-]?[0-9]+")
 #: Where `zerogr build` runs: in this process, or partitioned on a Ray cluster.
@@ -232,6 +235,24 @@ def load_tune_settings(
     values, _ = layered_values("tune", config_file, overrides, known, _coerce_tune)
     device = values.pop("device", None) or None
     return dataclasses.replace(defaults, **values), device
+
+
+def load_guard_thresholds(
+    config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> GuardThresholds:
+    """The guards' thresholds (bundle.guards.GuardThresholds): defaults, then the config file's [guards]
+    table, then `overrides`. Unknown keys, non-numbers and values out of range raise InputError."""
+    from .bundle.guards import GuardThresholds
+
+    known = [f.name for f in fields(GuardThresholds)]
+
+    def coerce(key: str, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InputError(f"{where}: {key} = {value!r} must be a number")
+        return float(value)
+
+    values, where = layered_values("guards", config_file, overrides, known, coerce)
+    return GuardThresholds(**values).check(where)
 
 
 def _coerce_tune(key: str, value: Any, where: str) -> Any:

@@ -128,16 +128,23 @@ def build_bundle(
     *,
     progress: Progress = NULL_PROGRESS,
     load_to_device: DeviceLoad | None = None,
+    manifest_extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """_build_bundle (settings.engine "ray": build_bundle_partitioned), warning once with
-    KernelCompileWarning when numba compiles (a cold first run)."""
+    KernelCompileWarning when numba compiles (a cold first run). manifest_extra: more manifest fields
+    (e.g. the `rebuild_run` of a rebuild's version)."""
+    extra = dict(manifest_extra or {})
     with on_first_compile(_warn_compiling):
         if settings.engine == "ray":
-            return _build_partitioned(catalog_path, settings, progress)
-        return _build_bundle(catalog_path, settings, progress=progress, load_to_device=load_to_device)
+            return _build_partitioned(catalog_path, settings, progress, extra)
+        return _build_bundle(
+            catalog_path, settings, progress=progress, load_to_device=load_to_device, manifest_extra=extra
+        )
 
 
-def _build_partitioned(catalog_path: str, settings: BuildSettings, progress: Progress) -> dict[str, Any]:
+def _build_partitioned(
+    catalog_path: str, settings: BuildSettings, progress: Progress, manifest_extra: Mapping[str, Any]
+) -> dict[str, Any]:
     """settings.engine = "ray": build_partitioned.build_bundle_partitioned, with the local build's checks
     before the read, its warnings and its kernel files."""
     from .build_partitioned import build_bundle_partitioned
@@ -160,6 +167,7 @@ def _build_partitioned(catalog_path: str, settings: BuildSettings, progress: Pro
         on_inferred=_warn_inferred,
         policy=_format_policy(settings),
         progress=progress,
+        manifest_extra=manifest_extra,
     )
 
 
@@ -203,6 +211,7 @@ def _build_bundle(
     *,
     progress: Progress = NULL_PROGRESS,
     load_to_device: DeviceLoad | None = None,
+    manifest_extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Read and validate the catalog, build every step table, publish the next version under
     settings.out (and, with settings.device = cuda:N, stream the tables to that GPU).
@@ -279,6 +288,7 @@ def _build_bundle(
             "settings": settings.manifest_dict(),
             # what this build took before its publish (the report's build durations)
             "build_timings": {k: round(v, 3) for k, v in timings.items()},
+            **(manifest_extra or {}),
         },
         keep=settings.keep or None,
         promote=settings.promote,

@@ -80,6 +80,28 @@ def add_bundle_files(version_dir: str | Path, files: Mapping[str, bytes]) -> dic
     return manifest
 
 
+#: Top-level manifest fields a published version may gain later (informational; every other field is the
+#: writer's, fixed at publish or kept right by add_bundle_files).
+AMENDABLE_FIELDS = frozenset({"guards", "accept_change"})
+
+
+def set_manifest_fields(version_dir: str | Path, fields: Mapping[str, object]) -> dict:
+    """Set informational top-level fields (AMENDABLE_FIELDS: the guards' `guards` and `accept_change`) of a
+    published version's manifest, atomically under the OUT lock (after rolling an interrupted add
+    forward). Returns the new manifest; ValueError for a field that is not amendable."""
+    unknown = sorted(set(fields) - AMENDABLE_FIELDS)
+    if unknown:
+        raise ValueError(f"manifest fields {unknown} cannot be amended (only {sorted(AMENDABLE_FIELDS)})")
+    vdir = resolve_bundle(version_dir)
+    with out_lock(vdir.parent):
+        recover_journal(vdir)
+        _remove_version_temps(vdir)
+        manifest = {**load_manifest(vdir), **fields}
+        validate_manifest(manifest, "manifest being written")
+        atomic_replace_bytes(vdir / MANIFEST_NAME, manifest_bytes(manifest))
+    return manifest
+
+
 def _index_file_names(manifest: dict) -> set[str]:
     names = {MANIFEST_NAME}
     for entry in manifest["steps"]:

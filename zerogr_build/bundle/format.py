@@ -26,6 +26,8 @@ READABLE_FORMAT_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 LATEST_NAME = "LATEST"
 LOCK_NAME = ".lock"
+#: `zerogr rebuild`'s run lock: held (flock) for a whole run; holds the holder's pid, host, start and run id.
+RUN_LOCK_NAME = ".rebuild.lock"
 COUNTER_NAME = ".last_version"
 JOURNAL_NAME = "manifest.json.journal"
 #: The signature of manifest.json (docs/bundle-format.md 13.4): written by push and pull, never listed.
@@ -142,6 +144,7 @@ def validate_manifest(manifest: Any, where: str = MANIFEST_NAME) -> dict:
     _need_count(catalog, "rows", f"{where}: catalog", minimum=1)
     _need_count(catalog, "distinct_sids", f"{where}: catalog", minimum=1)
     _need(manifest, "settings", dict, where)
+    _validate_run_fields(manifest, where)
 
     num_steps = _need_count(manifest, "num_steps", where, minimum=1)
     sizes = _need(manifest, "codebook_sizes", list, where)
@@ -179,6 +182,32 @@ def validate_manifest(manifest: Any, where: str = MANIFEST_NAME) -> dict:
         raise BundleError(f"{where}: catalog rows/distinct_sids disagree with leaves items/count")
     _validate_leaf_map(leaves, format_version, count, items, files, leaves_where)
     return manifest
+
+
+def _validate_run_fields(manifest: Mapping, where: str) -> None:
+    """The optional fields rebuild and the guards write: `rebuild_run` (the run id of the `zerogr rebuild`
+    that built the version), `guards` (what each guard measured against LATEST: a list of {guard, value,
+    threshold, bound, fired, note}) and `accept_change` (the --accept-change that let fired guards
+    through: reason, guards, against, at)."""
+    if "rebuild_run" in manifest:
+        _need(manifest, "rebuild_run", str, where)
+    if "guards" in manifest:
+        for i, check in enumerate(_need(manifest, "guards", list, where)):
+            check_where = f"{where}: guards[{i}]"
+            if not isinstance(check, dict):
+                raise BundleError(f"{check_where} must be an object")
+            for key, types in (("guard", str), ("value", (int, float)), ("threshold", (int, float)),
+                               ("bound", str), ("fired", bool), ("note", str)):  # fmt: skip
+                _need(check, key, types, check_where)
+    if "accept_change" in manifest:
+        accepted = _need(manifest, "accept_change", dict, where)
+        accepted_where = f"{where}: accept_change"
+        _need(accepted, "reason", str, accepted_where)
+        guards = _need(accepted, "guards", list, accepted_where)
+        if not all(isinstance(g, str) for g in guards):
+            raise BundleError(f"{accepted_where}: guards must be a list of strings")
+        _need(accepted, "against", (str, type(None)), accepted_where)
+        _need(accepted, "at", str, accepted_where)
 
 
 def _validate_leaf_map(

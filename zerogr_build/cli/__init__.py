@@ -2,6 +2,7 @@
 
     build.py    build, promote          bundle.py   inspect, verify
     tune.py     tune                    compare.py  compare
+    diff.py     diff (two versions)
     fleet.py    push, pull, status      rebuild.py  rebuild (cron: build -> ... -> promote -> push)
     keys.py     keys new (signing keys) report.py   report (HTML page of the last versions)
     config.py   config --show-defaults  demo.py     demo-catalog

@@ -14,6 +14,7 @@ from .bundle import inspect, verify
 from .compare import compare
 from .config import config
 from .demo import demo_catalog
+from .diff import diff
 from .fleet import pull, push, status
 from .keys import keys_app
 from .rebuild import COMMAND_SETTINGS as REBUILD_SETTINGS
@@ -48,8 +49,8 @@ def _root(
     """Build, inspect and verify per-step constrained-decoding indexes for generative recommenders.
 
     Exit codes: 0 ok; 2 bad input or usage (one line naming file, column, row and item; nothing
-    published); 1 anything else (set ZEROGR_DEBUG=1 for a traceback); 10 the quality gate of
-    `compare --min-overlap` failed.
+    published); 1 anything else (set ZEROGR_DEBUG=1 for a traceback); 6 the guards refused a version
+    (`build --guards`, `promote --guards`); 10 the quality gate of `compare --min-overlap` failed.
     """
 
 
@@ -57,6 +58,7 @@ app.command()(build)
 app.command()(inspect)
 app.command()(verify)
 app.command()(promote)
+app.command()(diff)
 app.command()(tune)
 app.command()(compare)
 app.command()(push)

@@ -14,7 +14,13 @@ command, e.g. `build`):
     zerogr_bundle_items / _distinct_sids / _index_bytes / _version
                                                 what the run produced or handled, where it knows them
     zerogr_<job>_<name>                         a command's own gauges (pull: held; promote of a remote
-                                                version: previous_version)
+                                                version: previous_version), some labelled (rebuild:
+                                                guard_fired{guard})
+    zerogr_job_running, _start_timestamp_seconds, zerogr_job_run_info{run_id}
+                                                a command that reports its runs (rebuild): the file is
+                                                also written as the run starts (write_start), running 1
+                                                and no exit status, so a killed run shows as started and
+                                                never finished
 
 Usage in a command (outside `cli_errors()`, so it sees the exit code that block chose):
 
@@ -47,6 +53,7 @@ BUNDLE_GAUGES = {
     "distinct_sids": "Distinct SIDs (leaves) in the bundle.",
     "index_bytes": "Bytes of the bundle's step tables.",
     "version": "The bundle version number the run produced or handled.",
+    "shared_sid_items_ratio": "Share of the bundle's items whose SID names another item too.",
 }
 LAST_SUCCESS = f"{PREFIX}_job_last_success_timestamp_seconds"
 
@@ -62,6 +69,9 @@ class JobMetrics:
         self.values: dict[str, float] = {}
         self.failure: tuple[str, str] | None = None  # (stage, one-line reason) of a failed run
         self.own: dict[str, tuple[str, float]] = {}  # the command's own gauges: name -> (help, value)
+        # the command's own labelled gauges: name -> (help, {sorted label items: value})
+        self.labelled: dict[str, tuple[str, dict[tuple[tuple[str, str], ...], float]]] = {}
+        self.run_id: str | None = None  # set by write_start: the run is reported as running, then ended
 
     def fail(self, stage: str, reason: str) -> None:
         """Name what failed: written as zerogr_job_failure_info{stage, reason} 1 when the run fails."""
@@ -89,6 +99,20 @@ class JobMetrics:
         """Record a gauge of the command's own, written as zerogr_<job>_<name>{job} (zerogr_pull_held)."""
         self.own[name] = (doc, float(value))
 
+    def job_labelled(self, name: str, doc: str, labels: Mapping[str, str], value: float) -> None:
+        """Record one series of a labelled gauge of the command's own: zerogr_<job>_<name>{job, labels}
+        (e.g. zerogr_rebuild_guard_fired{guard="items_ratio"})."""
+        series = self.labelled.setdefault(name, (doc, {}))[1]
+        series[tuple(sorted((k, safe_text(v)[:300]) for k, v in labels.items()))] = float(value)
+
+    def write_start(self, run_id: str) -> None:
+        """Write the file as the run starts: zerogr_job_running 1, the start time and run id, the last
+        success carried over, no exit status. A run killed before its end (kill -9) leaves exactly this;
+        `write` at the end says running 0 beside the exit status. No-op without a path."""
+        self.run_id = run_id
+        if self.path is not None:
+            self._write(None)
+
     def bundle_from_manifest(self, manifest: Mapping[str, Any], version: int) -> None:
         """Record the bundle facts a (validated) manifest states, for the version the run handled."""
         self.bundle(
@@ -113,8 +137,13 @@ class JobMetrics:
         """Write the file atomically (a temp file in the same dir, then a rename). No-op without a path."""
         if self.path is None:
             return
+        self._write(exit_status)
+
+    def _write(self, exit_status: int | None) -> None:
+        """The file at the end of the run (exit_status), or as it starts (None: write_start)."""
         from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+        assert self.path is not None
         now = time.time()
         registry = CollectorRegistry()
         labels = ["job"]
@@ -123,6 +152,20 @@ class JobMetrics:
             g = Gauge(name, doc, labels + sorted(extra or {}), registry=registry)
             g.labels(job=self.job, **(extra or {})).set(value)
 
+        if self.run_id is not None:
+            gauge(
+                f"{PREFIX}_job_running", "1 while a run is under way (0 once it ended).", exit_status is None
+            )
+            gauge(
+                f"{PREFIX}_job_start_timestamp_seconds", "When the current or last run started.", self.started
+            )
+            gauge(f"{PREFIX}_job_run_info", "The current or last run's id.", 1, {"run_id": self.run_id})
+        if exit_status is None:
+            last_success = previous_success(self.path, self.job)
+            if last_success is not None:
+                gauge(LAST_SUCCESS, "When the last successful run ended (unix seconds).", last_success)
+            replace_regular_file(self.path, generate_latest(registry))
+            return
         gauge(f"{PREFIX}_job_last_run_timestamp_seconds", "When the last run ended (unix seconds).", now)
         last_success = now if exit_status == 0 else previous_success(self.path, self.job)
         if last_success is not None:
@@ -148,6 +191,11 @@ class JobMetrics:
             gauge(f"{PREFIX}_bundle_{name}", BUNDLE_GAUGES[name], value)
         for name, (doc, value) in self.own.items():
             gauge(f"{PREFIX}_{self.job}_{name}", doc, value)
+        for name, (doc, series) in self.labelled.items():
+            names = sorted({k for key in series for k, _ in key})
+            g = Gauge(f"{PREFIX}_{self.job}_{name}", doc, ["job", *names], registry=registry)
+            for key, value in series.items():
+                g.labels(job=self.job, **dict(key)).set(value)
         replace_regular_file(self.path, generate_latest(registry))
 
 

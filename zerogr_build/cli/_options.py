@@ -41,6 +41,16 @@ SidColumnsOpt = Annotated[
         "--sid-columns", help="SID tokens as separate integer columns, e.g. c0,c1,c2", show_default=False
     ),
 ]
+AcceptChangeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--accept-change",
+        help="Let fired guards through for an intended change (a new catalog scope, a model with other "
+        "SIDs); REASON is recorded in the manifest (accept_change) and the metrics.",
+        metavar="REASON",
+        show_default=False,
+    ),
+]
 AvailableOpt = Annotated[
     str | None,
     typer.Option(

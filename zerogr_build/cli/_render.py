@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..base.printable import printable
+from ..base.units import human_bytes  # noqa: F401 - the CLI's name for it
 
 if TYPE_CHECKING:
     pass
@@ -34,14 +35,6 @@ def plain(text: object, style: str = "") -> Text:
     """Text that did not come from zerogr itself (paths, tags, file names, remote text, errors) as a table
     cell or title: never parsed as markup, its control characters escaped."""
     return Text(printable(text), style=style)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover
 
 
 def steps_table(title: str, steps: list[dict[str, Any]]) -> Table:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from ..base.errors import InputError
+from ..base.printable import safe_text
 from ..bundle import promote_bundle
 from ..bundle.format import MANIFEST_NAME, parse_version_dir
+from ..bundle.guards import check_reason, enforce_guards
 from ..bundle.versions import check_out_dir
-from ..config import INFER_CODEBOOK_SIZES, BuildSettings, load_settings, parse_int_list
+from ..config import INFER_CODEBOOK_SIZES, BuildSettings, load_guard_thresholds, load_settings, parse_int_list
 from ..fleet.pull_record import read_record
 from ..fleet.remote import is_remote
 from ..fleet.signing import check_local_signature, host_trust
@@ -21,6 +24,7 @@ from ..pipeline import build_bundle
 from ._errors import cli_errors, warnings_on_stderr
 from ._metrics import job_metrics
 from ._options import (
+    AcceptChangeOpt,
     AllowUnsignedOpt,
     ConfigOpt,
     ItemColumnOpt,
@@ -32,7 +36,8 @@ from ._options import (
     catalog_column_overrides,
 )
 from ._progress import progress_for
-from ._render import human_bytes, stdout_console, steps_table
+from ._render import human_bytes, stderr_console, stdout_console, steps_table
+from ._run_metrics import report_guards
 from .fleet import promote_remote
 
 
@@ -143,6 +148,16 @@ def build(
             show_default=False,
         ),
     ] = None,
+    guards: Annotated[
+        bool,
+        typer.Option(
+            "--guards",
+            help="Compare the new version with the one LATEST names before promoting it (the guards of "
+            "zerogr rebuild; thresholds in the config's [guards] table): exit 6 when one fires, the "
+            "version removed (kept with --no-promote).",
+        ),
+    ] = False,
+    accept_change: AcceptChangeOpt = None,
     json_out: JsonOpt = False,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No progress or table; print only the bundle path.")
@@ -154,6 +169,10 @@ def build(
     Reads CATALOG (streamed by row group), validates it, builds every step table (--workers threads) and
     publishes OUT/vNNNNNN atomically, then points OUT/LATEST at it (not with --no-promote). Bad input exits
     with code 2 and one line naming file, column, row and item id; nothing is published then.
+
+    With --guards the new version is compared with the one LATEST names before it is promoted (the
+    guards of zerogr rebuild, thresholds in the config's [guards] table): when one fires, exit 6, LATEST
+    untouched and the version removed (kept with --no-promote); --accept-change REASON lets it through.
 
     With --engine ray the catalog is read, validated and indexed in --partitions partitions on a Ray
     cluster and the version is written here, the same files as a local build. A cluster that cannot be
@@ -170,16 +189,46 @@ def build(
             partitions=partitions,
         )  # fmt: skip
         check_out_dir(settings.out)  # an OUT that cannot hold versions is a usage error, before the read
+        thresholds = _guard_thresholds(config, guards, accept_change)
         with progress_for(quiet) as progress, warnings_on_stderr():
             summary = build_bundle(
-                catalog, settings, progress=progress, load_to_device=_device_load(settings)
-            )
+                catalog, replace(settings, promote=settings.promote and not guards), progress=progress,
+                load_to_device=_device_load(settings),
+            )  # fmt: skip
         metrics.add_stages(summary["timings"])  # the library's own per-stage timings
         metrics.bundle(
             items=summary["items"], distinct_sids=summary["distinct_sids"],
             index_bytes=summary["index_bytes"], version=summary["version"],
+            shared_sid_items_ratio=summary["items_in_shared_sids"] / summary["items"],
         )  # fmt: skip
+        if thresholds is not None:
+            with metrics.stage("guards"):
+                report = enforce_guards(
+                    summary["bundle"], thresholds, accept_change=accept_change,
+                    discard_refused=settings.promote, on_report=lambda r: _show_guards(r, metrics),
+                )  # fmt: skip
+            if settings.promote:
+                promote_bundle(summary["bundle"])
+                summary["promoted"] = True
+            summary["guards"] = report.to_json()
         _print_build_summary(summary, json_out=json_out, quiet=quiet)
+
+
+def _guard_thresholds(config: Path | None, guards: bool, accept_change: str | None) -> Any:
+    """The guards' thresholds of --guards (None without it); --accept-change alone is a usage error."""
+    if not guards:
+        if accept_change is not None:
+            raise InputError("--accept-change lets fired guards through: it needs --guards")
+        return None
+    check_reason(accept_change)
+    return load_guard_thresholds(config)
+
+
+def _show_guards(report: Any, metrics: Any) -> None:
+    """What the guards measured: one line each on stderr, and into the metrics."""
+    for line in report.lines():
+        stderr_console().print(safe_text(line), markup=False)
+    report_guards(metrics, report)
 
 
 def build_settings(
@@ -248,6 +297,16 @@ def promote(
     ],
     trusted_keys: TrustedKeysOpt = None,
     allow_unsigned: AllowUnsignedOpt = False,
+    guards: Annotated[
+        bool,
+        typer.Option(
+            "--guards",
+            help="First compare VERSION_DIR with the version LATEST names (the guards of zerogr rebuild; "
+            "thresholds in the [guards] table of --config): exit 6 and LATEST untouched when one fires.",
+        ),
+    ] = False,
+    accept_change: AcceptChangeOpt = None,
+    config: ConfigOpt = None,
     metrics_file: MetricsFileOpt = None,
 ) -> None:
     """Point OUT/LATEST at VERSION_DIR, atomically under the OUT lock.
@@ -268,12 +327,21 @@ def promote(
     4 an incomplete version or one not signed by a trusted key, 5 no such version.
     """
     with job_metrics("promote", metrics_file) as metrics, cli_errors():
+        thresholds = _guard_thresholds(config, guards, accept_change)
         if is_remote(version_dir):
+            if thresholds is not None:
+                raise InputError("--guards compares local versions: promote the local version with --guards")
             promote_remote(version_dir, metrics, trusted_keys, allow_unsigned)
             return
         trust = host_trust(trusted_keys, allow_unsigned, required=False, what=version_dir)
         if trust is not None and trust.keys and (Path(version_dir) / MANIFEST_NAME).is_file():
             check_local_signature(Path(version_dir), trust)  # a dir that is no version: promote says so
+        if thresholds is not None and (Path(version_dir) / MANIFEST_NAME).is_file():
+            with metrics.stage("guards"):
+                enforce_guards(
+                    version_dir, thresholds, accept_change=accept_change,
+                    on_report=lambda r: _show_guards(r, metrics),
+                )  # fmt: skip
         with metrics.stage("promote"):
             promoted = promote_bundle(version_dir)
         metrics.bundle(version=parse_version_dir(promoted.name))

@@ -18,9 +18,11 @@ from ..base.printable import safe_text
 from ._early_metrics import metrics_path as _metrics_path
 from ._errors import cli_errors, warnings_on_stderr
 from ._metrics import JobMetrics, job_metrics
-from ._options import MetricsFileOpt
+from ._options import AcceptChangeOpt, MetricsFileOpt
 from ._progress import progress_for
 from ._render import stderr_console
+from ._run_metrics import check_metrics_file, report_run, writes_start
+from ._runlog import run_id_on_stderr
 from ._usage import UsageCommand
 
 # click's exception base, as the click that typer runs on defines it (recent typers carry their own copy).
@@ -33,16 +35,24 @@ RESERVED_BUILD_OPTIONS = {"promote": "--promote/--no-promote", "json_out": "--js
 
 EXIT_CODES = """\b
 Exit codes (what a scheduler should do; stdout holds the version dir on 0, 5, 10 and 12):
-   0  built, verified, tuned, gated, promoted (and pushed): LATEST names the printed version
+   0  built, verified, guarded, tuned, gated, promoted (and pushed): LATEST names the printed version;
+      or the inputs had not changed: no new version, the live version printed
    1  an unexpected error (a bug; ZEROGR_DEBUG=1 for the traceback); the new version, if any, removed
-   2  bad input, usage or set-up (catalog, option, config, gate files, push URL): nothing was published;
-      fix it, do not retry
-   3  build failed otherwise (disk full, out of memory), promote failed, or the run was interrupted:
-      LATEST not moved, the new version removed; retry later
+   2  bad input, usage or set-up (catalog, option, config, gate files, push URL or credentials, signing
+      key, metrics dir), checked before anything is built: nothing was published; fix it, do not retry
+   3  build failed otherwise (out of memory, the catalog's store), promote failed, the push target did
+      not answer, or the run was interrupted: LATEST not moved, the new version removed; retry later
    4  the new version failed verification: do NOT serve it; alert a human. LATEST not moved; the
       version is kept in OUT for inspection (status shows it unpromoted)
    5  tune failed: the version is valid, verified, promoted (and pushed) without a plan for this
       device; decoders use the heuristic mode choice. Rerun zerogr tune VERSION --device D
+   6  the guards refused the new version against LATEST (one line per guard that fired, with its value
+      and threshold): not promoted, not pushed, the new version removed. Look at the catalog export and
+      the model; --accept-change REASON lets an intended change through
+   7  another zerogr rebuild holds OUT's run lock (the line names its pid, host and start): this run did
+      nothing and left the metrics file to the holder
+   8  disk full: no room for the version even after pruning beyond --keep; the line names the path.
+      Nothing promoted; free space or lower --keep (retrying alone will not help)
   10  the quality gate failed: promoted (and pushed) with score_first recorded for the model
       (Decoder(order="auto") decodes exactly, slower). Precedence over 5
   11  the quality gate could not run: not promoted, the new version removed; fix the gate inputs
@@ -183,6 +193,21 @@ def rebuild(
             show_default=False,
         ),
     ] = None,
+    guards: Annotated[
+        bool,
+        typer.Option(
+            "--guards/--no-guards",
+            help="Compare the new version with the one LATEST names before tune and promote, and refuse it "
+            "(exit 6) when a guard fires; thresholds in the config's [guards] table.",
+        ),
+    ] = True,
+    accept_change: AcceptChangeOpt = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Build a new version even when the inputs did not change since LATEST's."
+        ),
+    ] = False,
     metrics_file: MetricsFileOpt = None,
     report: Annotated[
         Path | None,
@@ -194,46 +219,62 @@ def rebuild(
         ),
     ] = None,
 ) -> None:
-    """Build CATALOG into the next version, verify it, tune it (reusing the previous plan), run the quality
-    gate, promote it, and push it: the build box's whole job, for cron. Prints the version dir.
+    """Build CATALOG into the next version, verify it, guard it against LATEST, tune it (reusing the
+    previous plan), run the quality gate, promote it, and push it: the build box's whole job, for cron.
+    Prints the version dir.
 
     CATALOG and every other option go to `zerogr build` (--out, --config, --codebook-sizes, --model-version,
-    --keep, ... see zerogr build --help); rebuild decides --promote. Steps: build publishes OUT/vNNNNNN
-    without moving LATEST; verify checks it against CATALOG; tune writes the device's plan (copied from the
-    version LATEST named before, when nothing that decides it changed; --retune measures); verify again;
-    the gate (optional) records filter_first or score_first; promote moves LATEST; --push publishes it.
-    Progress and one line per step go to stderr, the version dir to stdout. A version that fails after
-    its build is removed, except one that fails verification (kept for inspection). --metrics-file is
-    written on every exit, naming the failed stage (zerogr_job_failure_info).
+    --keep, ... see zerogr build --help); rebuild decides --promote. First, in seconds: the set-up checks,
+    OUT's run lock (OUT/.rebuild.lock, held for the whole run: a second rebuild exits 7 at once), removal
+    of the unpromoted version a killed run left, the push target (answers with these credentials) and
+    room on disk (pruning versions beyond --keep when short). Then the catalog's fingerprint: when it, the
+    model tag, the codebook sizes and the build settings equal LATEST's, no version is built (exit 0,
+    the live version printed; --force builds anyway). Steps: build publishes OUT/vNNNNNN without moving
+    LATEST; verify checks it against CATALOG; the guards compare it with LATEST (exit 6 and the version
+    removed when one fires; --accept-change REASON lets it through); tune writes the device's plan (copied
+    from LATEST's when nothing that decides it changed; --retune measures); verify again; the gate
+    (optional) records filter_first or score_first; promote moves LATEST; --push publishes it.
+    Progress and one line per step go to stderr (every line starts with the run id in a log), the
+    version dir to stdout. A version that fails after its build is removed, except one that fails
+    verification (kept for inspection). --metrics-file is written as the run starts (running) and on every
+    exit, naming the failed stage (zerogr_job_failure_info) and what the guards measured.
 
     EXIT_CODES_PLACEHOLDER
     """
-    with job_metrics("rebuild", metrics_file) as metrics, cli_errors():
-        try:
-            request = _request(
-                ctx.args,
-                gpu=gpu,
-                device=device,
-                tune_args=tune_args,
-                retune=retune,
-                gate_model=gate_model,
-                gate_sid_map=gate_sid_map,
-                gate_model_fn=gate_model_fn,
-                gate_requests=gate_requests,
-                min_overlap=min_overlap,
-                gate_args=gate_args,
-                push=push,
-                push_keep=push_keep,
-                push_signing_key=push_signing_key,
-            )
-        except InputError as exc:
-            metrics.fail("usage", one_line(exc))
-            raise
-        try:
-            _run(request, metrics)
-        finally:
-            if report is not None:
-                _write_report(request.settings.out, report)
+    with job_metrics("rebuild", metrics_file) as metrics:
+        from ..rebuild.outcome import new_run_id
+
+        run_id = new_run_id()
+        with run_id_on_stderr(run_id), cli_errors():
+            try:
+                request = _request(
+                    ctx.args,
+                    guards=guards,
+                    accept_change=accept_change,
+                    force=force,
+                    gpu=gpu,
+                    device=device,
+                    tune_args=tune_args,
+                    retune=retune,
+                    gate_model=gate_model,
+                    gate_sid_map=gate_sid_map,
+                    gate_model_fn=gate_model_fn,
+                    gate_requests=gate_requests,
+                    min_overlap=min_overlap,
+                    gate_args=gate_args,
+                    push=push,
+                    push_keep=push_keep,
+                    push_signing_key=push_signing_key,
+                )
+                check_metrics_file(metrics.path)
+            except InputError as exc:
+                metrics.fail("usage", one_line(exc))
+                raise
+            try:
+                _run(request, metrics, run_id)
+            finally:
+                if report is not None:
+                    _write_report(request.settings.out, report)
 
 
 rebuild.__doc__ = (rebuild.__doc__ or "").replace(
@@ -245,14 +286,14 @@ def _log(line: str) -> None:
     stderr_console().print(f"rebuild: {safe_text(line)}", markup=False, soft_wrap=True)
 
 
-def _run(request: Any, metrics: JobMetrics) -> None:
-    from ..rebuild import PROMOTED_CODES, RebuildResult
+def _run(request: Any, metrics: JobMetrics, run_id: str) -> None:
+    from ..rebuild import EXIT_LOCKED, PROMOTED_CODES, RebuildResult
     from ..rebuild import rebuild as run_rebuild
 
-    result = RebuildResult()
+    result = RebuildResult(run_id=run_id)
     try:
         with progress_for(False) as progress, warnings_on_stderr():
-            run_rebuild(request, progress=progress, log=_log, result=result)
+            run_rebuild(request, progress=progress, log=_log, result=result, on_start=writes_start(metrics))
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (cli._signals): name the signal
         result.failure = None
         metrics.fail("signal", str(exc) or "interrupted")
@@ -261,18 +302,19 @@ def _run(request: Any, metrics: JobMetrics) -> None:
         metrics.fail("crash", f"{type(exc).__name__}: {one_line(exc)}")
         raise
     finally:
-        metrics.add_stages(result.stages)
-        metrics.bundle(**result.facts)
+        report_run(metrics, result)
         if "gate" in result.stages and result.version_dir is not None:
             _gate_metrics(metrics, result.version_dir)
-        if result.failure is not None:
-            metrics.fail(result.failure.stage, result.failure.message)
+    if result.exit_code == EXIT_LOCKED:
+        metrics.path = None  # the holder's file: this run did nothing and writes nothing
     for note in result.notes:
         _log(note)
-    if result.exit_code in PROMOTED_CODES and result.version_dir is not None:
+    if result.version_dir is not None and (result.unchanged or result.exit_code in PROMOTED_CODES):
         sys.stdout.write(f"{result.version_dir}\n")
     if result.failure is not None:
         _log(f"exit {result.exit_code}: {result.failure.stage}: {result.failure.message}")
+    elif result.unchanged:
+        _log(f"ready: {result.version_dir.name if result.version_dir else '-'} (unchanged, nothing built)")
     else:
         _log(f"ready: {result.version_dir.name if result.version_dir else '-'}")
     if result.exit_code:
@@ -307,7 +349,7 @@ def _write_report(out: str, path: Path) -> None:
 def _request(build_args: Sequence[str], **opts: Any) -> Any:
     """The RebuildRequest of the command line."""
     from ..base.device import device_for, parse_device
-    from ..config import load_tune_settings
+    from ..config import load_guard_thresholds, load_tune_settings
     from ..rebuild import GateSpec, PushSpec, RebuildRequest, default_tune_device
     from .build import build, build_settings
     from .compare import compare
@@ -363,4 +405,7 @@ def _request(build_args: Sequence[str], **opts: Any) -> Any:
         retune=opts["retune"],
         gate=gate,
         push=push,
+        guards=load_guard_thresholds(config) if opts["guards"] else None,
+        accept_change=opts["accept_change"],
+        force=opts["force"],
     )

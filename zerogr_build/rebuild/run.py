@@ -1,9 +1,15 @@
-"""`rebuild`: build -> verify -> tune (plan reuse) -> gate -> promote -> push, one call for cron.
+"""`rebuild`: build -> verify -> guards -> tune (plan reuse) -> gate -> promote -> push, one call for cron.
 
 Every stage runs in this process through the library (no `zerogr` or `python` looked up on PATH). The
 run never raises for a failed stage: it returns a RebuildResult whose exit code tells a scheduler what to
 do (outcome.py). Only BaseException (Ctrl-C, a terminating signal turned into one) passes through, after
 the clean-up below.
+
+Order: the set-up checks (request.py) -> the run lock on OUT (bundle/lock.py; held to the end; another
+holder: exit 7) -> the versions of runs that never finished are removed (leftovers.py) -> preflight
+(preflight.py: the push target answers, room for the version) -> the inputs against LATEST's
+(inputs.py: unchanged, no version is built) -> build -> verify -> guards against LATEST (bundle/guards.py;
+refused: exit 6) -> tune -> gate -> promote -> the fleet step (push).
 
 Unpromoted versions: the build publishes OUT/vNNNNNN without moving LATEST. When a later stage fails
 before promote, that version is removed (under the OUT lock), except after a failed verification, where it
@@ -13,74 +19,44 @@ is kept for inspection (`kept`; `zerogr status` marks it "unpromoted"). So an OU
 from __future__ import annotations
 
 import contextlib
-import shlex
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..base.errors import BundleError, InputError, ZerogrError, one_line
+from ..base.errors import InputError, ZerogrError
 from ..base.progress import NULL_PROGRESS, Progress
 from ..base.redact import redact
-from ..bundle import promote_bundle
-from ..bundle.lock import out_lock
-from ..bundle.versions import check_out_dir, discard_version, read_latest
-from ..config import BuildSettings, TuneSettings
-from .gate import GateSpec, run_gate
+from ..base.units import human_bytes
+from ..bundle import load_manifest, promote_bundle
+from ..bundle.lock import RunLock, RunLockHeld, acquire_run_lock
+from .gate import run_gate
+from .inputs import recorded_inputs, request_inputs
+from .leftovers import remove_unfinished_runs, remove_unpromoted
 from .outcome import (
     EXIT_CRASH,
+    EXIT_DISK_FULL,
     EXIT_GATE_BROKEN,
     EXIT_GATE_FAILED,
-    EXIT_PUSH_FAILED,
+    EXIT_GUARDS,
+    EXIT_LOCKED,
     EXIT_RETRY,
     EXIT_UNTUNED,
     EXIT_USAGE,
     EXIT_VERIFY,
     RebuildResult,
+    failure_message,
 )
+from .preflight import DiskFull, check_push_target, disk_full_message, is_disk_full, make_room
+from .push import push_stage
+from .request import RebuildRequest, check_request, previous_version
 
 Log = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class PushSpec:
-    """--push URL [--push-keep N] [--push-signing-key KEY]: publish the promoted version to a remote OUT
-    (s3://bucket/prefix), signed with the private key file KEY (None: unsigned)."""
-
-    url: str
-    keep: int | None = None
-    signing_key: str | None = None
-
-
-@dataclass(frozen=True)
-class RebuildRequest:
-    """One rebuild: the catalog and build settings (promote is decided here), the device and settings to
-    tune with, and the optional gate and push."""
-
-    catalog: str
-    settings: BuildSettings
-    tune_device: str
-    tune_settings: TuneSettings
-    retune: bool = False
-    gate: GateSpec | None = None
-    push: PushSpec | None = None
-
-
-def default_tune_device() -> str:
-    """cuda:0 when torch sees a GPU, else cpu."""
-    import torch
-
-    return "cuda:0" if torch.cuda.is_available() else "cpu"
-
-
 def _silent(_: str) -> None:
     return None
-
-
-def _message(exc: BaseException) -> str:
-    text = one_line(exc)
-    return text if isinstance(exc, ZerogrError) else f"{type(exc).__name__}: {text}"
 
 
 class _Stages:
@@ -98,38 +74,15 @@ class _Stages:
             self.result.stages[name] = self.result.stages.get(name, 0.0) + time.perf_counter() - t0
 
 
-def check_request(request: RebuildRequest) -> Path:
-    """Every set-up check, before anything is built: OUT, codebook sizes, tune device, gate inputs, push
-    URL and its client. Raises InputError (exit 2). Returns the OUT dir."""
-    from ..base.device import check_device
-    from ..pipeline import check_codebook_sizes_given
-
-    out = check_out_dir(request.settings.out)
-    check_codebook_sizes_given(request.settings)
-    check_device(request.tune_device)
-    if request.gate is not None:
-        request.gate.check(request.settings.model_version)
-    if request.push is not None:
-        from ..fleet.remote import RemoteOut, _boto3
-
-        RemoteOut.parse(request.push.url)
-        _boto3()
-        if request.push.keep is not None and request.push.keep < 1:
-            raise InputError(f"--push-keep must be >= 1, got {request.push.keep}")
-        if request.push.signing_key is not None:
-            from ..fleet.keys import load_signing_key
-
-            load_signing_key(request.push.signing_key)
-    return out
-
-
-def previous_version(out: Path) -> Path | None:
-    """The version LATEST names before this run promotes: the plan tune may reuse (None: none usable)."""
-    try:
-        name = read_latest(out)
-    except BundleError:
-        return None
-    return out / name if name and (out / name).is_dir() else None
+def _fail_io(result: RebuildResult, stage: str, exc: Exception, out: Path, otherwise: int) -> str:
+    """Record a stage's failure: a full disk is EXIT_DISK_FULL naming the path, anything else `otherwise`.
+    Returns the message."""
+    if is_disk_full(exc):
+        message = disk_full_message(exc, out)
+        result.fail(EXIT_DISK_FULL, stage, message)
+        return message
+    result.fail(otherwise, stage, failure_message(exc))
+    return failure_message(exc)
 
 
 def rebuild(
@@ -138,36 +91,139 @@ def rebuild(
     progress: Progress = NULL_PROGRESS,
     log: Log = _silent,
     result: RebuildResult | None = None,
+    on_start: Callable[[RebuildResult], None] | None = None,
 ) -> RebuildResult:
     """Run every stage; see the module docstring. Progress of build, tune and gate goes to `progress`,
-    one line per decision to `log`. `result` (filled and returned) lets a caller read what an interrupted
-    run did."""
+    one line per decision to `log`. `result` (filled and returned; its run_id names the run) lets a caller
+    read what an interrupted run did. `on_start(result)` is called once the run lock is held, before
+    anything else is done (the CLI writes the metrics file of a running run there); not at all when
+    another run holds the lock (exit 7) or a set-up check failed (exit 2)."""
     result = result if result is not None else RebuildResult()
     stage = _Stages(result)
     try:
         with stage("setup"):
             out = check_request(request)
-    except ZerogrError as exc:
-        return result.fail(EXIT_USAGE, "setup", _message(exc))
-    previous = previous_version(out)
-    if not _build(request, result, stage, progress, log):
-        return result
+            out.mkdir(parents=True, exist_ok=True)
+            lock = acquire_run_lock(out, result.run_id)
+    except RunLockHeld as exc:
+        return result.fail(EXIT_LOCKED, "lock", str(exc))
+    except (ZerogrError, OSError) as exc:
+        if isinstance(exc, OSError) and is_disk_full(exc):
+            return result.fail(EXIT_DISK_FULL, "setup", disk_full_message(exc, Path(request.settings.out)))
+        return result.fail(EXIT_USAGE, "setup", failure_message(exc))
     try:
-        _after_build(request, result, stage, previous, progress, log)
-    except Exception as exc:  # a bug past every stage's own handling: remove the unpromoted version, re-raise
-        result.fail(EXIT_CRASH, "crash", _message(exc))
-        _clean_up(result, log)
-        raise
-    except BaseException as exc:  # Ctrl-C or a signal: remove the unpromoted version, re-raise
-        result.fail(EXIT_RETRY, "interrupted", _message(exc))
-        _clean_up(result, log)
-        raise
-    _clean_up(result, log)
+        if on_start is not None:
+            on_start(result)
+        _locked(request, out, lock, result, stage, progress, log)
+    finally:
+        lock.release()
     return result
 
 
+def _locked(
+    request: RebuildRequest,
+    out: Path,
+    lock: RunLock,
+    result: RebuildResult,
+    stage: _Stages,
+    progress: Progress,
+    log: Log,
+) -> None:
+    """The run, holding the run lock."""
+    log(f"run {result.run_id}: pid {lock.record.pid} on {lock.record.host}, holding {lock.path}")
+    if lock.unfinished is not None:
+        log(f"the run before never finished ({lock.unfinished.describe()}): taking over")
+    try:
+        with stage("setup"):
+            remove_unfinished_runs(out, lock.pending, log)
+            lock.cleaned()
+            if request.push is not None:
+                check_push_target(request.push)
+            make_room(out, previous_version(out), request.settings.keep, log)
+    except DiskFull as exc:
+        result.fail(EXIT_DISK_FULL, "setup", str(exc))
+        return
+    except ZerogrError as exc:
+        result.fail(EXIT_RETRY if exc.exit_code == EXIT_RETRY else EXIT_USAGE, "setup", failure_message(exc))
+        return
+    previous = previous_version(out)
+    unchanged = (
+        previous is not None and not request.force and _unchanged(request, previous, result, stage, log)
+    )
+    if not unchanged and result.failure is None:
+        _new_version(request, out, previous, result, stage, progress, log)
+    _fleet(request, result, stage, progress, log)
+
+
+def _new_version(
+    request: RebuildRequest,
+    out: Path,
+    previous: Path | None,
+    result: RebuildResult,
+    stage: _Stages,
+    progress: Progress,
+    log: Log,
+) -> None:
+    """Build, verify, guard, tune, gate and promote a new version; remove it unless it was promoted (or
+    kept for inspection)."""
+    if not _build(request, out, result, stage, progress, log):
+        return
+    try:
+        _after_build(request, result, stage, previous, progress, log)
+    except Exception as exc:  # a bug past every stage's own handling: remove the unpromoted version, re-raise
+        result.fail(EXIT_CRASH, "crash", failure_message(exc))
+        remove_unpromoted(result, log)
+        raise
+    except BaseException as exc:  # Ctrl-C or a signal: remove the unpromoted version, re-raise
+        result.fail(EXIT_RETRY, "interrupted", failure_message(exc))
+        remove_unpromoted(result, log)
+        raise
+    remove_unpromoted(result, log)
+
+
+def _unchanged(
+    request: RebuildRequest, previous: Path, result: RebuildResult, stage: _Stages, log: Log
+) -> bool:
+    """True when the inputs are those of `previous` (LATEST's version): the result then names it. A
+    catalog that cannot be read fails the run (exit 2 bad input, 8 disk full, 3 otherwise)."""
+    try:
+        with stage("inputs"):
+            t0 = time.perf_counter()
+            wanted = request_inputs(request.catalog, request.settings)
+            manifest = load_manifest(previous)
+            changes = wanted.changes(recorded_inputs(manifest))
+    except InputError as exc:
+        result.fail(EXIT_USAGE, "inputs", failure_message(exc))
+        return False
+    except Exception as exc:  # noqa: BLE001 - the catalog's store failed: retry later
+        _fail_io(result, "inputs", exc, previous.parent, EXIT_RETRY)
+        return False
+    seconds = time.perf_counter() - t0
+    if changes:
+        log(f"inputs changed since LATEST {previous.name}: {', '.join(changes)} (catalog {wanted.catalog})")
+        return False
+    result.unchanged = True
+    result.version_dir = previous.resolve()
+    result.facts = _manifest_facts(manifest)
+    log(
+        f"inputs unchanged since LATEST {previous.name} (catalog {wanted.catalog}, read in {seconds:.1f} s; "
+        "model tag, codebook sizes and build settings the same): no new version; --force builds one anyway"
+    )
+    return True
+
+
+def _manifest_facts(manifest: dict[str, Any]) -> dict[str, float]:
+    leaves = manifest["leaves"]
+    return {
+        "items": leaves["items"],
+        "distinct_sids": leaves["count"],
+        "index_bytes": manifest.get("index_bytes"),
+        "version": manifest["version"],
+    }
+
+
 def _build(
-    request: RebuildRequest, result: RebuildResult, stage: _Stages, progress: Progress, log: Log
+    request: RebuildRequest, out: Path, result: RebuildResult, stage: _Stages, progress: Progress, log: Log
 ) -> bool:
     from ..pipeline import build_bundle
 
@@ -175,24 +231,36 @@ def _build(
     try:
         with stage("build"):
             summary = build_bundle(
-                request.catalog, replace(request.settings, promote=False), progress=progress
+                request.catalog,
+                replace(request.settings, promote=False),
+                progress=progress,
+                manifest_extra={"rebuild_run": result.run_id},
             )
     except InputError as exc:
-        result.fail(EXIT_USAGE, "build", _message(exc))
-        log(f"build refused the input; nothing published: {_message(exc)}")
+        result.fail(EXIT_USAGE, "build", failure_message(exc))
+        log(f"build refused the input; nothing published: {failure_message(exc)}")
         return False
-    except Exception as exc:  # noqa: BLE001 - disk full, out of memory, a crash: retry later
-        result.fail(EXIT_RETRY, "build", _message(exc))
-        log(f"build failed; nothing published: {_message(exc)}")
+    except Exception as exc:  # noqa: BLE001 - out of memory, a crash, a store that failed: retry later
+        log(f"build failed; nothing published: {_fail_io(result, 'build', exc, out, EXIT_RETRY)}")
         return False
     result.version_dir = Path(summary["bundle"]).resolve()
+    items = summary["items"]
     result.facts = {
-        "items": summary["items"],
+        "items": items,
         "distinct_sids": summary["distinct_sids"],
         "index_bytes": summary["index_bytes"],
         "version": summary["version"],
+        "shared_sid_items_ratio": summary["items_in_shared_sids"] / items,
     }
-    log(f"built {result.version_dir} (not promoted: LATEST unchanged)")
+    log(
+        f"built {result.version_dir} (not promoted: LATEST unchanged): {items:,} items, "
+        f"{summary['distinct_sids']:,} distinct SIDs, index {human_bytes(summary['index_bytes'])}"
+    )
+    shared, share = summary["items_in_shared_sids"], 100 * summary["items_in_shared_sids"] / items
+    log(
+        f"{shared:,} items share {summary['shared_sids']:,} SIDs with other items ({share:.2f}% of the "
+        f"items; {summary['collisions']:,} beyond one per SID)"
+    )
     return True
 
 
@@ -211,6 +279,8 @@ def _after_build(
     with stage("verify"):
         if not _verify(lambda: verify_with_catalog(vdir, request.catalog), "verify", result, log):
             return
+    if request.guards is not None and not _guards(request, vdir, result, stage, progress, log):
+        return
     with stage("tune"):
         tuned = _tune(request, vdir, previous, progress, log)
     with stage("verify"):
@@ -223,8 +293,8 @@ def _after_build(
                 log(f"quality gate: min overlap {request.gate.min_overlap} on {request.tune_device}")
                 gated = run_gate(vdir, request.gate, request.tune_device, progress=progress)
         except Exception as exc:  # noqa: BLE001 - bad gate inputs or a crash in compare: not promoted
-            result.fail(EXIT_GATE_BROKEN, "gate", _message(exc))
-            log(f"quality gate could not run: {_message(exc)}")
+            result.fail(EXIT_GATE_BROKEN, "gate", failure_message(exc))
+            log(f"quality gate could not run: {failure_message(exc)}")
             return
         gate_failed = not gated.decision.passed
         if gate_failed:
@@ -239,8 +309,8 @@ def _after_build(
         with stage("promote"):
             promote_bundle(vdir)
     except Exception as exc:  # noqa: BLE001 - pruned by another build, or I/O: retry later
-        result.fail(EXIT_RETRY, "promote", _message(exc))
-        log(f"promote failed: {_message(exc)}; LATEST was not moved")
+        message = _fail_io(result, "promote", exc, vdir.parent, EXIT_RETRY)
+        log(f"promote failed: {message}; LATEST was not moved")
         return
     result.promoted = True
     log(f"promoted {vdir.name}: LATEST -> {vdir.name}")
@@ -250,8 +320,34 @@ def _after_build(
             result.notes.append("tune failed as well")
     elif not tuned:
         result.fail(EXIT_UNTUNED, "tune", "tune failed: promoted without a plan for this device")
-    if request.push is not None:
-        _push(request.push, vdir, result, stage, progress, log)
+
+
+def _guards(
+    request: RebuildRequest, vdir: Path, result: RebuildResult, stage: _Stages, progress: Progress, log: Log
+) -> bool:
+    """The guards of `vdir` against LATEST; False (exit 6 recorded, the version to be removed) when they
+    refused it or could not compare it."""
+    from ..bundle.guards import guard_version
+
+    assert request.guards is not None
+    try:
+        with stage("guards"):
+            report = guard_version(
+                vdir, request.guards, accept_change=request.accept_change, progress=progress
+            )
+    except Exception as exc:  # noqa: BLE001 - LATEST unreadable or damaged: never promote past it blind
+        message = _fail_io(result, "guards", exc, vdir.parent, EXIT_GUARDS)
+        log(f"the guards could not compare {vdir.name} with LATEST: {message}")
+        return False
+    result.guards = report
+    for line in report.lines():
+        log(line)
+    if report.refused:
+        result.fail(EXIT_GUARDS, "guards", f"the guards refused {vdir.name}: {report.fired_text()}")
+        return False
+    if request.accept_change is not None and not report.fired:
+        log("--accept-change: no guard fired, so nothing was accepted or recorded")
+    return True
 
 
 def _verify_files(vdir: Path) -> None:
@@ -264,11 +360,11 @@ def _verify(check: Callable[[], Any], what: str, result: RebuildResult, log: Log
     try:
         check()
     except Exception as exc:  # noqa: BLE001 - any failure to verify: never serve it
-        result.fail(EXIT_VERIFY, "verify", f"{what} failed: {_message(exc)}")
+        result.fail(EXIT_VERIFY, "verify", f"{what} failed: {failure_message(exc)}")
         result.kept = True
         log(
             f"VERIFY FAILED ({what}) for {result.version_dir}: do not serve it; LATEST was not moved; "
-            f"kept for inspection: {_message(exc)}"
+            f"kept for inspection: {failure_message(exc)}"
         )
         return False
     return True
@@ -290,64 +386,20 @@ def _tune(request: RebuildRequest, vdir: Path, previous: Path | None, progress: 
         tune_bundle(vdir, request.tune_device, request.tune_settings, progress=progress)
     except Exception as exc:  # noqa: BLE001 - the version stays valid; decoders use heuristic modes
         log(
-            f"tune failed: {_message(exc)}; the version is valid but untuned (heuristic modes); rerun: "
-            f"zerogr tune {vdir} --device {request.tune_device}"
+            f"tune failed: {failure_message(exc)}; the version is valid but untuned (heuristic modes); "
+            f"rerun: zerogr tune {vdir} --device {request.tune_device}"
         )
         return False
     return True
 
 
-def _push(
-    push: PushSpec, vdir: Path, result: RebuildResult, stage: _Stages, progress: Progress, log: Log
+def _fleet(
+    request: RebuildRequest, result: RebuildResult, stage: _Stages, progress: Progress, log: Log
 ) -> None:
-    from ..fleet.push import push_version
-
-    try:
+    """The fleet's part of the run, reached by every run that got past preflight: one that promoted a new
+    version, one that made none (its inputs had not changed) and one whose version failed. Anything the
+    fleet needs on every run goes here; --push publishes a version this run promoted."""
+    if request.push is not None and result.promoted:
+        assert result.version_dir is not None
         with stage("push"):
-            result.pushed = push_version(
-                vdir, push.url, promote=True, keep=push.keep, signing_key=push.signing_key, progress=progress
-            )
-    except Exception as exc:  # noqa: BLE001 - promoted here; the fleet keeps its version until a retry
-        if result.failure is not None:  # a failed push outranks 5 and 10: the fleet did not get the version
-            result.notes.append(result.failure.message)
-            result.failure = None
-        result.fail(EXIT_PUSH_FAILED, "push", _message(exc))
-        log(
-            f"push to {redact(push.url)} failed: {_message(exc)}; promoted here only; "
-            f"retry: {retry_push(push, vdir)}"
-        )
-        return
-    pushed = result.pushed
-    log(
-        f"pushed {vdir.name} to {pushed.url} as v{pushed.version:06d}"
-        + (" (LATEST moved)" if pushed.promoted else f" (remote LATEST stays {pushed.latest})")
-        + (f", signed by {pushed.signed_by}" if pushed.signed_by else ", unsigned (no --push-signing-key)")
-    )
-
-
-def retry_push(push: PushSpec, vdir: Path) -> str:
-    """The `zerogr push` command line that retries a failed push of `vdir` as this run would have pushed
-    it: the same remote OUT, --keep and signing key (an unsigned retry would not be promoted over a
-    signed remote LATEST, and would freeze the hosts that trust keys if it were)."""
-    words = ["zerogr", "push", str(vdir), redact(push.url)]
-    if push.keep is not None:
-        words += ["--keep", str(push.keep)]
-    if push.signing_key is not None:
-        words += ["--signing-key", str(push.signing_key)]
-    return shlex.join(words)
-
-
-def _clean_up(result: RebuildResult, log: Log) -> None:
-    """Remove the version this run published when it was not promoted (kept after a failed verify)."""
-    vdir = result.version_dir
-    if vdir is None or result.promoted or result.kept or not vdir.is_dir():
-        return
-    try:
-        with out_lock(vdir.parent):
-            if read_latest(vdir.parent) != vdir.name:
-                discard_version(vdir.parent, vdir.name)
-    except (OSError, ZerogrError) as exc:
-        result.kept = True
-        log(f"could not remove the unpromoted version {vdir}: {_message(exc)}")
-        return
-    log(f"removed the unpromoted version {vdir.name}")
+            push_stage(request.push, result.version_dir, result, progress, log)

@@ -1,0 +1,393 @@
+"""The arithmetic of `zerogr diff` (bundle/diff.py reads the files and calls these): arrays in, arrays out,
+no I/O.
+
+Words used below (docs/bundle-format.md, section 2): step t has `rows_t` rows and `nnz_t` children in flat
+order; the children of row r are flat positions starts_t[r] .. starts_t[r+1]-1 (`indptr` for a sparse step,
+`dense_as_sparse` for a dense one), and flat position p of step t *is* row p of step t+1, or leaf p at the
+last step. The items of leaf j are rows offsets[j] .. offsets[j+1]-1 of items.parquet (leaf order).
+
+Three jobs:
+
+1. Per version: fan-out per step (children per row: mean, p99, max), items in shared SIDs, the first
+   token's items. One pass over the step arrays and the leaf offsets (memory-mapped is fine).
+2. The SID of each item of a contiguous slice of items.parquet, packed into `KeyLayout.words` uint64
+   words so that two versions' SIDs compare with `==` (`leaf_keys`, `item_keys`). Only the ancestors of
+   the slice's leaves are read: a slice of items is a slice of leaves, whose ancestors are a slice of rows
+   at every step.
+3. Matching items by id across two versions, a share of the ids at a time (`pass_of`, `match_int_ids`,
+   `match_byte_ids`): counts of common items and of common items whose SID differs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numba as nb
+import numpy as np
+
+# ----------------------------------------------------------------------------------------- per version
+
+
+@nb.njit(cache=True)
+def _dense_counts(next_rows: np.ndarray) -> np.ndarray:
+    rows, width = next_rows.shape
+    starts = np.zeros(rows + 1, dtype=np.int64)
+    for r in range(rows):
+        count = 0
+        for v in range(width):
+            if next_rows[r, v] >= 0:
+                count += 1
+        starts[r + 1] = starts[r] + count
+    return starts
+
+
+@nb.njit(cache=True)
+def _dense_tokens(next_rows: np.ndarray, nnz: int) -> np.ndarray:
+    tokens = np.empty(nnz, dtype=np.int32)
+    rows, width = next_rows.shape
+    for r in range(rows):
+        for v in range(width):
+            child = next_rows[r, v]
+            if child >= 0:
+                tokens[child] = v  # the next row of a child is its flat position (row numbering rule)
+    return tokens
+
+
+def dense_as_sparse(next_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A dense step's `next` int32 [rows, V] as (starts int64 [rows+1], tokens int32 [nnz]): the sparse
+    layout of the same children (a dense step is at most dense_max_bytes, so this copy is bounded)."""
+    starts = _dense_counts(next_rows)
+    return starts, _dense_tokens(next_rows, int(starts[-1]))
+
+
+@nb.njit(cache=True)
+def _count_histogram(starts: np.ndarray, width: int) -> np.ndarray:
+    hist = np.zeros(width + 1, dtype=np.int64)
+    for r in range(starts.shape[0] - 1):
+        hist[starts[r + 1] - starts[r]] += 1
+    return hist
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """Children per row of one step: mean (nnz / rows), p99 (nearest rank: the smallest count at least 99%
+    of the rows do not exceed) and max."""
+
+    mean: float
+    p99: int
+    max: int
+
+
+def fanout(starts: np.ndarray, codebook_size: int) -> Fanout:
+    """Fan-out of a step from its row starts int [rows+1] (children per row <= codebook_size)."""
+    hist = _count_histogram(np.asarray(starts), int(codebook_size))
+    rows = int(hist.sum())
+    counts = np.cumsum(hist)
+    rank = max(math.ceil(0.99 * rows), 1)
+    nonzero = np.flatnonzero(hist)
+    return Fanout(
+        mean=float(np.dot(np.arange(hist.shape[0], dtype=np.float64), hist) / rows),
+        p99=int(np.searchsorted(counts, rank)),
+        max=int(nonzero[-1]) if nonzero.size else 0,
+    )
+
+
+@nb.njit(cache=True)
+def _shared_items(offsets: np.ndarray) -> int:
+    total = 0
+    for j in range(offsets.shape[0] - 1):
+        size = offsets[j + 1] - offsets[j]
+        if size > 1:
+            total += size
+    return total
+
+
+def items_in_shared_sids(offsets: np.ndarray | None) -> int:
+    """Items whose leaf (SID) holds more than one item; offsets int [n_leaves+1], None = one item per
+    leaf."""
+    return 0 if offsets is None else int(_shared_items(np.asarray(offsets)))
+
+
+def first_token_items(starts: Sequence[np.ndarray], offsets: np.ndarray | None) -> np.ndarray:
+    """int64 [nnz_0]: the items under each child of step 0 (each first token), in token order.
+
+    The descendants of a run of rows are a run of rows at every later step, so the boundaries of the
+    first tokens' subtrees at step t+1 are starts_t at their boundaries at step t."""
+    bounds = np.arange(int(starts[0][-1]) + 1, dtype=np.int64)  # step 1's rows = step 0's children
+    for step_starts in starts[1:]:
+        bounds = np.asarray(step_starts)[bounds].astype(np.int64)
+    if offsets is not None:
+        bounds = np.asarray(offsets)[bounds].astype(np.int64)
+    return np.diff(bounds)
+
+
+# ------------------------------------------------------------------------------------------- SID keys
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """How SIDs of L steps are packed into uint64 words, the same for both versions: step t is a digit of
+    radix `radices[t]` in word `word_of_step[t]`. Radices are the larger codebook size of the two
+    versions at each step, and a word takes steps while the product of their radices stays <= 2^64, so
+    equal SIDs give equal words and different SIDs different ones."""
+
+    radices: tuple[int, ...]
+    word_of_step: tuple[int, ...]
+
+    @property
+    def words(self) -> int:
+        return self.word_of_step[-1] + 1
+
+    @classmethod
+    def common(cls, sizes_a: Sequence[int], sizes_b: Sequence[int]) -> KeyLayout | None:
+        """The layout for two versions' codebook sizes; None when their SIDs have different lengths (then
+        no SID of one equals a SID of the other)."""
+        if len(sizes_a) != len(sizes_b):
+            return None
+        radices = tuple(max(int(a), int(b)) for a, b in zip(sizes_a, sizes_b, strict=True))
+        word, product, words = 0, 1, []
+        for radix in radices:
+            if product * radix > 2**64:
+                word, product = word + 1, 1
+            product *= radix
+            words.append(word)
+        return cls(radices, tuple(words))
+
+
+@nb.njit(cache=True)
+def _expand_step(starts, tokens, row_lo, pos_lo, pos_hi, prev, radix, word, out):
+    row = row_lo
+    for pos in range(pos_lo, pos_hi):
+        while starts[row + 1] <= pos:
+            row += 1
+        out[pos - pos_lo, :] = prev[row - row_lo, :]
+        out[pos - pos_lo, word] = prev[row - row_lo, word] * radix + np.uint64(tokens[pos])
+
+
+def leaf_keys(
+    starts: Sequence[np.ndarray], tokens: Sequence[np.ndarray], layout: KeyLayout, lo: int, hi: int
+) -> np.ndarray:
+    """uint64 [hi - lo, layout.words]: the packed SIDs of leaves lo .. hi-1.
+
+    starts[t]: int [rows_t + 1] and tokens[t]: int [nnz_t] of every step (memory-mapped is fine; only the
+    ancestors of the leaves are read). Bottom-up, the parents of a run of positions are a run of rows
+    (two binary searches); top-down, each position's key is its parent's key times the radix plus its
+    token (a word a step starts is still 0 in the parent's key)."""
+    steps = len(starts)
+    if hi <= lo:
+        return np.zeros((0, layout.words), dtype=np.uint64)
+    spans = [(0, 0)] * steps
+    spans[steps - 1] = (lo, hi)
+    for t in range(steps - 1, 0, -1):
+        pos_lo, pos_hi = spans[t]
+        row_lo = int(np.searchsorted(starts[t], pos_lo, side="right")) - 1
+        row_hi = int(np.searchsorted(starts[t], pos_hi - 1, side="right"))
+        spans[t - 1] = (row_lo, row_hi)
+    keys = np.zeros((1, layout.words), dtype=np.uint64)  # step 0's one row: the empty prefix
+    row_lo = 0
+    for t in range(steps):
+        pos_lo, pos_hi = spans[t]
+        out = np.empty((pos_hi - pos_lo, layout.words), dtype=np.uint64)
+        _expand_step(
+            np.asarray(starts[t]), np.asarray(tokens[t]), row_lo, pos_lo, pos_hi, keys,
+            np.uint64(layout.radices[t]), layout.word_of_step[t], out,
+        )  # fmt: skip
+        keys, row_lo = out, pos_lo
+    return keys
+
+
+@nb.njit(cache=True)
+def _spread(offsets, leaf_lo, keys, first, out):
+    leaf = leaf_lo
+    for i in range(out.shape[0]):
+        while offsets[leaf + 1] <= first + i:
+            leaf += 1
+        out[i, :] = keys[leaf - leaf_lo, :]
+
+
+def item_leaf_span(offsets: np.ndarray | None, first: int, stop: int) -> tuple[int, int]:
+    """The leaves (lo, hi) holding items first .. stop-1 (offsets None: leaf j is item j)."""
+    if offsets is None:
+        return first, stop
+    lo = int(np.searchsorted(offsets, first, side="right")) - 1
+    hi = int(np.searchsorted(offsets, stop - 1, side="right"))
+    return lo, hi
+
+
+def item_keys(
+    starts: Sequence[np.ndarray],
+    tokens: Sequence[np.ndarray],
+    offsets: np.ndarray | None,
+    layout: KeyLayout,
+    first: int,
+    stop: int,
+) -> np.ndarray:
+    """uint64 [stop - first, layout.words]: the packed SID of items first .. stop-1 (leaf order)."""
+    lo, hi = item_leaf_span(offsets, first, stop)
+    keys = leaf_keys(starts, tokens, layout, lo, hi)
+    if offsets is None:
+        return keys
+    out = np.empty((stop - first, layout.words), dtype=np.uint64)
+    _spread(np.asarray(offsets), lo, keys, first, out)
+    return out
+
+
+# -------------------------------------------------------------------------------------- matching by id
+
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+@nb.njit(cache=True)
+def _mix(x):
+    # splitmix64's finaliser: spreads any 64-bit value over all bits (ids are often consecutive).
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@nb.njit(cache=True)
+def _hash_ints(values):
+    out = np.empty(values.shape[0], dtype=np.uint64)
+    for i in range(values.shape[0]):
+        out[i] = _mix(np.uint64(values[i]))
+    return out
+
+
+@nb.njit(cache=True)
+def _hash_bytes(offsets, data):
+    n = offsets.shape[0] - 1
+    out = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        h = _FNV_OFFSET
+        for k in range(offsets[i], offsets[i + 1]):
+            h = (h ^ np.uint64(data[k])) * _FNV_PRIME
+        out[i] = _mix(h)
+    return out
+
+
+def hash_int_ids(ids: np.ndarray) -> np.ndarray:
+    """uint64 [n]: a well-spread hash of integer ids int [n] (the pass an id falls in)."""
+    return _hash_ints(np.asarray(ids, dtype=np.int64).view(np.uint64))
+
+
+def hash_byte_ids(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """uint64 [n]: a hash of n byte strings (string i = data[offsets[i]:offsets[i+1]], data uint8)."""
+    return _hash_bytes(np.asarray(offsets), np.asarray(data))
+
+
+def pass_of(hashes: np.ndarray, passes: int) -> np.ndarray:
+    """The pass (0 .. passes-1) each id is matched in: the same id falls in the same pass in both
+    versions, and the ids of one pass are about 1/passes of all."""
+    return (hashes % np.uint64(passes)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class MatchCounts:
+    """Items of two versions matched by id: `common` ids present in both, `changed` of those whose SID
+    differs."""
+
+    common: int
+    changed: int
+
+
+@nb.njit(cache=True)
+def _merge_sorted_ints(a_ids, a_keys, b_ids, b_keys):
+    i = j = 0
+    common = changed = 0
+    while i < a_ids.shape[0] and j < b_ids.shape[0]:
+        if a_ids[i] < b_ids[j]:
+            i += 1
+        elif a_ids[i] > b_ids[j]:
+            j += 1
+        else:
+            common += 1
+            for w in range(a_keys.shape[1]):
+                if a_keys[i, w] != b_keys[j, w]:
+                    changed += 1
+                    break
+            i += 1
+            j += 1
+    return common, changed
+
+
+def match_int_ids(
+    a_ids: np.ndarray, a_keys: np.ndarray, b_ids: np.ndarray, b_keys: np.ndarray
+) -> MatchCounts:
+    """Match integer ids (unique within each side) of side a (int64 [n], keys uint64 [n, W]) with side b's.
+    keys None on both sides: SIDs not comparable, every common item counts as changed."""
+    if a_keys is None or b_keys is None:
+        common = np.intersect1d(a_ids, b_ids, assume_unique=True).shape[0]
+        return MatchCounts(int(common), int(common))
+    a_order, b_order = np.argsort(a_ids), np.argsort(b_ids)
+    common, changed = _merge_sorted_ints(a_ids[a_order], a_keys[a_order], b_ids[b_order], b_keys[b_order])
+    return MatchCounts(int(common), int(changed))
+
+
+@nb.njit(cache=True)
+def _same_bytes(a_offsets, a_data, i, b_offsets, b_data, j):
+    length = a_offsets[i + 1] - a_offsets[i]
+    if b_offsets[j + 1] - b_offsets[j] != length:
+        return False
+    for k in range(length):  # noqa: SIM110 - numba compiles loops, not generator expressions
+        if a_data[a_offsets[i] + k] != b_data[b_offsets[j] + k]:
+            return False
+    return True
+
+
+@nb.njit(cache=True)
+def _merge_hashed_bytes(
+    a_hash, a_order, a_offsets, a_data, a_keys, b_hash, b_order, b_offsets, b_data, b_keys
+):
+    # a_hash/b_hash sorted; *_order maps a sorted position to the string's index. Equal hashes are compared
+    # byte by byte, every pair of the two runs (a run is one hash: almost always one string per side).
+    i = j = 0
+    na, nb_ = a_hash.shape[0], b_hash.shape[0]
+    common = changed = 0
+    while i < na and j < nb_:
+        if a_hash[i] < b_hash[j]:
+            i += 1
+        elif a_hash[i] > b_hash[j]:
+            j += 1
+        else:
+            h = a_hash[i]
+            i_end, j_end = i, j
+            while i_end < na and a_hash[i_end] == h:
+                i_end += 1
+            while j_end < nb_ and b_hash[j_end] == h:
+                j_end += 1
+            for x in range(i, i_end):
+                ai = a_order[x]
+                for y in range(j, j_end):
+                    bj = b_order[y]
+                    if _same_bytes(a_offsets, a_data, ai, b_offsets, b_data, bj):
+                        common += 1
+                        for w in range(a_keys.shape[1]):
+                            if a_keys[ai, w] != b_keys[bj, w]:
+                                changed += 1
+                                break
+                        break  # ids are unique within a side: at most one match
+            i, j = i_end, j_end
+    return common, changed
+
+
+def match_byte_ids(
+    a_offsets: np.ndarray, a_data: np.ndarray, a_keys: np.ndarray | None,
+    b_offsets: np.ndarray, b_data: np.ndarray, b_keys: np.ndarray | None,
+) -> MatchCounts:  # fmt: skip
+    """match_int_ids for string (or binary) ids given as Arrow offsets int [n+1] and data uint8, compared
+    byte for byte (sorted by hash first; equal hashes are checked exactly, so a collision never matches
+    two different ids). keys None: SIDs not comparable (every common item counts as changed)."""
+    a_hash = hash_byte_ids(a_offsets, a_data)
+    b_hash = hash_byte_ids(b_offsets, b_data)
+    a_order, b_order = np.argsort(a_hash), np.argsort(b_hash)
+    comparable = a_keys is not None and b_keys is not None
+    a_k = a_keys if comparable else np.zeros((a_hash.shape[0], 1), dtype=np.uint64)
+    b_k = b_keys if comparable else np.ones((b_hash.shape[0], 1), dtype=np.uint64)
+    common, changed = _merge_hashed_bytes(
+        a_hash[a_order], a_order, np.asarray(a_offsets), np.asarray(a_data), a_k,
+        b_hash[b_order], b_order, np.asarray(b_offsets), np.asarray(b_data), b_k,
+    )  # fmt: skip
+    return MatchCounts(int(common), int(changed))
