@@ -22,6 +22,16 @@ ConfigOpt = Annotated[
         show_default=False,
     ),
 ]
+FleetConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="TOML file with a [fleet] table: timestamp_expiry_days, how long the fleet's signed timestamp "
+        "stays valid (zerogr config --show-defaults prints one).",
+        show_default=False,
+    ),
+]
 BundleArg = Annotated[
     str | None,
     typer.Argument(
@@ -121,3 +131,10 @@ SigningKeyOpt = Annotated[
         show_default=False,
     ),
 ]
+
+
+def timestamp_expiry_s(config: Path | None) -> float:
+    """Seconds the fleet's signed timestamp stays valid: [fleet] timestamp_expiry_days of `config`."""
+    from ..config import load_fleet_settings
+
+    return load_fleet_settings(config).timestamp_expiry_days * 86400.0
