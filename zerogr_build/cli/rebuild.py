@@ -258,6 +258,7 @@ def _run(request: Any, metrics: JobMetrics) -> None:
     finally:
         metrics.add_stages(result.stages)
         metrics.bundle(**result.facts)
+        metrics.fleet(**result.fleet)
         if result.failure is not None:
             metrics.fail(result.failure.stage, result.failure.message)
     for note in result.notes:
@@ -319,7 +320,10 @@ def _request(build_args: Sequence[str], **opts: Any) -> Any:
         )
     push = None
     if opts["push"] is not None:
-        push = PushSpec(opts["push"], opts["push_keep"], opts["push_signing_key"])
+        from ._options import timestamp_expiry_s
+
+        expiry = timestamp_expiry_s(config)
+        push = PushSpec(opts["push"], opts["push_keep"], opts["push_signing_key"], expiry)
     for option in ("push_keep", "push_signing_key"):
         if push is None and opts[option] is not None:
             raise InputError(f"--{option.replace('_', '-')} needs --push")

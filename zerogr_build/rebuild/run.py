@@ -51,6 +51,7 @@ class PushSpec:
     url: str
     keep: int | None = None
     signing_key: str | None = None
+    timestamp_expiry_s: float | None = None  # the fleet's signed timestamp's life (None: the default)
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,7 @@ def rebuild(
         return result.fail(EXIT_USAGE, "setup", _message(exc))
     previous = previous_version(out)
     if not _build(request, result, stage, progress, log):
+        _renew_fleet(request, result, stage, log)
         return result
     try:
         _after_build(request, result, stage, previous, progress, log)
@@ -163,6 +165,7 @@ def rebuild(
         _clean_up(result, log)
         raise
     _clean_up(result, log)
+    _renew_fleet(request, result, stage, log)
     return result
 
 
@@ -305,8 +308,9 @@ def _push(
     try:
         with stage("push"):
             result.pushed = push_version(
-                vdir, push.url, promote=True, keep=push.keep, signing_key=push.signing_key, progress=progress
-            )
+                vdir, push.url, promote=True, keep=push.keep, signing_key=push.signing_key,
+                timestamp_expiry_s=push.timestamp_expiry_s, progress=progress,
+            )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - promoted here; the fleet keeps its version until a retry
         if result.failure is not None:  # a failed push outranks 5 and 10: the fleet did not get the version
             result.notes.append(result.failure.message)
@@ -318,6 +322,9 @@ def _push(
         )
         return
     pushed = result.pushed
+    result.facts["remote_version"] = pushed.version
+    if pushed.expires is not None:
+        result.fleet = {"expires": pushed.expires, "latest": pushed.fleet_latest}
     log(
         f"pushed {vdir.name} to {pushed.url} as v{pushed.version:06d}"
         + (" (LATEST moved)" if pushed.promoted else f" (remote LATEST stays {pushed.latest})")
@@ -351,3 +358,28 @@ def _clean_up(result: RebuildResult, log: Log) -> None:
         log(f"could not remove the unpromoted version {vdir}: {_message(exc)}")
         return
     log(f"removed the unpromoted version {vdir.name}")
+
+
+def _renew_fleet(request: RebuildRequest, result: RebuildResult, stage: _Stages, log: Log) -> None:
+    """Renew the fleet's signed timestamp on every run with --push and --push-signing-key that did not
+    push (a signed push renews it), whether or not it built a version: hosts refuse the fleet's metadata
+    once it expires, so a build box that stops signing is noticed, while one that runs keeps it fresh. A
+    failure is exit 12 unless the run failed already."""
+    push = request.push
+    if push is None or push.signing_key is None or result.pushed is not None:
+        return
+    from ..fleet.metadata import iso
+    from ..fleet.repository import renew_metadata
+
+    try:
+        with stage("renew"):
+            done = renew_metadata(push.url, push.signing_key, timestamp_expiry_s=push.timestamp_expiry_s)
+    except Exception as exc:  # noqa: BLE001 - the run's own outcome stands; the fleet goes stale
+        if result.failure is not None:
+            result.notes.append(f"renewing the fleet's signed metadata failed too: {_message(exc)}")
+        else:
+            result.fail(EXIT_PUSH_FAILED, "renew", _message(exc))
+        log(f"renewing the signed metadata of {redact(push.url)} failed: {_message(exc)}")
+        return
+    result.fleet = {"expires": done.expires, "latest": done.latest}
+    log(f"renewed the signed metadata of {redact(push.url)}: it expires {iso(done.expires)}")
