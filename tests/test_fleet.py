@@ -552,15 +552,19 @@ def test_metrics_files_of_push_and_pull(tmp_path, build_out, remote):
 
 
 def test_bench_transfer_smoke(s3_env):
+    """The signed push and pull, this checkout beside a baseline checkout (here HEAD's, which exists in
+    any clone) in the same run."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_transfer.py"), "--smoke"],
+        [sys.executable, str(ROOT / "scripts" / "bench_transfer.py"), "--smoke", "--baseline-ref", "HEAD"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == 0, proc.stderr
-    assert "peak RSS" in proc.stdout and "MB/s" in proc.stdout
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("20k")]
+    assert [row.split()[1:3] for row in rows] == [["this", "checkout"], ["baseline", "HEAD"]], proc.stdout
+    assert "push RSS" in proc.stdout and "MB/s" in proc.stdout
 
 
 def test_an_upload_the_store_refuses_is_a_zerogr_error_not_a_crash(s3_env, tmp_path):
