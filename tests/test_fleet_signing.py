@@ -28,19 +28,6 @@ from zerogr_build.fleet.repository import commit
 from .test_fleet import put, remote_keys, served, tree, zerogr
 
 
-@pytest.fixture()
-def keys(tmp_path) -> dict[str, Path]:
-    """Two key pairs made by `zerogr keys new`: {"a": private, "a.pub": public, "b": ..., "b.pub": ...}."""
-    made = {}
-    for name in ("a", "b"):
-        path = tmp_path / "keys" / name
-        path.parent.mkdir(exist_ok=True)
-        code, out, err = zerogr("keys", "new", str(path))
-        assert code == 0, err
-        made[name], made[f"{name}.pub"] = path, Path(f"{path}.pub")
-    return made
-
-
 def remote_json(url: str, name: str) -> dict:
     return json.loads(remote_keys(url)[name])
 

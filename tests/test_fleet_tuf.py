@@ -52,18 +52,6 @@ from .test_fleet import CLI, delete, put, remote_keys, samples, served, tree, ze
 DAY = 86400.0
 
 
-@pytest.fixture()
-def keys(tmp_path) -> dict[str, Path]:
-    """Two key pairs: {"a": private, "a.pub": public, "b": ..., "b.pub": ...}."""
-    made = {}
-    for name in ("a", "b"):
-        path = tmp_path / "keys" / name
-        path.parent.mkdir(exist_ok=True)
-        assert zerogr("keys", "new", str(path))[0] == 0
-        made[name], made[f"{name}.pub"] = path, Path(f"{path}.pub")
-    return made
-
-
 def sh(*args: str | Path, faketime: str | None = None) -> subprocess.CompletedProcess:
     """`zerogr ARGS` in its own process (under `faketime OFFSET` when given), as cron runs it."""
     command = [*CLI, *map(str, args)]

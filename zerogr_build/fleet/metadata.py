@@ -24,14 +24,12 @@ from typing import Any
 
 from ..bundle.format import (
     MANIFEST_NAME,
-    MAX_VERSION,
     oversized_version_dir,
     parse_version_dir,
-    shown_version_dir,
     version_dir_name,
 )
 from .keys import SigningKey, crypto, key_id
-from .remote import RefusedRemoteVersion, S3Store
+from .remote import RefusedRemoteVersion, S3Store, oversized_note
 
 METADATA_DIR = "tuf"
 TIMESTAMP_FILE = "timestamp.json"
@@ -220,7 +218,7 @@ def latest_of(targets: Mapping[str, Any], where: str) -> int | None:
     custom = entry.custom if isinstance(entry.custom, dict) else {}
     name = custom.get("version")
     if isinstance(name, str) and oversized_version_dir(name):
-        raise UntrustedVersion(f"{where}: LATEST names {shown_version_dir(name)}, past v{MAX_VERSION}")
+        raise UntrustedVersion(f"{where}: LATEST names {oversized_note(name)}")
     number = parse_version_dir(name) if isinstance(name, str) else None
     if number is None:
         raise UntrustedVersion(f"{where}: its LATEST does not name a version dir")
