@@ -83,6 +83,9 @@ def test_a_stray_huge_version_wedges_nothing(tmp_path, build_out, remote):
     code, _, err = zerogr("pull", remote, str(host), "--allow-unsigned")
     assert code == 4 and f"{remote}/LATEST: names {HUGE[:16]}...(320 digits)" in one_line(err)
     assert served(host) == before
+    code, out, err = zerogr("push", str(build_out / "v000002"), remote, "--allow-unsigned", "--json")
+    assert code == 0 and json.loads(out)["version"] == 2  # pushed before; LATEST's huge number ignored
+    assert f"{remote}/LATEST: names {HUGE[:16]}...(320 digits)" in err and "ignored" in err
     code, _, err = zerogr("pull", remote, str(host), "--version", str(10**20))
     assert code == 2 and "--version must be between 1 and 999999999" in one_line(err)
 

@@ -47,6 +47,7 @@ from ..bundle.format import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
     manifest_bytes,
+    oversized_version_dir,
     parse_version_dir,
     validate_manifest,
     version_dir_name,
@@ -163,6 +164,8 @@ def push_version(
     state = list_versions(store)
     for name in state.oversized:
         warnings.warn(f"{remote.url}/{oversized_note(name)}: ignored", stacklevel=2)
+    if state.latest is not None and oversized_version_dir(state.latest):
+        warnings.warn(f"{remote.url}/LATEST: names {oversized_note(state.latest)}: ignored", stacklevel=2)
     before = _pushed_before(store, state, local_sha)
     guard = promote and key is None and not allow_unsigned
     if key is not None:  # before anything is uploaded: a key the fleet does not (or no longer) trust
