@@ -53,8 +53,6 @@ def ok(*args: str) -> str:
     return proc.stdout
 
 
-
-
 def metrics(path: Path) -> dict[str, float]:
     """{sample name: value} of a metrics file (each file holds one job, so the job label is implied)."""
     return {

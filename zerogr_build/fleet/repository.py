@@ -88,10 +88,9 @@ class Committed:
 
 @dataclass
 class _Base:
-    """The committed state a commit starts from."""
+    """The committed state a commit starts from: the timestamp's ETag (for the compare-and-swap) and
+    version, and the snapshot and targets it names (None: none that verify)."""
 
-    root: Any
-    listing: dict[str, Any]
     timestamp_etag: str | None = None
     timestamp_version: int = 0
     snapshot: Any = None
@@ -145,7 +144,7 @@ def _snapshot_and_targets(store: S3Store, root: Any, snapshot_meta: Any) -> tupl
 
 def _read_base(store: S3Store, root_md: Any, listing: dict[str, Any]) -> _Base:
     """The committed state (step 3 of the module docstring)."""
-    base = _Base(root_md, listing)
+    base = _Base()
     root = root_md.signed
     got = get_metadata(store, TIMESTAMP_FILE)
     if got is not None:
