@@ -7,9 +7,12 @@ engine first). The Ray builds connect to a cluster this script starts with `ray 
 (2 CPUs unless --cpus; its own process group, ended at the end). Per build:
 
 * wall s, and the stage timings the build reports (read, build, publish);
-* driver peak RSS: the `zerogr build` process's own (its VmHWM), and in bytes per item;
-* driver private / object-store pages: the peaks of its RssAnon (its own memory) and RssShmem (pages of
-  the node's Ray object store it mapped while reading the partitions' results, memory of the store);
+* driver peak RSS: the `zerogr build` process's (its VmHWM) plus, for a Ray build, that of the Ray
+  driver process it starts (distributed.ray_process; the sum of the two peaks, an upper bound of their
+  peak together), and in bytes per item;
+* driver private / object-store pages: the peaks of their RssAnon (own memory; the build's process holds
+  the results it received from the Ray process) and RssShmem (pages of the node's Ray object store the
+  Ray process mapped while reading the partitions' results, memory of the store), summed;
 * worker peak RSS: the largest VmHWM of any Ray worker process (`ray::` task workers whose parent, the
   raylet, is in the cluster's process group), and the sum over workers, polled from /proc every 0.2 s;
 * shuffle B/item: bytes the partition and duplicate-check tasks received through the object store,
@@ -105,12 +108,20 @@ def run_build(args: list[str]) -> tuple[dict, float, tuple[int, int, int]]:
     child = subprocess.Popen(
         [_tool("zerogr"), "build", *args, "--json", "-q"], stdout=subprocess.PIPE, text=True, env=BENCH_ENV
     )
-    peak = [0, 0, 0]  # VmHWM, peak RssAnon, peak RssShmem
+    peak = [0, 0, 0]  # VmHWM, peak RssAnon, peak RssShmem (the build's process + its Ray process)
+    ray_driver = [0]  # the pid of the Ray driver process the build starts, once seen
+    hwm = {child.pid: 0}
 
     def poll() -> None:
         while child.poll() is None:
-            for i, field in enumerate(("VmHWM", "RssAnon", "RssShmem")):
-                peak[i] = max(peak[i], _status(child.pid, field))
+            if not ray_driver[0]:
+                ray_driver[0] = _ray_driver_of(child.pid)
+            pids = [child.pid, *([ray_driver[0]] if ray_driver[0] else [])]
+            for pid in pids:
+                hwm[pid] = max(hwm.get(pid, 0), _status(pid, "VmHWM"))
+            peak[0] = sum(hwm.values())
+            for i, field in ((1, "RssAnon"), (2, "RssShmem")):
+                peak[i] = max(peak[i], sum(_status(pid, field) for pid in pids))
             time.sleep(0.05)
 
     watcher = threading.Thread(target=poll, daemon=True)
@@ -133,6 +144,20 @@ def _status(pid: int, field: str) -> int:
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
+    return 0
+
+
+def _ray_driver_of(pid: int) -> int:
+    """The pid of the Ray driver process (distributed.ray_process's child) that process `pid` started, or
+    0 while there is none."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or b"ray_process" not in (entry / "cmdline").read_bytes():
+                continue
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                return int(entry.name)
+        except (OSError, ValueError, IndexError):
+            continue
     return 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -28,8 +29,9 @@ from zerogr_build.pipeline import build_bundle
 
 pytestmark = pytest.mark.xdist_group("ray")  # one worker runs them all: one cluster per test session
 
-#: Manifest fields that describe the run, not the version: the only ones a Ray build may change.
-RUN_FIELDS = ("created_at",)
+#: Manifest fields that describe the run, not the version: the only ones a Ray build may change (a local
+#: build records its build_timings; a Ray build does not).
+RUN_FIELDS = ("created_at", "build_timings")
 RUN_SETTINGS = ("engine", "ray_address", "partitions")
 
 
@@ -38,6 +40,7 @@ def ray_cluster():
     """A Ray instance in this process (2 CPUs, 127.0.0.1), shared by every in-process build."""
     ray = pytest.importorskip("ray") if os.environ.get("ZEROGR_ALLOW_NO_RAY") else __import__("ray")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token written to the user's ~/.ray
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
@@ -49,10 +52,27 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-#: The `ray start --head` cluster and its CLI drivers: no usage reports, and no token authentication (the
-#: cluster listens on 127.0.0.1 for this session only; a token file shared with other Ray users of the
-#: machine could disagree with the head's).
-HEAD_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+#: Ray's authentication variables: unset for the `ray start --head` cluster and its CLI drivers, which find
+#: the token at ~/.ray/auth_token as on a machine where Ray made one (a `ray.init()` does, by default).
+RAY_AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def ray_env(home: Path | None = None, **extra: str) -> dict[str, str]:
+    """This environment without Ray's authentication variables, with HOME = `home` (where Ray looks for
+    ~/.ray/auth_token), no usage reports, and `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in RAY_AUTH_VARIABLES}
+    return {**env, "RAY_USAGE_STATS_ENABLED": "0", **({"HOME": str(home)} if home else {}), **extra}
+
+
+@pytest.fixture(scope="session")
+def ray_home():
+    """A HOME holding a Ray token at ~/.ray/auth_token (as `ray get-auth-token --generate` writes it)."""
+    home = Path(tempfile.mkdtemp(prefix="zr-ray-home-", dir="/tmp"))
+    (home / ".ray").mkdir(mode=0o700)
+    (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
 
 #: The memory the `ray start --head` cluster offers to tasks: enough for the small catalogs built on it,
 #: too little for the one built to check the memory refusal.
@@ -60,13 +80,14 @@ HEAD_MEMORY = 2_000_000
 
 
 @pytest.fixture(scope="session")
-def ray_head(tmp_path_factory):
+def ray_head(ray_home):
     """host:port of a Ray cluster started with `ray start --head --block` in a subprocess (its own process
-    group, ended by id at the end of the session)."""
+    group, ended by id at the end of the session), on Ray's defaults: with a token at ~/.ray/auth_token, it
+    requires token authentication."""
     port = _free_port()
     # Ray's socket paths live under --temp-dir and must fit AF_UNIX's 107 bytes: a short dir, not pytest's.
     temp = Path(tempfile.mkdtemp(prefix="zr-ray-", dir="/tmp"))
-    env = {**os.environ, **HEAD_ENV}
+    env = ray_env(ray_home)
     ray_bin = Path(sys.executable).with_name("ray")
     log = (temp / "ray-start.log").open("w")
     head = subprocess.Popen(
@@ -156,7 +177,7 @@ def assert_same_version(local: Path, ray: Path) -> None:
     a, b = (json.loads((v / "manifest.json").read_text()) for v in (local, ray))
     for manifest in (a, b):
         for key in RUN_FIELDS:
-            manifest.pop(key)
+            manifest.pop(key, None)
         for key in (*RUN_SETTINGS, "out"):  # (the two builds publish into different OUT dirs here)
             manifest["settings"].pop(key)
     assert a == b
@@ -303,8 +324,9 @@ def test_a_worker_killed_mid_partition_is_retried_and_the_version_is_identical(
 
 
 def _cli(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """`zerogr ARGS` in its own process; `env` = ray_env(...) (default: no Ray token anywhere it looks)."""
     zerogr = Path(sys.executable).with_name("zerogr")
-    full_env = {**os.environ, **HEAD_ENV, **(env or {})}
+    full_env = env if env is not None else ray_env()
     return subprocess.run([str(zerogr), *args], capture_output=True, text=True, env=full_env, timeout=timeout)
 
 
@@ -323,8 +345,10 @@ DRIVER_KILL_STAGES = ("ray_read", "ray_built", "partition_written")
 
 
 def test_a_driver_killed_at_any_stage_publishes_nothing_and_the_next_build_succeeds(
-    ray_head, small_catalog, tmp_path
+    ray_head, ray_home, small_catalog, tmp_path
 ):
+    """Also: the documented command works as written against a `ray start --head` cluster that requires
+    the token at ~/.ray/auth_token (nothing about authentication set)."""
     out = tmp_path / "out"
     ray_args = ("--engine", "ray", "--ray-address", ray_head, "--partitions", "3")
     for stage in DRIVER_KILL_STAGES:
@@ -335,11 +359,11 @@ def test_a_driver_killed_at_any_stage_publishes_nothing_and_the_next_build_succe
             str(out),
             *COMMON,
             *ray_args,
-            env={"ZEROGR_BUNDLE_KILL_AT": stage},
+            env=ray_env(ray_home, ZEROGR_BUNDLE_KILL_AT=stage),
         )
         assert killed.returncode == -signal.SIGKILL, (stage, killed.stderr)
         assert not list(out.glob("v*")) and not (out / "LATEST").exists(), stage
-    again = _cli("build", str(small_catalog), "-o", str(out), *COMMON, *ray_args)
+    again = _cli("build", str(small_catalog), "-o", str(out), *COMMON, *ray_args, env=ray_env(ray_home))
     assert again.returncode == 0, again.stderr
     local = _build(small_catalog, tmp_path / "local", codebook_sizes=(8, 32, 32))
     version = Path(again.stdout.strip())
@@ -347,7 +371,7 @@ def test_a_driver_killed_at_any_stage_publishes_nothing_and_the_next_build_succe
     assert_same_version(Path(local["bundle"]), version)
 
 
-def test_bad_row_over_the_cli_exits_2_with_the_local_line(ray_head, tmp_path):
+def test_bad_row_over_the_cli_exits_2_with_the_local_line(ray_head, ray_home, tmp_path):
     sids = _sids(2000, (8, 32, 32), seed=19).tolist()
     sids[1500][0] = 8
     table = pa.table(
@@ -366,6 +390,7 @@ def test_bad_row_over_the_cli_exits_2_with_the_local_line(ray_head, tmp_path):
         "ray",
         "--ray-address",
         ray_head,
+        env=ray_env(ray_home),
     )
     assert (local.returncode, ray.returncode) == (2, 2)
     assert ray.stderr.strip().splitlines()[-1] == local.stderr.strip().splitlines()[-1]
@@ -402,7 +427,9 @@ def test_an_unreachable_cluster_exits_3_naming_the_address(small_catalog, tmp_pa
     assert bad.returncode == 2 and "--ray-address" in bad.stderr
 
 
-def test_a_partition_too_big_for_the_nodes_memory_exits_2_asking_for_more_partitions(ray_head, tmp_path):
+def test_a_partition_too_big_for_the_nodes_memory_exits_2_asking_for_more_partitions(
+    ray_head, ray_home, tmp_path
+):
     n = 60_000  # about 3.4 MB to build in one partition; the head offers HEAD_MEMORY (2 MB) to tasks
     catalog = write_catalog(
         tmp_path / "cat", _sids(n, (8, 32, 32), seed=23), _ids(n, "int64", 23), row_group=20_000
@@ -419,6 +446,7 @@ def test_a_partition_too_big_for_the_nodes_memory_exits_2_asking_for_more_partit
         ray_head,
         "--partitions",
         "1",
+        env=ray_env(ray_home),
     )
     assert result.returncode == 2, result.stderr
     [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -433,3 +461,96 @@ def test_a_process_connected_to_one_cluster_refuses_to_build_on_another(ray_clus
         catalog, tmp_path / "out", codebook_sizes=(8, 32, 32), engine="ray", ray_address=ray_head
     )
     assert "already connected" in message and ray_head in message
+
+
+# --- authentication, the connect deadline, a Ray driver process that ends ---------------------------------
+
+
+def processes_with(run_id: str) -> dict[int, str]:
+    """{pid: command line} of the processes whose environment holds ZEROGR_TEST_RUN=run_id."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if f"ZEROGR_TEST_RUN={run_id}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+    return found
+
+
+def test_a_driver_without_the_clusters_token_exits_2_naming_authentication(
+    ray_head, ray_home, small_catalog, tmp_path
+):
+    """The token cluster refuses a driver with no token where Ray looks, or with another token: exit 2 at
+    Ray's first refusal, with one line naming authentication and what to set, never exit 3 (a retry cannot
+    help) after Ray's 20 lines of retries."""
+    empty_home = tmp_path / "home"
+    empty_home.mkdir()
+    prom = tmp_path / "m.prom"
+    runs = {
+        "no token was found here": ray_env(empty_home),
+        "the token from RAY_AUTH_TOKEN was refused": ray_env(ray_home, RAY_AUTH_TOKEN="0" * 64),
+    }
+    for why, env in runs.items():
+        args = ("-o", str(tmp_path / "out"), "--engine", "ray", "--ray-address", ray_head)
+        result = _cli("build", str(small_catalog), *args, *COMMON, "--metrics-file", str(prom), env=env)
+        assert result.returncode == 2, result.stderr
+        [line] = result.stderr.strip().splitlines()
+        assert line.startswith(f"error: authentication to the Ray cluster at {ray_head} failed"), line
+        assert why in line and "set RAY_AUTH_TOKEN" in line and "ray get-auth-token" in line, line
+        assert 'zerogr_job_exit_status{job="build"} 2.0' in prom.read_text()
+    assert not list((tmp_path / "out").glob("v*"))
+
+
+def test_an_address_that_is_not_ray_exits_3_at_the_connect_deadline_leaving_no_process(
+    small_catalog, tmp_path
+):
+    """A port that accepts connections and never answers (another service, a wrong port): exit 3 once the
+    connect deadline passes, naming the address; no process of the build is left."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)  # the kernel completes the handshakes; nothing ever answers
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        run_id = secrets.token_hex(8)
+        env = ray_env(ZEROGR_RAY_CONNECT_TIMEOUT_S="4", ZEROGR_TEST_RUN=run_id)
+        args = ("-o", str(tmp_path / "out"), "--engine", "ray", "--ray-address", address)
+        result = _cli("build", str(small_catalog), *args, *COMMON, env=env, timeout=120)
+    assert result.returncode == 3, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert f"cannot connect to the Ray cluster at {address}: no answer within 4 s" in line, line
+    assert processes_with(run_id) == {}
+
+
+def test_a_ray_driver_process_that_ends_mid_build_is_exit_3_with_its_metrics(
+    ray_head, ray_home, small_catalog, tmp_path
+):
+    """Ray can end its driver process itself (its core worker does when the node under it is lost): that
+    process is not the one writing the version and the metrics, which reports exit 3 in one line and in the
+    metrics file, publishes nothing and leaves no process behind."""
+    from zerogr_build.distributed.tasks import KILL_WORKER_ENV
+
+    started, prom, out = tmp_path / "partition-started", tmp_path / "m.prom", tmp_path / "out"
+    run_id = secrets.token_hex(8)
+    env = ray_env(ray_home, ZEROGR_TEST_RUN=run_id, **{KILL_WORKER_ENV: str(started)})
+    zerogr = str(Path(sys.executable).with_name("zerogr"))
+    args = ["build", str(small_catalog), "-o", str(out), *COMMON, "--engine", "ray", "--ray-address"]
+    args.append(ray_head)
+    build = subprocess.Popen(
+        [zerogr, *args, "--metrics-file", str(prom)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 150
+    while not started.exists() and build.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # a partition task has started: the build is connected and waiting on the cluster
+    drivers = [pid for pid, command in processes_with(run_id).items() if "ray_process" in command]
+    for pid in drivers:
+        os.kill(pid, signal.SIGKILL)
+    _, err = build.communicate(timeout=120)
+    assert len(drivers) == 1, (drivers, err)
+    assert build.returncode == 3, err
+    [line] = err.strip().splitlines()
+    assert "its driver process ended (killed by SIGKILL" in line and "nothing was published" in line, line
+    assert 'zerogr_job_exit_status{job="build"} 3.0' in prom.read_text()
+    assert not list(out.glob("v*")) and processes_with(run_id) == {}

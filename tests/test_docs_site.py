@@ -1,7 +1,7 @@
 """The rendered documentation site, looked at in a real browser (headless Chromium; .ci/run installs it):
-no code block is cut off on the right (each one fits, wraps, or scrolls with a scrollbar), the home page
-fits without scrolling and has the install and first-build commands and a link to the README page, and the
-runnable-docs markers (`# needs: ...`) never reach a page. A screenshot of the home page is written to
+no code block is cut off on the right or wraps its lines (each one fits or scrolls with a scrollbar), the
+home page fits without scrolling and has the install and first-build commands and a link to the README page,
+and the runnable-docs markers (`# needs: ...`) never reach a page. A screenshot of the home page is written to
 $ZEROGR_SCREENSHOT_DIR (default: the test's temp dir) for a human to look at."""
 
 from __future__ import annotations
@@ -24,11 +24,14 @@ PROBE = """
 window.addEventListener("load", () => {
   const blocks = [...document.querySelectorAll(".md-typeset pre > code")].map((code) => {
     const style = getComputedStyle(code);
+    const padding = parseFloat(style.paddingTop) + parseFloat(style.paddingBottom);
     return {
       text: code.textContent.slice(0, 60),
       wide: code.scrollWidth > code.clientWidth + 1,
       scrolls: ["auto", "scroll"].includes(style.overflowX),
       visible: code.clientWidth > 0,
+      lines: code.textContent.replace(/\\n$/, "").split("\\n").length,
+      shown_lines: Math.round((code.scrollHeight - padding) / parseFloat(style.lineHeight)),
     };
   });
   document.body.setAttribute("data-probe", JSON.stringify(blocks));
@@ -93,6 +96,17 @@ def test_no_code_block_is_cut_off(site: Path, name: str) -> None:
     assert not clipped, f"{name}: code blocks cut off on the right: {clipped}"
     if name == "index.html":  # the home page is read first: everything on it fits, nothing to scroll
         assert not [b["text"] for b in blocks if b["wide"]], "the home page has a block wider than the page"
+
+
+@needs_browser
+def test_a_long_command_line_scrolls_instead_of_wrapping(site: Path) -> None:
+    """The README's first set-up command is one bash line longer than the page: its block is wider than
+    its box, scrolls sideways, and shows that line as one line (no wrap mid-option)."""
+    blocks = probe(site / "readme" / "index.html")
+    (setup,) = [b for b in blocks if b["text"].startswith("python -m pip install torch==2.13.0 -e . && zer")]
+    assert setup["lines"] == 1 and setup["wide"] and setup["scrolls"], setup
+    assert setup["shown_lines"] == 1, f"the line wraps onto {setup['shown_lines']} lines"
+    assert all(b["shown_lines"] == b["lines"] for b in blocks if b["visible"]), "a block wraps its lines"
 
 
 @needs_browser

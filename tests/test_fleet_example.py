@@ -1,4 +1,4 @@
-"""The fleet example of README.md (the whole path: build box, store, two serving hosts) runs twice in a
+"""The fleet example of docs/fleet.md (the whole path: build box, store, two serving hosts) runs twice in a
 row in one dir, starting without its bucket: it creates the bucket, starts from a clean state and leaves
 no marker files behind."""
 
@@ -10,7 +10,7 @@ from .test_docs_examples import REPO, S3_BUCKET, _scratch, fenced_blocks, run_bl
 
 
 def _fleet_block():
-    blocks = fenced_blocks((REPO / "README.md").read_text(), "README.md")
+    blocks = fenced_blocks((REPO / "docs" / "fleet.md").read_text(), "docs/fleet.md")
     (block,) = [b for b in blocks if "s3" in b.needs and "ship()" in b.code]
     return block
 

@@ -19,7 +19,7 @@ from tests import test_fleet
 from tests.test_fleet import put, zerogr
 from zerogr_build.base.errors import InputError
 from zerogr_build.base.printable import printable
-from zerogr_build.base.redact import has_credentials, redact
+from zerogr_build.base.redact import has_credentials, redact, redact_url
 from zerogr_build.bundle import publish_bundle
 from zerogr_build.fleet.remote import RemoteOut
 from zerogr_build.index import build_index
@@ -50,10 +50,56 @@ def test_redact_removes_all_user_info_and_secret_query_values() -> None:
     assert redact("gs://user:pa?ss#w@bucket/p x") == "gs://***@bucket/p x"
     assert redact(f"s3://b/p?secret_key={SECRET}&region=eu") == "s3://b/p?secret_key=***&region=eu"
     assert redact(f"s3://b/p?X-Amz-Security-Token={TOKEN}") == "s3://b/p?X-Amz-Security-Token=***"
-    assert redact("error: s3://b/p: missing; see x@y") == "error: s3://b/p: missing; see x@y"
+    assert redact("error: s3://b/p: missing\nsee x@y") == "error: s3://b/p: missing\nsee x@y"
     assert has_credentials(f"s3://{KEY_ID}:{SECRET}@bucket/p")
     assert has_credentials(f"s3://b/p?x-amz-security-token={TOKEN}")
     assert not has_credentials("s3://b/p") and not has_credentials("s3://b/p?versionId=3")
+
+
+#: Secrets where a query-only redaction misses them: a fragment, user-info holding a space, and a fragment
+#: that names nothing.
+HIDDEN_SECRET_URLS = [
+    f"s3://zg-bucket/fleet#access_token={TOKEN}",
+    f"s3://zg-bucket/fleet#X-Amz-Security-Token={TOKEN}",
+    f"s3://{KEY_ID}:pass {SECRET}@zg-bucket/fleet",
+    f"s3://zg-bucket/fleet?versionId=3#{TOKEN}",
+]
+
+
+def test_fragment_secrets_and_user_info_with_blanks_are_redacted_keeping_the_urls_colon() -> None:
+    assert redact(f"s3://b/p#access_token={TOKEN}: refused") == "s3://b/p#access_token=***: refused"
+    assert redact(f"s3://b/p?secret_key={SECRET}&region=eu") == "s3://b/p?secret_key=***&region=eu"
+    assert redact(f"s3://b/p?Signature={TOKEN}: x (s3://c/q?token={TOKEN})") == (
+        "s3://b/p?Signature=***: x (s3://c/q?token=***)"
+    )
+    assert redact(f"error: s3://{KEY_ID}:pass {SECRET}@b/p: refused") == "error: s3://***@b/p: refused"
+    assert redact_url(f"s3://u:p?a#b @h/p?x-amz-credential={TOKEN}#{TOKEN}") == "s3://***@h/p?***#***"
+    assert redact_url(f"s3://b/p#{TOKEN}?x") == "s3://b/p#***" and redact_url("s3://b/p") == "s3://b/p"
+    for url in HIDDEN_SECRET_URLS[:3]:
+        assert has_credentials(url), url
+
+
+def test_a_refused_url_is_shown_no_further_than_its_path(tmp_path, s3_env):
+    """push, pull, status and build refuse each URL with one line that shows scheme, host and path only;
+    no secret reaches stdout, stderr or the metrics file's failure label."""
+    prom = tmp_path / "m.prom"
+    for url in HIDDEN_SECRET_URLS:
+        runs = [
+            ("push", str(tmp_path / "nothing"), url, "--metrics-file", str(prom)),
+            ("pull", url, str(tmp_path / "host"), "--allow-unsigned", "--metrics-file", str(prom)),
+            ("status", url, "--allow-unsigned"),
+        ]
+        if url in HIDDEN_SECRET_URLS[:3]:  # a catalog URI may carry a query (its options) and a fragment
+            runs.append(("build", url.replace("/fleet", "/cat.parquet"), "-o", str(tmp_path / "OUT"),
+                         "--codebook-sizes", "6,6,6", "--metrics-file", str(prom)))  # fmt: skip
+        for args in runs:
+            prom.unlink(missing_ok=True)
+            code, out, err = zerogr(*args)
+            assert code == 2 and len(err.strip().splitlines()) == 1, (args, err)
+            assert "s3://***@zg-bucket/" in err or "s3://zg-bucket/" in err, err
+            metrics = prom.read_text() if prom.exists() else ""
+            assert_no_secret(out, err, metrics)
+            assert TOKEN not in out + err + metrics and "pass " not in err + metrics, (args, err)
 
 
 @pytest.mark.parametrize("url", secret_urls(), ids=["userinfo", "secret_key", "session-token"])

@@ -16,21 +16,46 @@ This is the public API of zerogr; everything else is reached through its submodu
     run_compare(bundle, model, requests) / run_gate(...)     filter-first vs score-first; the quality gate
     ZerogrError / InputError / BundleError                   what zerogr raises
 
-Nothing here imports torch, cupy or CUDA at import time: the names that need torch load on first use.
+Nothing here imports numpy, torch, cupy or CUDA at import time: every name but the errors loads on first
+use.
 The Decoder's step state (BeamState) and everything else is reached through its submodule.
 """
 
+from typing import TYPE_CHECKING
+
 from .base.errors import BundleError, InputError, ZerogrError
-from .bundle import Bundle, open_bundle, promote_bundle, publish_bundle, verify_bundle
-from .catalog import Catalog, read_catalog
-from .index import SidIndex, build_index
-from .runtime.items.constraints import ItemMask, ItemSets
-from .runtime.serving.follow import Follower, follow
-from .runtime.serving.hotswap import HotSwap
+
+if TYPE_CHECKING:  # for type checkers and the API docs; at run time these load on first use (_LAZY)
+    from .bundle import Bundle, open_bundle, promote_bundle, publish_bundle, verify_bundle
+    from .catalog import Catalog, read_catalog
+    from .compare import run_compare, run_gate
+    from .index import SidIndex, build_index
+    from .pipeline import build_bundle, inspect_bundle
+    from .runtime.decoder import Decoder, SearchResult
+    from .runtime.items.constraints import ItemMask, ItemSets
+    from .runtime.serving.follow import Follower, follow
+    from .runtime.serving.hotswap import HotSwap
+    from .tune import tune_bundle
 
 __version__ = "0.1.0"
 
+#: Every other public name loads on first use, so `import zerogr_build` (and the `zerogr` command's start,
+#: before its signal handlers are installed) stays light.
 _LAZY = {
+    "Bundle": "zerogr_build.bundle",
+    "open_bundle": "zerogr_build.bundle",
+    "promote_bundle": "zerogr_build.bundle",
+    "publish_bundle": "zerogr_build.bundle",
+    "verify_bundle": "zerogr_build.bundle",
+    "Catalog": "zerogr_build.catalog",
+    "read_catalog": "zerogr_build.catalog",
+    "SidIndex": "zerogr_build.index",
+    "build_index": "zerogr_build.index",
+    "ItemMask": "zerogr_build.runtime.items.constraints",
+    "ItemSets": "zerogr_build.runtime.items.constraints",
+    "Follower": "zerogr_build.runtime.serving.follow",
+    "follow": "zerogr_build.runtime.serving.follow",
+    "HotSwap": "zerogr_build.runtime.serving.hotswap",
     "Decoder": "zerogr_build.runtime.decoder",
     "SearchResult": "zerogr_build.runtime.decoder",
     "tune_bundle": "zerogr_build.tune",
@@ -42,13 +67,17 @@ _LAZY = {
 
 
 def __getattr__(name: str):
-    """The names that import torch or the build pipeline (the Decoder, tune, build, compare) load on
-    first use."""
+    """The public names but the errors load on first use (numpy, pyarrow, numba, torch: see _LAZY)."""
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = globals()[name] = getattr(importlib.import_module(_LAZY[name]), name)
+        return value
     raise AttributeError(f"module 'zerogr_build' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 __all__ = [

@@ -1,5 +1,5 @@
 """`zerogr build --engine ray` as a library call: distributed.driver.build_partitioned on a Ray cluster
-(distributed.ray_engine), summarised like the local build (pipeline.build_bundle's dict)."""
+(distributed.ray_process), summarised like the local build (pipeline.build_bundle's dict)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def build_bundle_partitioned(
     partitions; returns the summary pipeline.build_bundle returns, plus "engine" (name, partitions, rows
     per partition, whether every partition packed its keys into one word, bytes shuffled)."""
     from .distributed.driver import build_partitioned
-    from .distributed.ray_engine import ray_engine
+    from .distributed.ray_process import ray_engine
 
     started = time.perf_counter()
     shipped: dict[str, Any] = {}

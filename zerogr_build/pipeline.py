@@ -277,6 +277,8 @@ def _build_bundle(
             "model_version": settings.model_version or None,
             "catalog": catalog_info,
             "settings": settings.manifest_dict(),
+            # what this build took before its publish (the report's build durations)
+            "build_timings": {k: round(v, 3) for k, v in timings.items()},
         },
         keep=settings.keep or None,
         promote=settings.promote,

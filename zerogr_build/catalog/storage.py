@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 import pyarrow as pa
 
 from ..base.errors import InputError, one_line
-from ..base.redact import has_credentials, redact
+from ..base.redact import has_credentials, redact, redact_url
 
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: Wildcards of a catalog glob (Python's glob rules).
@@ -235,9 +235,9 @@ def remote_store(uri: str) -> tuple[RemoteStore, str]:
     InputError (credentials redacted) for a URI that carries credentials or that pyarrow cannot open."""
     if has_credentials(uri):
         raise InputError(
-            f"{redact(uri)}: credentials in a catalog URI are refused (the URI is recorded in the manifest "
-            "and shown in messages); give them through the standard environment (AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY, a profile, or the instance's role)"
+            f"{redact_url(uri)}: credentials in a catalog URI are refused (the URI is recorded in the "
+            "manifest and shown in messages); give them through the standard environment "
+            "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, or the instance's role)"
         )
     from pyarrow import fs as pafs
 

@@ -44,7 +44,7 @@ from typing import Any
 import typer
 
 from ..base.printable import safe_text
-from ._signals import interrupt_exit_code, signal_name, signals_as_interrupts
+from ._signals import interrupt_exit_code, run_ended, signal_name, signals_as_interrupts
 
 PREFIX = "zerogr"
 BUNDLE_GAUGES = {
@@ -276,6 +276,7 @@ def job_metrics(job: str, path: str | os.PathLike | None) -> Iterator[JobMetrics
                 import sys
 
                 sys.stderr.write(f"WARNING: could not write the metrics file {metrics.path}: {exc}\n")
+            run_ended(exit_status)  # a signal from now on ends the process with this status
 
     def forced_exit(signum: int) -> None:
         metrics.fail("signal", f"terminated by {signal_name(signum)}; ended after the grace period")

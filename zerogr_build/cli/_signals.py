@@ -7,7 +7,14 @@ Python runs a signal handler only between bytecodes of the main thread: a main t
 interpreter from exiting once it has. So the signal also wakes a watchdog thread (signal.set_wakeup_fd),
 which gives the command GRACE_SECONDS to end; past that it calls the command's `on_forced_exit(signum)`
 (which writes the metrics file), prints one line and ends the process with the same exit code, its
-remaining `finally` blocks not run (as a kill would leave them)."""
+remaining `finally` blocks not run (as a kill would leave them).
+
+Before a command's own handlers exist, from the first line of `zerogr`'s main (ahead of the heavy imports),
+`install_startup_handlers` makes the same signals end the process at once with 128 + N, after writing the
+--metrics-file named in its arguments (cli/_early_metrics.py); so the window in which a signal ends zerogr
+with its default action and leaves the previous run's metrics is the interpreter's own start. Once a run
+has written its metrics (`run_ended`), they end the process with that run's exit status instead, leaving
+its metrics file as it is."""
 
 from __future__ import annotations
 
@@ -17,10 +24,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+
+from ._early_metrics import write_terminated
 
 SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s)
 GRACE_SECONDS = 10.0
+#: What the start-up handlers know: the raw arguments, when the process started (time.time()), and the
+#: exit status of a run that has written its metrics (None before).
+_STARTUP: dict[str, object] = {"args": (), "started": 0.0, "ended": None}
 
 
 def signal_name(signum: int) -> str:
@@ -43,6 +55,44 @@ class Terminated(KeyboardInterrupt):
 
 def _raise(signum: int, _frame: object) -> None:
     raise Terminated(signum)
+
+
+def install_startup_handlers(args: Sequence[str]) -> None:
+    """From now on (until a command's signals_as_interrupts, and again after it), SIGTERM and SIGHUP end the
+    process at once: with 128 + N after writing the --metrics-file of `args` (the raw command line), or,
+    once a run has written its metrics (run_ended), with that run's exit status. Main thread only."""
+    _STARTUP.update(args=tuple(args), started=time.time(), ended=None)
+    for s in SIGNALS:
+        signal.signal(s, _end_at_once)
+
+
+def run_ended(exit_status: int) -> None:
+    """A command's run has written its metrics file with `exit_status`: a later SIGTERM or SIGHUP ends the
+    process with that status, the file left as it is."""
+    _STARTUP["ended"] = exit_status
+
+
+def _end_at_once(signum: int, _frame: object) -> None:
+    ended = _STARTUP["ended"]
+    if isinstance(ended, int):
+        _exit_now(ended)
+    name = signal_name(signum)
+    try:
+        write_terminated(_STARTUP["args"], signum, name, _STARTUP["started"])  # type: ignore[arg-type]
+        line = f"zerogr: terminated by {name} during start-up\n"
+    except OSError as exc:
+        line = f"zerogr: terminated by {name} during start-up; could not write the metrics file: {exc}\n"
+    with contextlib.suppress(Exception):
+        sys.stderr.write(line)
+    _exit_now(128 + signum)
+
+
+def _exit_now(code: int) -> None:
+    """End the process with `code` at once (os._exit), what was printed flushed first."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 @contextlib.contextmanager

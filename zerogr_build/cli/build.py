@@ -159,8 +159,9 @@ def build(
 
     With --engine ray the catalog is read, validated and indexed in --partitions partitions on a Ray
     cluster and the version is written here, the same files as a local build. A cluster that cannot be
-    reached or fails exits with code 3 (retry); a partition too large for a worker's memory with code 2
-    (raise --partitions).
+    reached within ZEROGR_RAY_CONNECT_TIMEOUT_S (60 s) or fails exits with code 3 (retry); one that refuses
+    the driver's token with code 2 (set RAY_AUTH_TOKEN; a token at ~/.ray/auth_token is used as Ray's CLI
+    uses it); a partition too large for a worker's memory with code 2 (raise --partitions).
     """
     with job_metrics("build", metrics_file) as metrics, cli_errors():
         settings = build_settings(

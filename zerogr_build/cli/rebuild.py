@@ -8,12 +8,14 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from ..base.errors import InputError, one_line
 from ..base.printable import safe_text
+from ._early_metrics import metrics_path as _metrics_path
 from ._errors import cli_errors, warnings_on_stderr
 from ._metrics import JobMetrics, job_metrics
 from ._options import MetricsFileOpt
@@ -46,16 +48,6 @@ Exit codes (what a scheduler should do; stdout holds the version dir on 0, 5, 10
   11  the quality gate could not run: not promoted, the new version removed; fix the gate inputs
   12  --push failed: promoted here, the fleet keeps its version; retry zerogr push VERSION URL
  143  ended by SIGTERM (129 SIGHUP, 130 Ctrl-C): the new version, if unpromoted, removed"""
-
-
-def _metrics_path(args: Sequence[str]) -> str | None:
-    """--metrics-file's value in raw arguments (a usage error stops before the options are parsed)."""
-    for i, arg in enumerate(args):
-        if arg == "--metrics-file" and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith("--metrics-file="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 class MonitoredCommand(UsageCommand):
@@ -192,6 +184,15 @@ def rebuild(
         ),
     ] = None,
     metrics_file: MetricsFileOpt = None,
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            "--report",
+            help="After the run, whatever its exit code, write the HTML page of OUT's last versions here "
+            "(zerogr report OUT -o FILE).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Build CATALOG into the next version, verify it, tune it (reusing the previous plan), run the quality
     gate, promote it, and push it: the build box's whole job, for cron. Prints the version dir.
@@ -228,7 +229,11 @@ def rebuild(
         except InputError as exc:
             metrics.fail("usage", one_line(exc))
             raise
-        _run(request, metrics)
+        try:
+            _run(request, metrics)
+        finally:
+            if report is not None:
+                _write_report(request.settings.out, report)
 
 
 rebuild.__doc__ = (rebuild.__doc__ or "").replace(
@@ -259,6 +264,8 @@ def _run(request: Any, metrics: JobMetrics) -> None:
         metrics.add_stages(result.stages)
         metrics.bundle(**result.facts)
         metrics.fleet(**result.fleet)
+        if "gate" in result.stages and result.version_dir is not None:
+            _gate_metrics(metrics, result.version_dir)
         if result.failure is not None:
             metrics.fail(result.failure.stage, result.failure.message)
     for note in result.notes:
@@ -271,6 +278,31 @@ def _run(request: Any, metrics: JobMetrics) -> None:
         _log(f"ready: {result.version_dir.name if result.version_dir else '-'}")
     if result.exit_code:
         raise typer.Exit(result.exit_code)
+
+
+def _gate_metrics(metrics: JobMetrics, version_dir: Path) -> None:
+    """The gate's worst overlap@K and its threshold, from the record it wrote into the version."""
+    from ..report import gate_overlap
+
+    gate = gate_overlap(version_dir)
+    if gate is not None:
+        worst, threshold = gate.worst_overlap, gate.min_overlap
+        metrics.job_value("gate_worst_overlap", "Lowest overlap@K of the quality gate's two orders.", worst)
+        metrics.job_value("gate_min_overlap", "The quality gate's threshold (--min-overlap).", threshold)
+
+
+def _write_report(out: str, path: Path) -> None:
+    """`zerogr report OUT -o PATH` after the run; a report that cannot be written is one warning line and
+    never changes the run's exit code."""
+    from .report import write_out_report
+
+    try:
+        write_out_report(Path(out), path, 10, None)
+    except Exception as exc:  # noqa: BLE001 - the run's outcome stands
+        why = safe_text(one_line(exc))
+        sys.stderr.write(f"WARNING: could not write the report {safe_text(path)}: {why}\n")
+    else:
+        _log(f"report: {path}")
 
 
 def _request(build_args: Sequence[str], **opts: Any) -> Any:

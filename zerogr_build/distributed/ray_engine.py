@@ -1,16 +1,16 @@
 """The Ray adapter of the partitioned build (distributed.driver.Engine): connect to a cluster, run the
 task bodies of distributed.tasks as Ray tasks (results in Ray's object store, retried when a worker
-dies), and turn Ray's failures into one-line errors with exit codes. Ray is imported here only, when a
-build asks for `--engine ray`; it is the optional extra `zerogr[ray]`.
+dies), and turn Ray's failures into one-line errors with exit codes; `connect` and the address check.
+Ray is imported only in the process that connects (distributed.ray_process's child, or a library caller
+already connected), when a build asks for `--engine ray`; it is the optional extra `zerogr[ray]`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from ..base.errors import InputError, ZerogrError, one_line
@@ -90,53 +90,22 @@ def forwarded_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
 
 
-@contextlib.contextmanager
-def ray_engine(address: str) -> Iterator[RayEngine]:
-    """A RayEngine on the cluster at `address`: "" starts a Ray instance on this machine for this build
-    (or uses the one this process is already connected to, which refuses any other address), "auto" the
-    cluster running on this machine (`ray start --head`), host:port or ray://host:port a remote one. A Ray
-    instance connected here is disconnected on exit. Unreachable: ClusterError (exit 3); a malformed
-    address: InputError (exit 2)."""
-    try:
-        import ray
-    except ImportError:
-        raise InputError(
-            "--engine ray needs Ray on this machine: pip install 'zerogr[ray]' (the cluster's Python "
-            "environment needs zerogr too)"
-        ) from None
-    target = _check_address(address)
-    if ray.is_initialized():
-        connected = ray.get_runtime_context().gcs_address
-        if address and address.strip().removeprefix("ray://") != connected:
-            # the connection this process holds is another cluster (or may be): never build there silently
-            raise InputError(
-                f"this process is already connected to the Ray cluster at {connected}, so it cannot connect "
-                f"to {address}: leave ray_address empty to build on the connected cluster, or call "
-                "ray.shutdown() first"
-            )
-        yield RayEngine(ray, forwarded_env())
-        return
-    try:
-        ray.init(
-            address=target,
-            logging_level=logging.WARNING,
-            log_to_driver=False,
-            include_dashboard=False if target == "local" else None,
-            configure_logging=True,
-        )
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        shown = address or "a new local instance"
-        raise ClusterError(
-            f"cannot connect to the Ray cluster at {shown} ({one_line(exc)[:300]}): check that it runs and "
-            "--ray-address (ray_address in the config) names it, then retry"
-        ) from None
-    try:
-        yield RayEngine(ray, forwarded_env())
-    finally:
-        ray.shutdown()
+def connect(target: str) -> Any:
+    """ray.init(target) the way a build connects (warnings only, no worker logs, no dashboard for a local
+    instance); the `ray` module once connected. Whatever Ray raises is raised."""
+    import ray
+
+    ray.init(
+        address=target,
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+        include_dashboard=False if target == "local" else None,
+        configure_logging=True,
+    )
+    return ray
 
 
-def _check_address(address: str) -> str:
+def check_address(address: str) -> str:
     """The address to pass to ray.init ("local": start an instance), after a TCP probe of host:port."""
     text = address.strip()
     if not text:

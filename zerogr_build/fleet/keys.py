@@ -4,8 +4,11 @@ box's private key that push signs with, and the public keys a serving host trust
 Formats (the ones OpenSSH uses, so `ssh-keygen -lf KEY.pub` shows the same fingerprint):
 - a private key file: PEM PKCS#8, unencrypted, mode 0600 (an OpenSSH private key file is read too);
 - a public key: one line `ssh-ed25519 <base64> [comment]` (the comment printable ASCII); a trusted-keys
-  file holds one or more such lines, blank lines and `#` comments ignored, and is refused when other
-  users may write it (group or world write bits: as sshd's StrictModes);
+  file holds one or more such lines, blank lines and `#` comments ignored. Lines end at `\n` (an `\r`
+  before it is dropped) and fields are split at spaces and tabs, as OpenSSH reads them; a line holding any
+  other control or separator character is refused, so the keys trusted are the ones `ssh-keygen -lf`
+  lists for the file. The file is refused when another user could change or replace it
+  (check_trusted_keys_mode);
 - a key id: `SHA256:` + the unpadded base64 of the SHA-256 of the key's OpenSSH wire blob.
 
 The cryptography package (zerogr[s3]) is imported only when a key is used.
@@ -17,8 +20,10 @@ import base64
 import contextlib
 import hashlib
 import os
+import pwd
 import re
 import stat
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +38,11 @@ KEY_ID_RE = re.compile(r"SHA256:[A-Za-z0-9+/]{43}\Z")
 #: What a public key line's comment may hold: printable ASCII (no newline, no control character).
 COMMENT_RE = re.compile(r"[\x20-\x7e]*\Z")
 MAX_COMMENT_CHARS = 1024
+#: A trusted-keys file's line end, and the blanks between a line's fields (OpenSSH's).
+LINE_END_RE = re.compile(r"\r?\n")
+FIELD_SEP_RE = re.compile(r"[ \t]+")
+#: Symlinks followed on a trusted-keys file's path before it counts as a loop (the kernel's limit).
+MAX_SYMLINKS = 40
 
 
 def crypto() -> Any:
@@ -194,7 +204,9 @@ def load_signing_key(path: str | Path) -> SigningKey:
 
 def load_trusted_keys(paths: list[str | Path] | tuple[str | Path, ...]) -> dict[str, Any]:
     """{key id: Ed25519 public key} of every `ssh-ed25519` line in the files `paths`. InputError (exit 2)
-    naming the file and line for anything else, and for a file that holds no key."""
+    naming the file and line for anything else (a line holding a control or separator character other
+    than space and tab included), for a file that holds no key, and for one other users could change
+    (check_trusted_keys_mode)."""
     _, serialization = crypto()
     keys: dict[str, Any] = {}
     for path in paths:
@@ -206,11 +218,17 @@ def load_trusted_keys(paths: list[str | Path] | tuple[str | Path, ...]) -> dict[
         except UnicodeDecodeError:
             raise InputError(f"{path}: trusted-keys file is not UTF-8 text") from None
         found = 0
-        for number, line in enumerate(text.splitlines(), start=1):
-            fields = line.split()
-            if not fields or fields[0].startswith("#"):
-                continue
+        for number, line in enumerate(LINE_END_RE.split(text), start=1):
             where = f"{path}:{number}"
+            hidden = next((c for c in line if _is_control_or_separator(c)), None)
+            if hidden is not None:
+                raise InputError(
+                    f"{where}: holds the control or separator character {ascii(hidden)[1:-1]}; a "
+                    f"trusted-keys line is `{KEY_TYPE} <base64> [comment]` in printable text"
+                )
+            fields = FIELD_SEP_RE.split(line.strip(" \t"))
+            if not fields[0] or fields[0].startswith("#"):
+                continue
             if fields[0] != KEY_TYPE or len(fields) < 2:
                 raise InputError(f"{where}: not a public key line ({KEY_TYPE} <base64> [comment])")
             try:
@@ -224,20 +242,98 @@ def load_trusted_keys(paths: list[str | Path] | tuple[str | Path, ...]) -> dict[
     return keys
 
 
+def _is_control_or_separator(char: str) -> bool:
+    """True for every character but space and tab whose Unicode category is a control, format, private-use,
+    unassigned or separator one (\\x1c, \\x0b, \\x85, U+2028, U+00A0, U+202E ...): the ones that break a
+    line, hide text or split fields where a reader of the file sees none."""
+    return char not in " \t" and unicodedata.category(char)[0] in "CZ"
+
+
 def check_trusted_keys_mode(path: str | Path) -> None:
-    """InputError (exit 2) when the trusted-keys file `path` can be written by other users than its owner:
-    whoever can change it decides which signatures the host accepts. As sshd's StrictModes: a group- or
-    world-writable file is refused when zerogr runs as its owner (who can fix it with chmod go-w); a
-    world-writable one whoever owns it. A missing file is left to the read that follows."""
+    """InputError (exit 2) naming `path` when another user than root and the running user could change the
+    trusted-keys file or put another file in its place: whoever can decides which signatures the host
+    accepts. Like sshd's StrictModes, checked with lstat on every entry the path goes through (each
+    directory from /, each symlink followed, the file itself):
+
+    - each is owned by root or the running user;
+    - the file is a regular file that neither its group nor others may write;
+    - no directory on the way may be written by its group or others, unless it has the sticky bit (as /tmp
+      has): then they cannot rename or remove the entries of root or the running user in it.
+
+    The sticky-bit exception is the one difference from sshd, which refuses any such directory. A path that
+    does not resolve (missing, a loop, no access) is left to the read that follows."""
     try:
-        info = os.stat(path)
+        entries = _entries_on_path(path)
     except OSError:
         return
-    mode = stat.S_IMODE(info.st_mode)
-    if not stat.S_ISREG(info.st_mode):
-        return
-    ours = info.st_uid == os.geteuid()
-    if mode & stat.S_IWOTH or (ours and mode & stat.S_IWGRP):
+    owners = (0, os.geteuid())
+    *on_the_way, (_, final) = entries
+    for entry, info in on_the_way:
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid not in owners:
+            raise InputError(
+                f"{path}: {_kind(info.st_mode)} {entry} on its path is owned by {_user(info.st_uid)}, not by "
+                f"root or the user running zerogr ({_user(os.geteuid())}), who could replace what it leads to"
+            )
+        if stat.S_ISDIR(info.st_mode) and mode & 0o022 and not mode & stat.S_ISVTX:
+            raise InputError(
+                f"{path}: directory {entry} on its path is writable by other users (mode {mode:04o}), who "
+                f"can put another trusted-keys file in its place; chmod go-w {entry}"
+            )
+    mode = stat.S_IMODE(final.st_mode)
+    if not stat.S_ISREG(final.st_mode):
+        raise InputError(f"{path}: trusted-keys file is a {_kind(final.st_mode)}, not a regular file")
+    if final.st_uid not in owners:
+        raise InputError(
+            f"{path}: trusted-keys file is owned by {_user(final.st_uid)}, not by root or the user running "
+            f"zerogr ({_user(os.geteuid())}), so that user can change which keys are trusted; chown it"
+        )
+    if mode & 0o022:
         raise InputError(
             f"{path}: trusted-keys file is writable by other users (mode {mode:04o}); chmod go-w it"
         )
+
+
+def _entries_on_path(path: str | Path) -> list[tuple[str, os.stat_result]]:
+    """(entry, lstat) of every directory entry opening `path` goes through, in order: /, each directory
+    below it, each symlink (its target's entries follow it), the file last. OSError where it does not
+    resolve (ELOOP after MAX_SYMLINKS links)."""
+    absolute = os.path.join(os.getcwd(), os.fspath(path))
+    entries = [("/", os.lstat("/"))]
+    current = "/"
+    pending = list(reversed(absolute.split("/")))
+    links = 0
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = os.path.dirname(current)
+            continue
+        entry = os.path.join(current, name)
+        info = os.lstat(entry)
+        entries.append((entry, info))
+        if stat.S_ISLNK(info.st_mode):
+            links += 1
+            if links > MAX_SYMLINKS:
+                raise OSError(f"{path}: more than {MAX_SYMLINKS} symlinks")
+            target = os.readlink(entry)
+            if target.startswith("/"):
+                current = "/"
+            pending.extend(reversed(target.split("/")))
+        else:
+            current = entry
+    return entries
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symlink"), (stat.S_ISREG, "file"))
+    return next((name for test, name in kinds if test(mode)), "special file")
+
+
+def _user(uid: int) -> str:
+    """`name (uid N)`, or `uid N` for a uid with no name."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"

@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 
 from ..base.errors import BundleError, InputError, ZerogrError, one_line
 from ..base.printable import printable, safe_text
-from ..base.redact import redact
+from ..base.redact import redact, redact_url
 from ..bundle.format import (
     LATEST_NAME,
     MANIFEST_NAME,
@@ -118,7 +118,7 @@ class RemoteOut:
     @classmethod
     def parse(cls, url: str) -> RemoteOut:
         """Parse and check an ``s3://bucket[/prefix]`` URL; InputError (exit 2) naming it otherwise."""
-        shown = safe_text(url)
+        shown = safe_text(redact_url(url))  # never past the path: a query or fragment may hold a secret
         if not isinstance(url, str) or not url.startswith("s3://"):
             raise InputError(f"{shown}: not an s3:// URL (expected s3://bucket/prefix)")
         if "@" in url or "?" in url or "#" in url:
@@ -161,7 +161,9 @@ def parse_version_url(url: str) -> tuple[RemoteOut, int]:
         RemoteOut.parse(head)
         raise RefusedRemoteVersion(f"{safe_text(head)}/{oversized_note(last)}")
     if number is None or not head.startswith("s3://"):
-        raise InputError(f"{safe_text(url)}: not a remote version (expected s3://bucket/prefix/vNNNNNN)")
+        raise InputError(
+            f"{safe_text(redact_url(url))}: not a remote version (expected s3://bucket/prefix/vNNNNNN)"
+        )
     return RemoteOut.parse(head), number
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -106,6 +107,7 @@ def tune_bundle(
     """Measure, choose and write the plan of `device` into the bundle (see module docstring)."""
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise InputError(f"--device {device}: CUDA is not available on this machine")
+    started = time.perf_counter()
     bundle = open_bundle(bundle_path)
     index = bundle.index
     info = device_info(device)
@@ -218,6 +220,7 @@ def tune_bundle(
         "refused": refused,
         "kernels": kernels,
         "entries": entries,
+        "tune_seconds": round(time.perf_counter() - started, 3),  # checks, compiles and timings
     }
     plan_name = f"plans/{key}.json"
     files[plan_name] = (json.dumps(plan, indent=2, sort_keys=False) + "\n").encode()
