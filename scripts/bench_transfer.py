@@ -1,19 +1,27 @@
 #!/usr/bin/env python
-"""Push and pull throughput and pull's peak memory against a local S3 API server (moto, in its own process).
+"""Push and pull throughput and peak memory on a signed fleet, this checkout against an earlier commit's
+code in the same run, against a local S3 API server (moto, in its own process).
 
-For each bundle size it builds a synthetic catalog's bundle, then in child processes (so each measures only
-itself): `push_version` (verify, then upload with per-part SHA-256 and a read-back check of every object's
-size and sha256) and `pull_version` into an empty OUT (each file streamed to disk with its size and sha256
-checked as it arrives), reporting MB/s for each and pull's peak RSS (VmHWM). The baseline row is a
-child that imports the same modules and opens the same S3 client but pulls nothing: pull's peak RSS should
-stay near it whatever the bundle's size, because downloads stream in 1 MiB chunks.
+For each bundle size it builds a synthetic catalog's bundle once, makes one signing key, then in child
+processes (so each measures only itself), for this checkout's code and for the baseline's:
+`push_version` signed with the key (verify, upload with per-part SHA-256, a read-back check of every
+object's size and sha256, then the signature: here the fleet's signed metadata, in the baseline whatever
+it did) and `pull_version` with the key trusted into an empty OUT (the signature check, then each file
+streamed to disk with its size and sha256 checked as it arrives). Each code pushes to its own prefix. It
+prints, per code: push and pull MB/s (upload and download stages, the bytes moved), their whole wall
+time (the signing and its check included), and each child's peak RSS (VmHWM). The idle row is a child that
+imports the modules and opens the S3 client but moves nothing.
+
+The baseline is `git worktree add --detach` of --baseline-ref (default: the last commit before the fleet's
+signed metadata), removed at the end; `--baseline-ref none` measures this checkout only.
 
     PYTHONPATH=. python scripts/bench_transfer.py                 # 1M and 20M items (int64 ids), and a
                                                                   # ~1 GB bundle (25M items, 32-char ids)
-    PYTHONPATH=. python scripts/bench_transfer.py --smoke         # tiny, < 20 s
+    PYTHONPATH=. python scripts/bench_transfer.py --only 25M-long-ids   # the ~1 GB version only
+    PYTHONPATH=. python scripts/bench_transfer.py --smoke         # tiny
     PYTHONPATH=. python scripts/bench_transfer.py --work /tmp/zg-bench   # keep catalogs and bundles
 
-Needs moto[server] and boto3 (the dev extra). Nothing leaves 127.0.0.1.
+Needs moto[server] and boto3 (the dev extra), and git for the baseline. Nothing leaves 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "zerogr-bench"
+#: The last commit whose fleet signed each version's manifest (no signed metadata): today's code.
+DEFAULT_BASELINE = "b5f6051"
 
 SERVER = """
 import sys, time
@@ -47,14 +57,14 @@ from zerogr_build.fleet.pull import pull_version
 from zerogr_build.fleet.push import push_version
 from zerogr_build.fleet.remote import RemoteOut, S3Store
 from zerogr_build.fleet.signing import Trust
-what, source, target = sys.argv[1:4]
+what, source, target, key = sys.argv[1:5]
 timings = {}
 t0 = time.perf_counter()
 if what == "push":
-    result = push_version(source, target, timings=timings).as_dict()
+    result = push_version(source, target, signing_key=key, timings=timings).as_dict()
 elif what == "pull":
-    result = pull_version(source, target, trust=Trust.unsigned(), timings=timings).as_dict()
-else:  # baseline: the same imports and client, no transfer
+    result = pull_version(source, target, trust=Trust.from_files([key + ".pub"]), timings=timings).as_dict()
+else:  # idle: the same imports and client, no transfer
     S3Store(RemoteOut.parse(source)).head("LATEST")
     result = {}
 wall = time.perf_counter() - t0
@@ -129,16 +139,39 @@ def run(cmd: list[str], env: dict[str, str]) -> str:
     return proc.stdout
 
 
-def child(what: str, source: str, target: str, env: dict[str, str]) -> dict:
-    return json.loads(run([sys.executable, "-c", CHILD, what, source, target], env).strip().splitlines()[-1])
+def child(code: Path, what: str, source: str, target: str, key: Path, env: dict[str, str]) -> dict:
+    """CHILD run with `code` (a checkout) first on PYTHONPATH: that checkout's zerogr_build."""
+    env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), env.get("PYTHONPATH", "")]))}
+    out = run([sys.executable, "-c", CHILD, what, source, target, str(key)], env)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def baseline_checkout(ref: str, work: Path) -> Path:
+    """A detached `git worktree` of `ref` under `work` (removed by remove_checkout)."""
+    path = work / "baseline"
+    command = ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), ref]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"no baseline: git worktree add {ref} failed ({proc.stderr.strip()[-400:]}); "
+                         "give --baseline-ref REF (a commit of this repository), or none")  # fmt: skip
+    return path
+
+
+def remove_checkout(path: Path) -> None:
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], capture_output=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--smoke", action="store_true", help="tiny bundles only (< 20 s)")
+    parser.add_argument("--smoke", action="store_true", help="tiny bundles only")
+    parser.add_argument("--only", help="one size of the full run (1M, 20M or 25M-long-ids)")
     parser.add_argument("--work", type=Path, help="keep catalogs and bundles here (default: a temp dir)")
+    parser.add_argument(
+        "--baseline-ref", default=DEFAULT_BASELINE,
+        help=f"the commit measured as the baseline in the same run (default {DEFAULT_BASELINE}); none: skip",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     work = args.work or Path(tempfile.mkdtemp(prefix="zerogr-bench-transfer-"))
@@ -155,47 +188,61 @@ def main(argv: list[str] | None = None) -> None:
         env.pop(name, None)
     sizes = [("20k", 20_000, False)] if args.smoke else [
         ("1M", 1_000_000, False), ("20M", 20_000_000, False), ("25M-long-ids", 25_000_000, True)]  # fmt: skip
+    if args.only:
+        sizes = [size for size in sizes if size[0] == args.only]
+        if not sizes:
+            raise SystemExit(f"--only: no size {args.only!r} (1M, 20M, 25M-long-ids)")
+    codes = {"this checkout": ROOT}
+    if args.baseline_ref != "none":
+        codes[f"baseline {args.baseline_ref}"] = baseline_checkout(args.baseline_ref, work)
     server, endpoint = start_server(env)
     env["AWS_ENDPOINT_URL"] = endpoint
     try:
+        from zerogr_build.fleet.keys import new_key
+
+        key = work / "keys" / "bench"
+        if not key.exists():
+            new_key(key)
         versions = {name: make_bundle(work, name, items, long_ids, env) for name, items, long_ids in sizes}
         wait_ready(server)
         import boto3
 
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bench",
                      aws_secret_access_key="bench").create_bucket(Bucket=BUCKET)  # fmt: skip
-        base = child("baseline", f"s3://{BUCKET}/none", "-", env)
+        idle = child(ROOT, "idle", f"s3://{BUCKET}/none", "-", key, env)
         rows = []
         for name, items, _ in sizes:
-            version = versions[name]
-            url = f"s3://{BUCKET}/{name}"
-            pushed = child("push", str(version), url, env)
-            host = work / f"host-{name}"
-            shutil.rmtree(host, ignore_errors=True)
-            pulled = child("pull", url, str(host), env)
-            shutil.rmtree(host, ignore_errors=True)
-            rows.append((name, items, pushed, pulled))
+            for label, code in codes.items():  # each code its own prefix and host; one after the other
+                url = f"s3://{BUCKET}/{name}-{len(rows)}"
+                pushed = child(code, "push", str(versions[name]), url, key, env)
+                host = work / f"host-{name}"
+                shutil.rmtree(host, ignore_errors=True)
+                pulled = child(code, "pull", url, str(host), key, env)
+                shutil.rmtree(host, ignore_errors=True)
+                rows.append((name, items, label, pushed, pulled))
     finally:
         server.kill()
+        for code in codes.values():
+            if code != ROOT:
+                remove_checkout(code)
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
 
-    mb = 1e6
-    print(f"push / pull against a local moto S3 server ({endpoint}); checksums on; MB = 10^6 bytes")
-    print(f"{'bundle':<14}{'items':>12}{'bytes':>14}{'push s':>9}{'push MB/s':>11}{'pull s':>9}"
-          f"{'pull MB/s':>11}{'pull peak RSS':>15}{'vs baseline':>13}")  # fmt: skip
-    print(f"{'baseline':<14}{'-':>12}{'-':>14}{'-':>9}{'-':>11}{'-':>9}{'-':>11}"
-          f"{base['rss'] / 2**20:>11.0f} MiB{'':>13}")  # fmt: skip
-    for name, items, pushed, pulled in rows:
+    mb, mib = 1e6, 2**20
+    print(f"signed push / pull against a local moto S3 server ({endpoint}); checksums on; MB = 10^6 bytes")
+    print(f"{'bundle':<14}{'code':<18}{'bytes':>14}{'push MB/s':>10}{'push s':>8}{'push RSS':>10}"
+          f"{'pull MB/s':>10}{'pull s':>8}{'pull RSS':>10}")  # fmt: skip
+    print(f"{'idle':<14}{'this checkout':<18}{'-':>14}{'-':>10}{'-':>8}{'-':>10}{'-':>10}{'-':>8}"
+          f"{idle['rss'] / mib:>6.0f} MiB")  # fmt: skip
+    for name, _, label, pushed, pulled in rows:
         size = pulled["bytes"]
-        push_s = pushed["timings"]["upload"]
-        pull_s = pulled["timings"]["download"]
-        print(f"{name:<14}{items:>12,}{size:>14,}{push_s:>9.2f}{size / mb / push_s:>11.1f}{pull_s:>9.2f}"
-              f"{size / mb / pull_s:>11.1f}{pulled['rss'] / 2**20:>11.0f} MiB"
-              f"{(pulled['rss'] - base['rss']) / 2**20:>+9.0f} MiB")  # fmt: skip
-    verify = ", ".join(f"{name} {pushed['timings']['verify']:.1f} s" for name, _, pushed, _ in rows)
-    print(f"push s: upload + read-back check of every object (before it, the local verify: {verify}); "
-          "pull s: download with sha256 as it streams, fsync, header check")  # fmt: skip
+        up, down = pushed["timings"]["upload"], pulled["timings"]["download"]
+        print(f"{name:<14}{label:<18}{size:>14,}{size / mb / up:>10.1f}{pushed['wall']:>8.2f}"
+              f"{pushed['rss'] / mib:>6.0f} MiB{size / mb / down:>10.1f}{pulled['wall']:>8.2f}"
+              f"{pulled['rss'] / mib:>6.0f} MiB")  # fmt: skip
+    print("push MB/s: bytes / the upload stage (upload + read-back check); push s: the whole push (verify, "
+          "upload, signing, LATEST); pull MB/s: bytes / the download stage (sha256 as it streams, fsync); "
+          "pull s: the whole pull (the signature check first); RSS: each child's peak")  # fmt: skip
 
 
 if __name__ == "__main__":

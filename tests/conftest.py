@@ -145,6 +145,21 @@ def remote(s3_bucket) -> str:
 
 
 @pytest.fixture()
+def keys(tmp_path) -> dict:
+    """Two signing key pairs, as `zerogr keys new` makes them: {"a": private key path, "a.pub": public key
+    path, "b": ..., "b.pub": ...}."""
+    from pathlib import Path
+
+    from zerogr_build.fleet.keys import new_key
+
+    made = {}
+    for name in ("a", "b"):
+        key = new_key(tmp_path / "keys" / name)
+        made[name], made[f"{name}.pub"] = Path(key.private_path), Path(key.public_path)
+    return made
+
+
+@pytest.fixture()
 def build_out(tmp_path):
     """A local OUT on the 'build box' with two versions (v1, v2; LATEST = v2)."""
     from zerogr_build.testing import publish_catalog, random_catalog

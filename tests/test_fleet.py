@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
+from zerogr_build.base.errors import InputError
 from zerogr_build.bundle import verify_bundle
 from zerogr_build.cli import app
 from zerogr_build.fleet.push import _claim, promote_remote
@@ -38,6 +39,12 @@ def tree(path: Path) -> dict[str, str]:
     return out
 
 
+def served(path: Path) -> dict[str, str]:
+    """tree(path) without OUT/.tuf/, the fleet metadata a host trusts: what the host serves. A pull that
+    refreshed newer signed metadata and then refused the version it names changes only .tuf/."""
+    return {k: v for k, v in tree(path).items() if k != ".tuf" and not k.startswith(".tuf/")}
+
+
 def zerogr(*args: str) -> tuple[int, str, str]:
     """Run the CLI in-process: (exit code, stdout, stderr). The fleet of these tests is an unsigned one:
     `pull`, a remote `status` and a remote `promote` get --allow-unsigned (signed fleets:
@@ -50,7 +57,7 @@ def zerogr(*args: str) -> tuple[int, str, str]:
 def unsigned(args: tuple[str, ...]) -> tuple[str, ...]:
     """`args` with --allow-unsigned added to a pull, or a status or promote of an s3:// OUT, that names no
     trust."""
-    if "--trusted-keys" in args or "--allow-unsigned" in args:
+    if "--trusted-keys" in args or "--allow-unsigned" in args or "--signing-key" in args:
         return args
     remote = args[:1] in (("status",), ("promote",)) and any(a.startswith("s3://") for a in args)
     reads_remote = args[:1] == ("pull",) or remote
@@ -213,33 +220,34 @@ def test_push_refuses_a_local_version_that_fails_verification(build_out, remote)
 # ------------------------------------------------------------------------------ concurrency and kills
 
 
-def test_two_concurrent_pushes_from_two_processes(build_out, remote):
+def test_two_concurrent_pushes_of_one_version_from_two_processes(build_out, remote):
+    """Both claim the version's own number: the second finds the first's claim of the same manifest and
+    carries on; whichever writes the manifest first completes it, the other takes it as its own."""
     procs = [
         subprocess.Popen(
-            [*CLI, "push", str(build_out / name), remote, "--json"],
+            [*CLI, "push", str(build_out / "v000002"), remote, "--json"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for name in ("v000001", "v000002")
+        for _ in range(2)
     ]
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
         results.append(json.loads(out))
-    assert sorted(r["version"] for r in results) == [1, 2]  # distinct numbers
+    assert [r["version"] for r in results] == [2, 2]  # the local number, for both
     objects = remote_keys(remote)
-    assert objects["LATEST"] == b"v000002\n"  # the higher one, whoever finished last
-    for r in results:
-        local = build_out / f"v{r['local_version']:06d}"
-        manifest = json.loads(objects[f"v{r['version']:06d}/manifest.json"])
-        assert (
-            manifest["pushed_from"]["manifest_sha256"]
-            == hashlib.sha256((local / "manifest.json").read_bytes()).hexdigest()
-        )
-        for name in manifest["files"]:  # both complete
-            assert objects[f"v{r['version']:06d}/{name}"] == (local / name).read_bytes()
+    assert objects["LATEST"] == b"v000002\n"
+    local = build_out / "v000002"
+    manifest = json.loads(objects["v000002/manifest.json"])
+    assert (
+        manifest["pushed_from"]["manifest_sha256"]
+        == hashlib.sha256((local / "manifest.json").read_bytes()).hexdigest()
+    )
+    for name in manifest["files"]:  # complete
+        assert objects[f"v000002/{name}"] == (local / name).read_bytes()
 
 
 def test_a_push_killed_mid_upload_leaves_latest_and_the_next_push_succeeds(tmp_path, build_out, remote):
@@ -256,24 +264,29 @@ def test_a_push_killed_mid_upload_leaves_latest_and_the_next_push_succeeds(tmp_p
     code, _, err = zerogr("pull", remote, str(host), "--version", "2")
     assert code == 4 and "v000002/manifest.json" in err
 
-    code, out, err = zerogr("push", str(build_out / "v000002"), remote, "--json")
-    assert code == 0, err
-    assert json.loads(out)["version"] == 3  # the dead claim's number is never reused
-    assert remote_keys(remote)["LATEST"] == b"v000003\n"
-    assert zerogr("pull", remote, str(host))[0] == 0
-    assert verify_bundle(host)["version"] == 3
-
     code, out, _ = zerogr("status", remote, "--json")
     status = {v["name"]: v for v in json.loads(out)["versions"]}
     assert status["v000002"]["complete"] is False and "incomplete" in status["v000002"]["error"]
-    assert status["v000003"]["latest"] and status["v000003"]["ok"]
+
+    code, out, err = zerogr("push", str(build_out / "v000002"), remote, "--json")
+    assert code == 0, err
+    assert json.loads(out)["version"] == 2  # the dead push's own claim, taken over: one number
+    assert remote_keys(remote)["LATEST"] == b"v000002\n"
+    assert zerogr("pull", remote, str(host))[0] == 0
+    assert verify_bundle(host)["version"] == 2
 
 
-def test_a_claim_from_a_stale_listing_takes_the_next_free_number(remote):
+def test_a_claim_is_the_local_number_and_never_another_versions(remote):
     store = S3Store(RemoteOut.parse(remote))
     stale = list_versions(store)  # empty: both claimers below believe v1 is free
-    assert _claim(store, stale, "a" * 64) == 1
-    assert _claim(store, stale, "b" * 64) == 2  # v1's create-only write lost, so v2
+    assert _claim(store, stale, "a" * 64, 1, True) == 1
+    with pytest.raises(InputError, match="v000001: holds another version"):
+        _claim(store, stale, "b" * 64, 1, True)  # v1's create-only write lost, to another version
+    assert _claim(store, stale, "a" * 64, 1, True) == 1  # its own claim (a push of it that died)
+    assert _claim(store, list_versions(store), "c" * 64, 3, True) == 3
+    with pytest.raises(InputError, match="v000003: the fleet already holds a version above this one"):
+        _claim(store, list_versions(store), "d" * 64, 2, True)  # LATEST would never name it
+    assert _claim(store, list_versions(store), "d" * 64, 2, False) == 2  # --no-promote: a free number
 
 
 class RacingStore(S3Store):
@@ -518,7 +531,8 @@ def test_metrics_files_of_push_and_pull(tmp_path, build_out, remote):
     got = samples(push_prom)
     job = (("job", "push"),)
     assert got[("zerogr_job_exit_status", job)] == 0
-    assert got[("zerogr_bundle_version", job)] == 1
+    # build_out's LATEST is its v2: the fleet holds it as v2 too (one number), both in the metrics
+    assert got[("zerogr_bundle_version", job)] == got[("zerogr_bundle_remote_version", job)] == 2
     assert got[("zerogr_bundle_items", job)] == 1500
     assert ("zerogr_job_stage_duration_seconds", (("job", "push"), ("stage", "upload"))) in got
 
@@ -526,7 +540,7 @@ def test_metrics_files_of_push_and_pull(tmp_path, build_out, remote):
     assert zerogr("pull", remote, str(host), "--metrics-file", str(pull_prom))[0] == 0
     got = samples(pull_prom)
     job = (("job", "pull"),)
-    assert got[("zerogr_job_exit_status", job)] == 0 and got[("zerogr_bundle_version", job)] == 1
+    assert got[("zerogr_job_exit_status", job)] == 0 and got[("zerogr_bundle_version", job)] == 2
     ok_at = got[("zerogr_job_last_success_timestamp_seconds", job)]
     assert ("zerogr_job_stage_duration_seconds", (("job", "pull"), ("stage", "download"))) in got
 
@@ -538,15 +552,19 @@ def test_metrics_files_of_push_and_pull(tmp_path, build_out, remote):
 
 
 def test_bench_transfer_smoke(s3_env):
+    """The signed push and pull, this checkout beside a baseline checkout (here HEAD's, which exists in
+    any clone) in the same run."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_transfer.py"), "--smoke"],
+        [sys.executable, str(ROOT / "scripts" / "bench_transfer.py"), "--smoke", "--baseline-ref", "HEAD"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == 0, proc.stderr
-    assert "peak RSS" in proc.stdout and "MB/s" in proc.stdout
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("20k")]
+    assert [row.split()[1:3] for row in rows] == [["this", "checkout"], ["baseline", "HEAD"]], proc.stdout
+    assert "push RSS" in proc.stdout and "MB/s" in proc.stdout
 
 
 def test_an_upload_the_store_refuses_is_a_zerogr_error_not_a_crash(s3_env, tmp_path):
@@ -589,7 +607,8 @@ def test_a_version_pruned_before_its_manifest_is_read_is_a_retry_not_a_refusal(t
 
 def test_a_failed_transfer_cancels_the_files_not_started_yet():
     """The first failing object ends the transfer: the rest of the bundle is not moved first."""
-    from zerogr_build.fleet.remote import RemoteError, for_each_on_threads
+    from zerogr_build.fleet.remote import RemoteError
+    from zerogr_build.fleet.transfer import for_each_on_threads
 
     done = []
 

@@ -17,7 +17,14 @@ from zerogr_build.fleet.signing import Trust
 from zerogr_build.fleet.status import out_status
 from zerogr_build.testing import publish_catalog, random_catalog
 
-from .test_fleet import delete, tree, zerogr
+from .test_fleet import put, remote_keys, served, zerogr
+
+
+def change_manifest(remote: str, version: str) -> None:
+    """Change a pushed version's manifest on the store (its model tag): no longer what was signed."""
+    manifest = json.loads(remote_keys(remote)[f"{version}/manifest.json"])
+    manifest["model_version"] = "changed on the store"
+    put(remote, f"{version}/manifest.json", json.dumps(manifest).encode())
 
 
 @pytest.fixture()
@@ -63,7 +70,7 @@ def test_status_leaves_out_versions_pruned_while_it_reads_them(remote, three_pus
     assert report["ok"] is True, report
     assert [(v["name"], v["ok"]) for v in report["versions"]] == [("v000003", True)]
     # A version that still exists and fails is still a failure (exit 4 from the CLI).
-    delete(remote, "v000003/manifest.json.sig")
+    change_manifest(remote, "v000003")
     code, out, _ = zerogr("status", remote, "--json", "--trusted-keys", three_pushed)
     assert code == 4 and json.loads(out)["versions"][0]["ok"] is False
 
@@ -99,7 +106,7 @@ def test_status_keeps_a_row_for_the_version_latest_names_when_it_vanishes_mid_re
 def test_status_keeps_a_failing_version_when_the_store_cannot_say_if_it_is_still_there(remote, three_pushed):
     """A version fails its check, and the HEAD that would tell a concurrent prune from a real failure
     fails too: the row keeps its error, and status goes on with the other versions."""
-    delete(remote, "v000002/manifest.json.sig")
+    change_manifest(remote, "v000002")
 
     class HeadFails(S3Store):
         def head(self, name):
@@ -113,7 +120,7 @@ def test_status_keeps_a_failing_version_when_the_store_cannot_say_if_it_is_still
         ("v000002", False),
         ("v000003", True),
     ]
-    assert "manifest.json.sig" in report["versions"][1]["error"] and report["ok"] is False
+    assert "changed after it was signed" in report["versions"][1]["error"] and report["ok"] is False
 
 
 def test_a_disk_that_fills_during_the_download_is_exit_3_naming_the_out(
@@ -138,6 +145,6 @@ def test_a_disk_that_fills_during_the_download_is_exit_3_naming_the_out(
     assert code == 3, (out, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and str(host) in lines[0] and "disk filled" in lines[0] and ".tmp-" not in lines[0]
-    assert set(tree(host)) == {".lock"}  # the temp dir is gone: no version, no temp file
+    assert set(served(host)) == {".lock"}  # the temp dir is gone: no version, no temp file
     assert zerogr("pull", remote, str(host), "--trusted-keys", three_pushed)[0] == 0
     assert (Path(host) / "LATEST").read_text() == "v000003\n"

@@ -3,9 +3,10 @@ build -> verify -> push (signed with the build box's key) -> two hosts pull (tru
 follower on each swaps -> a new good version travels the same way and is swapped in while searches run -> a
 bad version is pushed (one object corrupted on the store after the push) and another one rewritten as an
 attacker with write access to the bucket would (a file swapped, the manifest's sha256 updated to match) ->
-both hosts' pulls refuse both (exit 4, one line naming the object or the signature), each local OUT
-byte-identical, the followers keep serving the last good version -> `zerogr status` (local and remote) and
-the --metrics-file files of build / verify / push / pull show all of it.
+both hosts' pulls refuse both (exit 4, one line naming the object, or the manifest the fleet's signed
+metadata does not match), what each host serves byte-identical, the followers keep serving the last good
+version -> `zerogr status` (local and remote) and the --metrics-file files of build / verify / push /
+pull show all of it.
 
 The CLI runs in subprocesses as on a real build box and cron; the followers run in this process, as in a
 serving process.
@@ -31,6 +32,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import zerogr_build as zg
 from zerogr_build.bundle import open_bundle
 
+from .test_fleet import served
+
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (8, 32, 64)
 D = 16
@@ -48,13 +51,6 @@ def ok(*args: str) -> str:
     proc = zerogr(*args)
     assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
     return proc.stdout
-
-
-def tree(path: Path) -> dict[str, str]:
-    return {
-        p.relative_to(path).as_posix(): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(path.rglob("*"))
-    }
 
 
 def metrics(path: Path) -> dict[str, float]:
@@ -184,12 +180,12 @@ def test_build_push_pull_follow_and_refuse_a_bad_version_on_two_hosts(tmp_path, 
         s3.put_object(Bucket=s3_bucket, Key=key, Body=bytes(body))
 
         for host, out in hosts.items():
-            before = tree(out)
+            before = served(out)
             proc = pull(host)
             assert proc.returncode == 4, (proc.stdout, proc.stderr)
             lines = proc.stderr.strip().splitlines()
             assert len(lines) == 1 and name in lines[0], proc.stderr
-            assert tree(out) == before
+            assert served(out) == before
             assert (out / "LATEST").read_text().strip() == "v000002"
 
         # Version 4 is pushed, then rewritten on the store: items.parquet swapped and the manifest's size
@@ -204,12 +200,13 @@ def test_build_push_pull_follow_and_refuse_a_bad_version_on_two_hosts(tmp_path, 
         s3.put_object(Bucket=s3_bucket, Key=prefix + "items.parquet", Body=bytes(items))
         s3.put_object(Bucket=s3_bucket, Key=prefix + "manifest.json", Body=json.dumps(manifest).encode())
         for host, out in hosts.items():
-            before = tree(out)
+            before = served(out)
             proc = pull(host)
             assert proc.returncode == 4, (proc.stdout, proc.stderr)
             lines = proc.stderr.strip().splitlines()
-            assert len(lines) == 1 and "v000004/manifest.json.sig" in lines[0], proc.stderr
-            assert tree(out) == before
+            assert len(lines) == 1 and "v000004/manifest.json" in lines[0], proc.stderr
+            assert "changed after it was signed" in lines[0]
+            assert served(out) == before
             assert (out / "LATEST").read_text().strip() == "v000002"
         time.sleep(0.5)  # ten polls of the followers: nothing to swap to, nothing fails
 
@@ -251,7 +248,7 @@ def test_build_push_pull_follow_and_refuse_a_bad_version_on_two_hosts(tmp_path, 
         ("v000004", False),
     ]
     assert name in report["versions"][2]["error"]
-    assert "manifest.json.sig" in report["versions"][3]["error"]
+    assert "changed after it was signed" in report["versions"][3]["error"]
     cheap = json.loads(zerogr("status", remote, "--json", *trusted).stdout)
     assert [v["ok"] for v in cheap["versions"]] == [True, True, True, False]
     table = zerogr("status", remote, "--verify", *trusted).stdout

@@ -169,8 +169,8 @@ def test_push_signing_key_signs_the_pushed_version_and_a_bad_key_is_a_set_up_err
     assert f"signed by {load_signing_key(key).key_id}" in done.stderr
     import boto3
 
-    signature = boto3.client("s3").get_object(Bucket=s3_bucket, Key="fleet/v000001/manifest.json.sig")
-    assert json.loads(signature["Body"].read())["key"] == load_signing_key(key).key_id
+    timestamp = boto3.client("s3").get_object(Bucket=s3_bucket, Key="fleet/tuf/timestamp.json")
+    assert json.loads(timestamp["Body"].read())["signed"]["_type"] == "timestamp"  # the fleet's metadata
     host = tmp_path / "host"
     pulled = invoke("pull", url, host, "--trusted-keys", f"{key}.pub")
     assert pulled.exit_code == 0, pulled.stderr

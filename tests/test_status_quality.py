@@ -86,9 +86,10 @@ def test_status_shows_the_gate_decisions_of_a_remote_out_and_flags_a_hostile_rec
     code, table = zerogr("status", remote, *trusted)
     assert code == 0 and "m-1: filter_first" in table and "m-2@2026: score_first" in table
 
-    # Someone rewrites the failed record on the store to claim the gate passed, same size: the sha256
-    # no longer matches the manifest, so the decision is not trusted and the version fails its check.
-    key = f"fleet/bundles/v000001/{quality_file_name('m-2@2026')}"
+    # Someone rewrites the failed record on the store (the fleet holds the version under its own number,
+    # v000002) to claim the gate passed, same size: the sha256 no longer matches the manifest, so the
+    # decision is not trusted and the version fails its check.
+    key = f"fleet/bundles/v000002/{quality_file_name('m-2@2026')}"
     s3 = boto3.client("s3")
     body = s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
     forged = body.replace(b'"score_first"', b'"filter_first"').replace(b'"passed": false', b'"passed": true')

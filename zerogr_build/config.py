@@ -39,7 +39,7 @@ def default_config_text() -> str:
 
 
 #: Tables a config file may hold.
-KNOWN_TABLES = frozenset({"build", "tune", "guards"})
+KNOWN_TABLES = frozenset({"build", "tune", "guards", "fleet"})
 MAX_CONFIG_BYTES = 1 << 20
 _INT_RE = re.compile(r"[+-]?[0-9]+")
 #: Where `zerogr build` runs: in this process, or partitioned on a Ray cluster.
@@ -253,6 +253,27 @@ def load_guard_thresholds(
 
     values, where = layered_values("guards", config_file, overrides, known, coerce)
     return GuardThresholds(**values).check(where)
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """The fleet's signed metadata, as push, rebuild --push, a remote promote and keys rotate sign it."""
+
+    timestamp_expiry_days: float = 3.0
+    """Days the signed timestamp stays valid: hosts refuse the fleet's metadata once it passes, so a
+    build box that stopped signing (every rebuild renews it) or a store someone froze is noticed."""
+
+
+def load_fleet_settings(config_file: str | Path | None = None) -> FleetSettings:
+    """Defaults, then the config file's [fleet] table. Unknown keys and bad values raise InputError."""
+
+    def coerce(key: str, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise InputError(f"{where}: {key} must be a number of days > 0, got {value!r}")
+        return float(value)
+
+    values, _ = layered_values("fleet", config_file, None, [f.name for f in fields(FleetSettings)], coerce)
+    return dataclasses.replace(FleetSettings(), **values)
 
 
 def _coerce_tune(key: str, value: Any, where: str) -> Any:

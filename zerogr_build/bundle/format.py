@@ -39,6 +39,10 @@ TEMP_PREFIX = ".tmp-"
 DEFAULT_OUT = "bundles"
 
 VERSION_DIR_RE = re.compile(r"v([0-9]{6,})\Z")  # ASCII digits only; used with fullmatch
+#: The highest version number (9 digits): a name past it is not a version zerogr writes, but a stray or
+#: hostile object, never taken for one (a number of any length would overflow the metrics' floats, the
+#: local file system's NAME_MAX, and every later number claimed after it).
+MAX_VERSION = 999_999_999
 
 # Allowed dtypes per array role (little-endian only). tokens may be uint16 only while V <= 65536.
 ROLE_DTYPES: dict[str, tuple[str, ...]] = {
@@ -57,9 +61,24 @@ def version_dir_name(version: int) -> str:
 
 
 def parse_version_dir(name: str) -> int | None:
-    """Version number of a version dir name, or None if the name is not one."""
+    """Version number of a version dir name, or None if the name is not one (a number past MAX_VERSION
+    included: see oversized_version_dir)."""
     match = VERSION_DIR_RE.fullmatch(name)
-    return int(match.group(1)) if match else None
+    if not match or len(match.group(1)) > len(str(MAX_VERSION)):
+        return None
+    return int(match.group(1))
+
+
+def oversized_version_dir(name: str) -> bool:
+    """True for a name shaped like a version dir whose number is past MAX_VERSION (v + 10 or more digits,
+    not v0000000001): a stray or hostile object, refused by name rather than ignored as "not a version"."""
+    match = VERSION_DIR_RE.fullmatch(name)
+    return bool(match) and len(match.group(1).lstrip("0")) > len(str(MAX_VERSION))
+
+
+def shown_version_dir(name: str) -> str:
+    """A version-like name for a message: whole when short, else its head and its length."""
+    return name if len(name) <= 24 else f"{name[:16]}...({len(name) - 1} digits)"
 
 
 def step_file_name(step: int, role: str) -> str:
@@ -135,7 +154,8 @@ def validate_manifest(manifest: Any, where: str = MANIFEST_NAME) -> dict:
         raise BundleError(
             f"{where}: format_version {format_version} is not supported (this reader reads {readable}){newer}"
         )
-    _need_count(manifest, "version", where, minimum=1)
+    if _need_count(manifest, "version", where, minimum=1) > MAX_VERSION:
+        raise BundleError(f"{where}: field 'version' is past {MAX_VERSION}")
     _need(manifest, "created_at", str, where)
     _need(manifest, "model_version", (str, type(None)), where)
     catalog = _need(manifest, "catalog", dict, where)

@@ -19,6 +19,7 @@ from .format import (
     DEFAULT_OUT,
     LATEST_NAME,
     MANIFEST_NAME,
+    MAX_VERSION,
     parse_version_dir,
     version_dir_name,
 )
@@ -82,7 +83,7 @@ def next_version(out: Path) -> int:
     counter = out / COUNTER_NAME
     with contextlib.suppress(FileNotFoundError):
         text = read_small_file(counter, SMALL_FILE_LIMIT).decode("ascii", errors="replace").strip()
-        if not (text.isascii() and text.isdigit()):
+        if not (text.isascii() and text.isdigit()) or len(text) > len(str(MAX_VERSION)):
             raise BundleError(
                 f"{counter}: not a version number (got {text[:40]!r}); write the highest version ever "
                 "published in this OUT dir into it"
@@ -92,7 +93,10 @@ def next_version(out: Path) -> int:
         latest = read_latest(out)
         if latest and parse_version_dir(latest) is not None:
             used.append(parse_version_dir(latest))
-    return max(used, default=0) + 1
+    number = max(used, default=0) + 1
+    if number > MAX_VERSION:
+        raise BundleError(f"{out}: version numbers end at {MAX_VERSION}; publish into a new OUT dir")
+    return number
 
 
 def replace_latest(out: Path, version_name: str) -> None:

@@ -13,6 +13,11 @@ command, e.g. `build`):
     zerogr_job_stage_duration_seconds{stage}    wall time per stage (read, build, publish, upload, ...)
     zerogr_bundle_items / _distinct_sids / _index_bytes / _version
                                                 what the run produced or handled, where it knows them
+    zerogr_bundle_remote_version                push: the fleet's number for the version pushed
+    zerogr_fleet_metadata_expires_timestamp_seconds / zerogr_fleet_latest_version
+                                                the fleet's signed metadata: when its timestamp expires,
+                                                and the version it names as LATEST (push, pull, status,
+                                                rebuild, promote of a remote version)
     zerogr_<job>_<name>                         a command's own gauges (pull: held; promote of a remote
                                                 version: previous_version), some labelled (rebuild:
                                                 guard_fired{guard})
@@ -54,6 +59,13 @@ BUNDLE_GAUGES = {
     "index_bytes": "Bytes of the bundle's step tables.",
     "version": "The bundle version number the run produced or handled.",
     "shared_sid_items_ratio": "Share of the bundle's items whose SID names another item too.",
+    "remote_version": "The fleet's number for the version a push published (the same as version, except "
+    "for versions pushed before the numbers were one).",
+}
+FLEET_GAUGES = {
+    "metadata_expires_timestamp_seconds": "When the fleet's signed timestamp expires (unix seconds): hosts "
+    "refuse it from then on.",
+    "latest_version": "The version the fleet's signed metadata names as LATEST.",
 }
 LAST_SUCCESS = f"{PREFIX}_job_last_success_timestamp_seconds"
 
@@ -72,6 +84,7 @@ class JobMetrics:
         # the command's own labelled gauges: name -> (help, {sorted label items: value})
         self.labelled: dict[str, tuple[str, dict[tuple[tuple[str, str], ...], float]]] = {}
         self.run_id: str | None = None  # set by write_start: the run is reported as running, then ended
+        self.fleet_values: dict[str, float] = {}
 
     def fail(self, stage: str, reason: str) -> None:
         """Name what failed: written as zerogr_job_failure_info{stage, reason} 1 when the run fails."""
@@ -97,7 +110,17 @@ class JobMetrics:
 
     def job_value(self, name: str, doc: str, value: float) -> None:
         """Record a gauge of the command's own, written as zerogr_<job>_<name>{job} (zerogr_pull_held)."""
-        self.own[name] = (doc, float(value))
+        number = finite(int(value) if isinstance(value, bool) else value)
+        if number is not None:
+            self.own[name] = (doc, number)
+
+    def fleet(self, *, expires: float | None = None, latest: int | None = None) -> None:
+        """Record what the fleet's signed metadata says: when its timestamp expires, and the version it
+        names as LATEST (None = unknown)."""
+        for name, value in (("metadata_expires_timestamp_seconds", expires), ("latest_version", latest)):
+            number = finite(value)
+            if number is not None:
+                self.fleet_values[name] = number
 
     def job_labelled(self, name: str, doc: str, labels: Mapping[str, str], value: float) -> None:
         """Record one series of a labelled gauge of the command's own: zerogr_<job>_<name>{job, labels}
@@ -130,8 +153,9 @@ class JobMetrics:
                 raise ValueError(f"unknown bundle metric {name!r}; known: {', '.join(BUNDLE_GAUGES)}")
             # Values can come from a manifest read off a remote store: anything but a finite real number
             # is left out, never allowed to fail the command it only describes.
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                self.values[name] = float(value)
+            number = finite(value)
+            if number is not None:
+                self.values[name] = number
 
     def write(self, exit_status: int) -> None:
         """Write the file atomically (a temp file in the same dir, then a rename). No-op without a path."""
@@ -189,6 +213,8 @@ class JobMetrics:
                 g.labels(job=self.job, stage=stage).set(seconds)
         for name, value in self.values.items():
             gauge(f"{PREFIX}_bundle_{name}", BUNDLE_GAUGES[name], value)
+        for name, value in self.fleet_values.items():
+            gauge(f"{PREFIX}_fleet_{name}", FLEET_GAUGES[name], value)
         for name, (doc, value) in self.own.items():
             gauge(f"{PREFIX}_{self.job}_{name}", doc, value)
         for name, (doc, series) in self.labelled.items():
@@ -197,6 +223,18 @@ class JobMetrics:
             for key, value in series.items():
                 g.labels(job=self.job, **dict(key)).set(value)
         replace_regular_file(self.path, generate_latest(registry))
+
+
+def finite(value: object) -> float | None:
+    """`value` as a float when it is a real number a float holds (an int past ~1.8e308, say a version
+    number read off a store, overflows); None otherwise (a bool, None, NaN, anything else)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 class NotARegularFile(OSError):

@@ -22,6 +22,26 @@ ConfigOpt = Annotated[
         show_default=False,
     ),
 ]
+FleetConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="TOML file with a [fleet] table: timestamp_expiry_days, how long the fleet's signed timestamp "
+        "stays valid (zerogr config --show-defaults prints one).",
+        show_default=False,
+    ),
+]
+PromoteConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="TOML file: its [guards] table for --guards on a local version, its [fleet] table "
+        "(timestamp_expiry_days) for a signed remote one (zerogr config --show-defaults prints both).",
+        show_default=False,
+    ),
+]
 BundleArg = Annotated[
     str | None,
     typer.Argument(
@@ -131,3 +151,10 @@ SigningKeyOpt = Annotated[
         show_default=False,
     ),
 ]
+
+
+def timestamp_expiry_s(config: Path | None) -> float:
+    """Seconds the fleet's signed timestamp stays valid: [fleet] timestamp_expiry_days of `config`."""
+    from ..config import load_fleet_settings
+
+    return load_fleet_settings(config).timestamp_expiry_days * 86400.0

@@ -102,7 +102,11 @@ def status_table(report: dict[str, Any]) -> Table:
     errors) is plain Text."""
     check = {"full": "verified", "sizes": "sizes ok", "sha256": "sha256 ok"}[report["check"]]
     title = f"{report['out']}: LATEST -> {report['latest'] or '(none)'}"
-    table = Table(title=plain(title), title_justify="left")
+    table = Table(title=plain(title), title_justify="left", caption_justify="left")
+    fleet = report.get("fleet")
+    if fleet:
+        signers = ", ".join(fleet["signed_by"])
+        table.caption = plain(f"signed metadata expires {fleet['expires_at']}; signed by {signers}")
     for name in ("version", "", "age", "size", "items", "model", "plans", "kernels", "gate", "check"):
         # Only the check column wraps: a long error there must not squeeze the other columns to nothing.
         table.add_column(

@@ -19,7 +19,8 @@ from ..bundle.versions import check_out_dir
 from ..config import INFER_CODEBOOK_SIZES, BuildSettings, load_guard_thresholds, load_settings, parse_int_list
 from ..fleet.pull_record import read_record
 from ..fleet.remote import is_remote
-from ..fleet.signing import check_local_signature, host_trust
+from ..fleet.signed_view import check_local_version
+from ..fleet.signing import host_trust
 from ..pipeline import build_bundle
 from ._errors import cli_errors, warnings_on_stderr
 from ._metrics import job_metrics
@@ -30,6 +31,7 @@ from ._options import (
     ItemColumnOpt,
     JsonOpt,
     MetricsFileOpt,
+    PromoteConfigOpt,
     SidColumnOpt,
     SidColumnsOpt,
     TrustedKeysOpt,
@@ -306,7 +308,16 @@ def promote(
         ),
     ] = False,
     accept_change: AcceptChangeOpt = None,
-    config: ConfigOpt = None,
+    signing_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--signing-key",
+            help="A remote version only: sign the rollback into the fleet's metadata with this Ed25519 "
+            "private key (the build box's); hosts with --trusted-keys follow only signed metadata.",
+            show_default=False,
+        ),
+    ] = None,
+    config: PromoteConfigOpt = None,
     metrics_file: MetricsFileOpt = None,
 ) -> None:
     """Point OUT/LATEST at VERSION_DIR, atomically under the OUT lock.
@@ -315,27 +326,31 @@ def promote(
     without moving LATEST, you verify or test it, then promote it. Also pins an older version (rollback);
     on an OUT that `zerogr pull` installs into, pull then leaves LATEST there until
     `zerogr pull --follow-remote`. The version's manifest and files (sizes, array headers) are checked
-    first; `zerogr verify` hashes them; with --trusted-keys its signature (manifest.json.sig) too. Prints
-    the LATEST it set. Exit 2 when VERSION_DIR is not a version dir of an OUT.
+    first; `zerogr verify` hashes them; with --trusted-keys its proof (manifest.json.sig, the fleet's
+    signed metadata its pull kept) too. Prints the LATEST it set. Exit 2 when VERSION_DIR is not a version
+    dir of an OUT.
 
     s3://bucket/prefix/vNNNNNN moves the remote LATEST to that version, backwards included: the fleet's
     rollback (push only moves it forwards). The version must be complete on the store (its manifest, and
-    every file it lists with its size) and signed by a key of --trusted-keys, as pull checks it (or
-    --allow-unsigned for an unsigned fleet: one of the two is required); LATEST moves by compare-and-swap
-    and the line printed names the version it replaced. Serving hosts follow on their next pull. Exit
-    codes as push: 2 configuration (no --trusted-keys nor --allow-unsigned included), 3 the store failed,
-    4 an incomplete version or one not signed by a trusted key, 5 no such version.
+    every file it lists with its size). On a signed fleet give --signing-key KEY: the version must have
+    been pushed signed, and new signed metadata names it as LATEST (its timestamp renewed, [fleet] of
+    --config); an unsigned fleet says --allow-unsigned, and LATEST moves by compare-and-swap. The line
+    printed names the version it replaced. Serving hosts follow on their next pull. Exit codes as push:
+    2 configuration (a signed fleet without --signing-key, neither option, a key the fleet does not
+    trust), 3 the store failed, 4 an incomplete version or one not signed, 5 no such version.
     """
     with job_metrics("promote", metrics_file) as metrics, cli_errors():
         thresholds = _guard_thresholds(config, guards, accept_change)
         if is_remote(version_dir):
             if thresholds is not None:
                 raise InputError("--guards compares local versions: promote the local version with --guards")
-            promote_remote(version_dir, metrics, trusted_keys, allow_unsigned)
+            promote_remote(version_dir, metrics, trusted_keys, allow_unsigned, signing_key, config)
             return
+        if signing_key is not None:
+            raise InputError("--signing-key is for a remote version (s3://bucket/prefix/vN)")
         trust = host_trust(trusted_keys, allow_unsigned, required=False, what=version_dir)
         if trust is not None and trust.keys and (Path(version_dir) / MANIFEST_NAME).is_file():
-            check_local_signature(Path(version_dir), trust)  # a dir that is no version: promote says so
+            check_local_version(Path(version_dir), trust)  # a dir that is no version: promote says so
         if thresholds is not None and (Path(version_dir) / MANIFEST_NAME).is_file():
             with metrics.stage("guards"):
                 enforce_guards(

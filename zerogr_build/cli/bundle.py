@@ -12,7 +12,8 @@ import typer
 
 from ..base.printable import safe_text
 from ..config import load_settings
-from ..fleet.signing import Trust, check_local_signature
+from ..fleet.signed_view import check_local_version
+from ..fleet.signing import Trust
 from ..pipeline import inspect_bundle, verify_with_catalog
 from ._errors import cli_errors, warnings_on_stderr
 from ._metrics import job_metrics
@@ -125,8 +126,10 @@ def verify(
 ) -> None:
     """Check a bundle: every file's sha256, the structural invariants of every step table and the leaf map,
     and with --catalog exact equality with the catalog. With --trusted-keys (a pulled version) also its
-    signature, manifest.json.sig: exit 4 when it is unsigned, signed by another key or changed after
-    signing. Exits non-zero naming the first bad file."""
+    proof, manifest.json.sig: the fleet's signed metadata that listed it, checked against the root
+    metadata its pull kept (OUT/.tuf) and the trusted keys: exit 4 when it is unsigned, signed by a key the
+    fleet does not trust (or no longer trusts) or changed after signing. Exits non-zero naming the first
+    bad file."""
     with job_metrics("verify", metrics_file) as metrics, cli_errors():
         overrides = catalog_column_overrides(sid_column, sid_columns, item_column)
         settings = load_settings(config, overrides)
@@ -141,7 +144,7 @@ def verify(
                 progress=progress,
             )
             if trust is not None:
-                report["signed_by"] = check_local_signature(Path(report["bundle"]), trust)
+                report["signed_by"] = check_local_version(Path(report["bundle"]), trust)
         metrics.bundle(
             items=report["items"], distinct_sids=report["leaves"],
             index_bytes=sum(step["bytes"] for step in report["steps"]), version=report["version"],

@@ -6,8 +6,9 @@ Exit codes of push and pull, for a scheduler (also in their --help and docs/flee
     2  bad usage or configuration (arguments, no credentials, access denied, no such bucket, an OUT that
        is not a mirror of the remote): fix it, do not retry
     3  the store could not be reached or failed, or the local disk is too small: retry later
-    4  refused: the version is incomplete, corrupt or hostile (pull), or the local version fails
-       verification (push); nothing was installed or published
+    4  refused: the version is incomplete, corrupt or hostile, or the fleet's signed metadata is expired,
+       replayed or not signed by its keys (pull); the local version fails verification (push); nothing
+       was installed or published
     5  pull only: nothing published yet (no remote LATEST) or no such --version
     1  anything else
 """
@@ -22,8 +23,10 @@ from typing import Annotated
 
 import typer
 
+from ..base.errors import InputError
 from ..base.printable import safe_text
 from ..bundle.format import parse_version_dir
+from ..fleet.metadata import ExpiredFleetMetadata
 from ..fleet.pull import pull_version
 from ..fleet.push import push_version
 from ..fleet.remote import RemoteOut, is_remote
@@ -34,11 +37,13 @@ from ._metrics import JobMetrics, job_metrics
 from ._options import (
     AllowUnsignedOpt,
     ConfigOpt,
+    FleetConfigOpt,
     JsonOpt,
     MetricsFileOpt,
     SigningKeyOpt,
     TrustedKeysOpt,
     bundle_path,
+    timestamp_expiry_s,
 )
 from ._progress import progress_for
 from ._render import human_bytes, status_table, stdout_console
@@ -89,32 +94,37 @@ def push(
     keep: KeepOpt = None,
     signing_key: SigningKeyOpt = None,
     allow_unsigned: PushAllowUnsignedOpt = False,
+    config: FleetConfigOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
     metrics_file: MetricsFileOpt = None,
 ) -> None:
     """Publish a verified local version to a remote OUT with the same layout (prefix/vNNNNNN/, prefix/LATEST).
 
-    The version is verified (every sha256 and invariant) first. A new remote number is claimed with a
-    create-only write, every file is uploaded and read back (size and sha256), with --signing-key the
-    manifest's signature (manifest.json.sig), the manifest last, and LATEST moves by compare-and-swap.
-    Pushing a version pushed before (and signed by the same key) uploads nothing. Without --signing-key
-    the version is unsigned (one warning): hosts with --trusted-keys refuse it, so it is not promoted over
-    a remote LATEST that names a signed version (exit 2, before anything is uploaded) unless
-    --allow-unsigned. Credentials: the standard AWS_* environment (AWS_ENDPOINT_URL for an S3-compatible
-    server); needs zerogr[s3].
+    The version is verified (every sha256 and invariant) first. It keeps its number: remote vN for local
+    vN, claimed with a create-only write (exit 2 when the fleet holds another version under it, or a
+    higher one to promote over). Every file is uploaded and read back (size and sha256), the manifest
+    last. With --signing-key the fleet's signed metadata (tuf/) then lists it and, unless --no-promote,
+    names it as LATEST, and its timestamp is renewed ([fleet] timestamp_expiry_days of --config). Pushing
+    a version pushed before uploads nothing. Without --signing-key the version is unsigned (one warning):
+    hosts with --trusted-keys follow only the signed metadata, so on a signed fleet the plain LATEST is
+    not moved (exit 2, before anything is uploaded) unless --allow-unsigned. Credentials: the standard
+    AWS_* environment (AWS_ENDPOINT_URL for an S3-compatible server); needs zerogr[s3].
     """
-    with job_metrics("push", metrics_file) as metrics, cli_errors():
+    with job_metrics("push", metrics_file) as metrics, cli_errors(), warnings_on_stderr():
         timings: dict[str, float] = {}
         try:
             with progress_for(quiet or json_out) as progress:
                 result = push_version(
                     version_dir, dest, promote=promote, keep=keep, signing_key=signing_key,
-                    allow_unsigned=allow_unsigned, progress=progress, timings=timings,
+                    allow_unsigned=allow_unsigned, timestamp_expiry_s=timestamp_expiry_s(config),
+                    progress=progress, timings=timings,
                 )  # fmt: skip
         finally:
             metrics.add_stages(timings)
-        metrics.bundle_from_manifest(result.manifest, result.version)
+        metrics.bundle_from_manifest(result.manifest, result.local_version)
+        metrics.bundle(remote_version=result.version)
+        metrics.fleet(expires=result.expires, latest=result.fleet_latest)
         url = f"{result.url}/v{result.version:06d}"
         if result.signed_by is None:
             sys.stderr.write(
@@ -186,16 +196,17 @@ def pull(
 ) -> None:
     """Install the version the remote LATEST names (or --version N) into OUT and point OUT/LATEST at it.
 
-    For a cron job on every serving host. The version's signature is checked first against
-    --trusted-keys (unsigned, an unknown key or a change after signing: refused, exit 4); a host that
-    trusts no key must say --allow-unsigned. Each file streams to a temp dir under OUT, its size and sha256
-    checked as it arrives (memory does not grow with the bundle); the version appears by one rename under
-    OUT's lock, as a local publish. Already there: nothing is downloaded (exit 0). A truncated, corrupt,
-    incomplete or hostile remote version is refused with one line naming the object, and OUT stays as it
-    was. A LATEST promoted here away from the version pull last installed (a rollback of this host) is
-    held: pull downloads nothing, leaves it and says so in one line on stderr (exit 0, metric
-    zerogr_pull_held 1) until --follow-remote. Credentials: the standard AWS_* environment; needs
-    zerogr[s3].
+    For a cron job on every serving host. With --trusted-keys, the fleet's signed metadata is checked
+    first (python-tuf: the keys anchor its root; expired, replayed or mixed metadata, a version not signed
+    or changed after signing: refused, exit 4, naming the file or the expiry); the version its LATEST
+    names is pulled. A host that trusts no key must say --allow-unsigned. Each file streams to a temp dir
+    under OUT, its size and sha256 checked as it arrives (memory does not grow with the bundle); the
+    version appears by one rename under OUT's lock, as a local publish. Already there: nothing is
+    downloaded (exit 0). A truncated, corrupt, incomplete or hostile remote version is refused with one
+    line naming the object, and OUT stays as it was. A LATEST promoted here away from the version pull
+    last installed (a rollback of this host) is held: pull downloads nothing, leaves it and says so in one
+    line on stderr (exit 0, metric zerogr_pull_held 1) until --follow-remote. Credentials: the standard
+    AWS_* environment; needs zerogr[s3].
     """
     with job_metrics("pull", metrics_file) as metrics, cli_errors(), warnings_on_stderr():
         timings: dict[str, float] = {}
@@ -207,8 +218,12 @@ def pull(
                     source, out, version=version, keep=keep, verify=verify, follow_remote=follow_remote,
                     trust=trust, progress=progress, timings=timings,
                 )  # fmt: skip
+        except ExpiredFleetMetadata as exc:  # the alert on the expiry fires from this gauge
+            metrics.fleet(expires=exc.expires)
+            raise
         finally:
             metrics.add_stages(timings)
+        metrics.fleet(expires=result.expires, latest=result.fleet_latest)
         held_doc = "1 when OUT/LATEST was promoted here and pull left it there (a local rollback)."
         metrics.job_value("held", held_doc, result.held is not None)
         info = result.as_dict()
@@ -273,24 +288,34 @@ def status(
     allow_unsigned: AllowUnsignedOpt = False,
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
+    metrics_file: MetricsFileOpt = None,
 ) -> None:
     """List the versions of an OUT: which one LATEST names, each one's age, size, model tag, plans and
     kernels, the quality gate's recorded decision per model tag, and whether it passes its check.
 
     Local versions are verified completely (every sha256 and invariant, as `zerogr verify`). Remote ones
     get a cheap check: a valid manifest and every listed object present with its exact size; --verify also
-    downloads and hashes every object. With --trusted-keys each version's signature is checked too (a
-    remote OUT needs --trusted-keys or --allow-unsigned). Exit codes: 0 LATEST names a version that passes
-    and no complete version fails; 4 otherwise (a failing version, or no usable LATEST); 2 bad usage or
-    configuration;
-    3 the store could not be reached; 1 anything else.
+    downloads and hashes every object. With --trusted-keys a remote OUT's signed metadata is checked as a
+    host checks it (LATEST is the version it names; when it expires is shown, and written to
+    --metrics-file), and every version must be signed; a local version's proof is checked against the
+    metadata its pull kept (a remote OUT needs --trusted-keys or --allow-unsigned). Exit codes: 0 LATEST
+    names a version that passes and no complete version fails; 4 otherwise (a failing version, no usable
+    LATEST, expired or unsigned metadata); 2 bad usage or configuration; 3 the store could not be
+    reached; 1 anything else.
     """
-    with cli_errors():
+    with job_metrics("status", metrics_file) as metrics, cli_errors():
         where = target if target is not None else bundle_path(None, config)
         remote = is_remote(where)
         what = RemoteOut.parse(where).url if remote else where  # a bad URL is refused first, redacted
         trust = host_trust(trusted_keys, allow_unsigned, required=remote, what=what)
-        report = out_status(where, verify=verify, trust=trust)
+        try:
+            report = out_status(where, verify=verify, trust=trust)
+        except ExpiredFleetMetadata as exc:
+            metrics.fleet(expires=exc.expires)
+            raise
+        fleet = report.get("fleet") or {}
+        latest = parse_version_dir(report["latest"]) if isinstance(report["latest"], str) else None
+        metrics.fleet(expires=fleet.get("expires"), latest=latest if fleet else None)
         if json_out:
             sys.stdout.write(json.dumps(report, default=str) + "\n")
         else:
@@ -300,21 +325,33 @@ def status(
 
 
 def promote_remote(
-    url: str, metrics: JobMetrics, trusted_keys: list[Path] | None, allow_unsigned: bool
+    url: str,
+    metrics: JobMetrics,
+    trusted_keys: list[Path] | None,
+    allow_unsigned: bool,
+    signing_key: Path | None,
+    config: Path | None,
 ) -> None:
     """`zerogr promote s3://bucket/prefix/vNNNNNN`: move the remote LATEST to that complete version, backwards
-    included (a fleet rollback), by compare-and-swap, once its signature checks against --trusted-keys
-    (or --allow-unsigned: one of the two is required, as for pull); one line on stdout naming both
-    versions, and the previous version in the metrics (zerogr_promote_previous_version; 0: there was no
-    LATEST)."""
+    included (a fleet rollback): with --signing-key, new signed metadata naming it (a signed fleet; it
+    must have been pushed signed), else by compare-and-swap on an unsigned fleet (--allow-unsigned); one
+    line on stdout naming both versions, and the previous version in the metrics
+    (zerogr_promote_previous_version; 0: there was no LATEST)."""
     from ..fleet.remote import parse_version_url
     from ..fleet.rollback import move_remote_latest
 
     remote, _ = parse_version_url(url)  # a URL that breaks the rules is refused first, redacted
-    trust = host_trust(trusted_keys, allow_unsigned, required=True, what=remote.url)
+    trust = None
+    if signing_key is None:
+        trust = host_trust(trusted_keys, allow_unsigned, required=True, what=remote.url)
+    elif allow_unsigned:
+        raise InputError("--signing-key and --allow-unsigned contradict each other; give one")
     with metrics.stage("promote"):
-        move = move_remote_latest(url, trust=trust)
+        move = move_remote_latest(
+            url, trust=trust, signing_key=signing_key, timestamp_expiry_s=timestamp_expiry_s(config)
+        )
     metrics.bundle_from_manifest(move.manifest, move.version)
+    metrics.fleet(expires=move.expires, latest=move.version if move.signed_by else None)
     previous = parse_version_dir(move.previous) if move.previous else None
     metrics.job_value("previous_version", "The version remote LATEST named before this run.", previous or 0)
     target = f"v{move.version:06d}"
@@ -322,4 +359,7 @@ def promote_remote(
         sys.stdout.write(f"{move.url}/LATEST -> {target} (already)\n")
         return
     direction = " (backwards: a rollback)" if previous is not None and previous > move.version else ""
-    sys.stdout.write(f"{move.url}/LATEST: {safe_text(move.previous or '(none)')} -> {target}{direction}\n")
+    signed = f", signed by {move.signed_by}" if move.signed_by else ""
+    sys.stdout.write(
+        f"{move.url}/LATEST: {safe_text(move.previous or '(none)')} -> {target}{direction}{signed}\n"
+    )

@@ -1,5 +1,6 @@
-"""`zerogr keys new`: the Ed25519 key pair that signs the versions a build box pushes (docs/fleet.md,
-"Signed versions"). The logic is the library's (fleet/keys.py)."""
+"""`zerogr keys new`: the Ed25519 key pair that signs the versions a build box pushes, and `zerogr keys
+rotate`: a fleet's signed metadata moved to new keys (docs/fleet.md, "Signed versions"). The logic is the
+library's (fleet/keys.py, fleet/rotate.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import typer
 
 from ..fleet.keys import new_key
 from ._errors import cli_errors
-from ._options import JsonOpt
+from ._options import FleetConfigOpt, JsonOpt, timestamp_expiry_s
 
 keys_app = typer.Typer(
     name="keys",
     help="Signing keys for pushed versions: the build box signs with the private key, every serving host "
-    "trusts the public one (zerogr push --signing-key, zerogr pull --trusted-keys).",
+    "trusts the public one (zerogr push --signing-key, zerogr pull --trusted-keys); rotate moves a fleet "
+    "to new keys.",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
@@ -58,4 +60,59 @@ def new(
             f"{made.public_line}\n"
             f"key id {made.key_id}: private key {made.private_path} (mode 0600, build box only), "
             f"public key {made.public_path} (for every host's --trusted-keys)\n"
+        )
+
+
+@keys_app.command("rotate")
+def rotate(
+    remote: Annotated[
+        str, typer.Argument(help="The remote OUT: s3://bucket/prefix", metavar="S3_URL", show_default=False)
+    ],
+    signing_key: Annotated[
+        list[Path],
+        typer.Option(
+            "--signing-key",
+            help="The fleet's current private key (repeat it when its root needs several).",
+            metavar="KEY",
+            show_default=False,
+        ),
+    ],
+    new_key: Annotated[
+        list[Path],
+        typer.Option(
+            "--new-key",
+            help="A new private key (zerogr keys new); repeat it for several. Every one signs the new root.",
+            metavar="KEY",
+            show_default=False,
+        ),
+    ],
+    threshold: Annotated[
+        int, typer.Option("--threshold", help="How many of the new keys must sign a later root.")
+    ] = 1,
+    config: FleetConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Move a fleet's signed metadata to new keys: a new root metadata version names the new keys for
+    every role (the root role needs --threshold of them), signed by the current keys and the new ones;
+    the rest of the metadata is signed again. Serving hosts follow it on their next pull, with their
+    trusted-keys file unchanged; from then on the retired keys are refused everywhere (a push signed with
+    one is exit 2, metadata signed only by one is exit 4 on the hosts). Sign with the new key from now on
+    (push --signing-key, rebuild --push-signing-key); a new host can then trust the new public key alone.
+    Exit 2 for keys the fleet's root does not name, 3 when the store failed, 4 when its metadata does not
+    verify."""
+    from ..fleet.metadata import iso
+    from ..fleet.rotate import rotate_keys
+
+    with cli_errors():
+        done = rotate_keys(
+            remote, signing_key, new_key, threshold=threshold, timestamp_expiry_s=timestamp_expiry_s(config)
+        )
+        if json_out:
+            sys.stdout.write(json.dumps(done.__dict__) + "\n")
+            return
+        retired = f"; retired {', '.join(done.retired)}" if done.retired else ""
+        sys.stdout.write(
+            f"{done.url}/tuf/{done.root_version}.root.json: the fleet's keys are {', '.join(done.keys)} "
+            f"(root threshold {done.threshold}){retired}; its metadata expires {iso(done.expires)}. Hosts "
+            "follow on their next pull; sign with the new key from now on\n"
         )

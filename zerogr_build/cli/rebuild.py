@@ -303,6 +303,7 @@ def _run(request: Any, metrics: JobMetrics, run_id: str) -> None:
         raise
     finally:
         report_run(metrics, result)
+        metrics.fleet(**result.fleet)
         if "gate" in result.stages and result.version_dir is not None:
             _gate_metrics(metrics, result.version_dir)
     if result.exit_code == EXIT_LOCKED:
@@ -393,7 +394,10 @@ def _request(build_args: Sequence[str], **opts: Any) -> Any:
         )
     push = None
     if opts["push"] is not None:
-        push = PushSpec(opts["push"], opts["push_keep"], opts["push_signing_key"])
+        from ._options import timestamp_expiry_s
+
+        expiry = timestamp_expiry_s(config)
+        push = PushSpec(opts["push"], opts["push_keep"], opts["push_signing_key"], expiry)
     for option in ("push_keep", "push_signing_key"):
         if push is None and opts[option] is not None:
             raise InputError(f"--{option.replace('_', '-')} needs --push")

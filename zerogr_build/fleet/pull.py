@@ -2,22 +2,26 @@
 cron job on every serving host (docs/bundle-format.md, "Remote OUT"; docs/fleet.md).
 
 The remote is untrusted input (the trust rules of docs/bundle-format.md section 12):
-  1. read remote LATEST (at most 4 KiB, a version dir name) and vNNNNNN/manifest.json (at most 64 MiB):
-     the schema, every file name (relative, no '..', no reserved name), `version` = N; then its signature
-     (vNNNNNN/manifest.json.sig) against the host's trusted keys, unless the fleet is unsigned (signing.py).
+  1. with trusted keys, refresh the fleet's signed metadata into OUT/.tuf (signed_view.py: expired, replayed,
+     mixed or unsigned metadata is refused) and take the version its LATEST names; read
+     vNNNNNN/manifest.json (at most 64 MiB) and check its length and sha256 against the signed targets.
+     On an unsigned fleet, the version remote LATEST names (at most 4 KiB, a version dir name). Then the
+     manifest: the schema, every file name (relative, no '..', no reserved name), `version` = N.
   2. list the version's objects: every listed file must exist with exactly its declared size (a missing,
      truncated or half-uploaded version is refused here, before anything is written); the sum of the
      sizes must fit the local disk's free space with a margin, and every name the local file system.
   3. under the OUT lock, claim a temp dir OUT/.tmp-<tag>/ (the local publish protocol, lock.py).
   4. stream each object into its file there, one chunk at a time, hashing as it goes and never reading
      past the declared size; then its size and sha256 must equal the manifest's. fsync each file.
-  5. write the remote manifest's exact bytes and its signature's (whenever the remote has a well-formed
-     one: checked with trusted keys, stored unchecked on an unsigned fleet), open the version (headers
-     against the manifest; with verify=True every invariant, as `zerogr verify`).
+  5. write the remote manifest's exact bytes and, on a signed fleet, the signed targets metadata that lists
+     it as the version's proof (manifest.json.sig, for `zerogr verify --trusted-keys` on the host); open
+     the version (headers against the manifest; with verify=True every invariant, as `zerogr verify`).
   6. under the OUT lock: rename the temp dir to vNNNNNN, record the counter, record the move of LATEST
      as pull's (pull_record.py: the versions before and after), replace LATEST, mark the move done,
      prune.
-A version that is already installed downloads nothing; it gets the remote signature if it lacks one.
+A version that is already installed downloads nothing; on a signed fleet every installed version the
+signed targets list gets their current bytes as its proof (after a key rotation, or a host that pulled
+unsigned before).
 A LATEST promoted locally away from what pull last set is held: pull leaves it (and downloads nothing)
 unless follow_remote.
 Any refusal is one line naming the remote object; the temp dir is removed, so the OUT is as it was. A
@@ -35,12 +39,12 @@ from pathlib import Path
 
 from ..base.errors import BundleError, InputError
 from ..base.progress import NULL_PROGRESS, Progress
-from ..bundle.files import atomic_replace_bytes, fsync_dir, read_small_file, temp_tag, write_bytes_durable
+from ..bundle.files import atomic_replace_bytes, fsync_dir, read_small_file, write_bytes_durable
 from ..bundle.format import (
     COUNTER_NAME,
     MANIFEST_NAME,
+    MAX_VERSION,
     SIGNATURE_NAME,
-    TEMP_PREFIX,
     parse_version_dir,
     version_dir_name,
 )
@@ -57,12 +61,12 @@ from .remote import (
     RemoteError,
     RemoteOut,
     S3Store,
-    for_each_on_threads,
     version_name,
 )
 from .remote_version import check_objects, parse_remote_manifest, read_remote_manifest, remote_latest_number
-from .signing import Trust, remote_signature, require_trust
-from .transfer import TransferResult
+from .signed_view import METADATA_CACHE, SignedView, read_signed_view, refresh_proofs
+from .signing import Trust, require_trust
+from .transfer import TransferResult, for_each_on_threads
 
 PULL_THREADS = 4
 
@@ -92,6 +96,7 @@ def _pulled(
     total: int,
     manifest: dict,
     signed_by: str | None,
+    view: SignedView | None,
 ) -> PullResult:
     return PullResult(
         url=url,
@@ -105,6 +110,8 @@ def _pulled(
         pruned=moved[1],
         signed_by=signed_by,
         held=moved[2],
+        expires=view.expires if view is not None else None,
+        fleet_latest=view.latest if view is not None else None,
     )
 
 
@@ -134,8 +141,8 @@ def pull_version(
     incomplete, corrupt or hostile: nothing installed), RemoteError / NotEnoughSpace (retry later)."""
     if keep is not None and (isinstance(keep, bool) or int(keep) < 1):
         raise InputError(f"--keep must be >= 1, got {keep}")
-    if version is not None and (isinstance(version, bool) or int(version) < 1):
-        raise InputError(f"--version must be >= 1, got {version}")
+    if version is not None and (isinstance(version, bool) or not 1 <= int(version) <= MAX_VERSION):
+        raise InputError(f"--version must be between 1 and {MAX_VERSION}, got {version}")
     remote = RemoteOut.parse(url)
     trust = require_trust(trust, remote.url)
     out = check_out_dir(out_dir)
@@ -143,14 +150,21 @@ def pull_version(
     store = store or S3Store(remote)
 
     t0 = time.perf_counter()
-    number = version if version is not None else remote_latest_number(store)
+    view = None
+    if trust.keys:
+        out.mkdir(parents=True, exist_ok=True)
+        view = read_signed_view(store, out / METADATA_CACHE, trust)
+    number = version if version is not None else _latest_number(store, view)
     try:
         raw = read_remote_manifest(store, number, named_by_latest=version is None)
-        signature, signed_by = remote_signature(store, number, raw, trust)
+        if view is not None:
+            view.check_manifest(number, raw, store.remote.name_url(version_name(number, MANIFEST_NAME)))
         manifest = parse_remote_manifest(store, number, raw)
     except RefusedRemoteVersion:  # pruned between the read of LATEST and the manifest's GET: a retry
         _latest_moved(store, number, version)
         raise
+    signed_by = ", ".join(view.signed_by) if view is not None else None
+    proof = view.targets_raw if view is not None else None
     timings["manifest"] = time.perf_counter() - t0
     entries = manifest["files"]
     total = sum(int(e["bytes"]) for e in entries.values())
@@ -159,13 +173,13 @@ def pull_version(
     held = None if follow_remote else held_latest(out, final.name)
     if held is not None:
         moved = (False, [], held)
-        return _pulled(remote.url, out, number, False, moved, len(entries), total, manifest, signed_by)
-    existing = _installed(final, raw)
+        return _pulled(remote.url, out, number, False, moved, len(entries), total, manifest, signed_by, view)
+    existing = _installed(store, number, final, raw)
     if existing:
         with out_lock(out):
-            _add_signature(out, final, signature)
+            _refresh(out, view)
             moved = _point_latest_locked(out, final, keep, remote.url, follow_remote)
-        return _pulled(remote.url, out, number, False, moved, len(entries), total, manifest, signed_by)
+        return _pulled(remote.url, out, number, False, moved, len(entries), total, manifest, signed_by, view)
 
     t0 = time.perf_counter()
     try:
@@ -190,20 +204,20 @@ def pull_version(
             _latest_moved(store, number, version)
             raise
         write_bytes_durable(claim.dir / MANIFEST_NAME, raw)
-        if signature is not None:
-            write_bytes_durable(claim.dir / SIGNATURE_NAME, signature)
+        if proof is not None:
+            write_bytes_durable(claim.dir / SIGNATURE_NAME, proof)
         fsync_dir(claim.dir)
         timings["download"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         _check_installed_copy(store, number, claim.dir, verify)
         timings["verify"] = time.perf_counter() - t0
         with out_lock(out):
-            if _installed(final, raw):  # a concurrent pull of the same version won the rename
+            if _installed(store, number, final, raw):  # a concurrent pull of the same version won the rename
                 claim.release()
-                _add_signature(out, final, signature)
+                _refresh(out, view)
                 moved = _point_latest_locked(out, final, keep, remote.url, follow_remote)
                 return _pulled(
-                    remote.url, out, number, False, moved, len(entries), total, manifest, signed_by
+                    remote.url, out, number, False, moved, len(entries), total, manifest, signed_by, view
                 )
             if final.exists() or final.is_symlink():
                 raise InputError(
@@ -214,6 +228,7 @@ def pull_version(
             fsync_dir(out)
             atomic_replace_bytes(out / COUNTER_NAME, f"{counter}\n".encode())
             moved = _point_latest_locked(out, final, keep, remote.url, follow_remote)
+            _refresh(out, view)
             claim.release()
     except BaseException as exc:
         with out_lock(out):
@@ -223,7 +238,21 @@ def pull_version(
                 f"{out}: the disk filled during the download ({exc.strerror}); nothing was installed"
             ) from None
         raise
-    return _pulled(remote.url, out, number, True, moved, len(entries), total, manifest, signed_by)
+    return _pulled(remote.url, out, number, True, moved, len(entries), total, manifest, signed_by, view)
+
+
+def _latest_number(store: S3Store, view: SignedView | None) -> int:
+    """The version to pull: the one the signed metadata names (signed fleet), else remote LATEST's."""
+    if view is None:
+        return remote_latest_number(store)
+    if view.latest is None:
+        raise NothingPublished(f"{store.remote.url}: the fleet's signed metadata names no LATEST yet")
+    return view.latest
+
+
+def _refresh(out: Path, view: SignedView | None) -> None:
+    if view is not None:
+        refresh_proofs(out, view)
 
 
 def _latest_moved(store: S3Store, number: int, asked: int | None) -> None:
@@ -242,13 +271,19 @@ def _latest_moved(store: S3Store, number: int, asked: int | None) -> None:
         )
 
 
-def _installed(final: Path, raw: bytes) -> bool:
-    """True when the local version dir already holds exactly this manifest."""
+def _installed(store: S3Store, number: int, final: Path, raw: bytes) -> bool:
+    """True when the local version dir already holds exactly this manifest. A local path the file system
+    cannot hold (its name past NAME_MAX or PATH_MAX) is RefusedRemoteVersion naming the remote version."""
     try:
         local = read_small_file(final / MANIFEST_NAME, MAX_MANIFEST_BYTES)
     except (FileNotFoundError, NotADirectoryError):
         return False
     except BundleError:
+        if _too_long(final / MANIFEST_NAME):
+            raise RefusedRemoteVersion(
+                f"{store.remote.name_url(version_dir_name(number))}: its local path {final} is too long for "
+                "this file system"
+            ) from None
         local = b""
     if hashlib.sha256(local).digest() == hashlib.sha256(raw).digest():
         return True
@@ -256,6 +291,15 @@ def _installed(final: Path, raw: bytes) -> bool:
         f"{final}: holds a different version than the remote one (this OUT is not a mirror of the remote; "
         "pull into an OUT dir that only pull writes)"
     )
+
+
+def _too_long(path: Path) -> bool:
+    """True when `path`'s name, or the whole path, is past the file system's limits."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno == errno.ENAMETOOLONG
+    return False
 
 
 def _point_latest_locked(
@@ -281,22 +325,6 @@ def _point_latest_locked(
     write_record(out, final.name, url)
     pruned = prune_versions(out, int(keep)) if keep is not None else []
     return moved, pruned, None
-
-
-def _add_signature(out: Path, final: Path, signature: bytes | None) -> None:
-    """Give the installed version `final` the remote signature it lacks (installed by a pull that did not
-    store it): written beside OUT's other temp files, then renamed in. An existing one is left as it is.
-    Call under the OUT lock."""
-    target = final / SIGNATURE_NAME
-    if signature is None or target.exists() or target.is_symlink():
-        return
-    temp = out / f"{TEMP_PREFIX}{temp_tag()}-{SIGNATURE_NAME}"
-    try:
-        write_bytes_durable(temp, signature)
-        os.rename(temp, target)
-    finally:
-        temp.unlink(missing_ok=True)
-    fsync_dir(final)
 
 
 def _download(store: S3Store, number: int, entries: dict, tmp: Path, progress: Progress) -> None:

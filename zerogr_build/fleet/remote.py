@@ -23,14 +23,22 @@ import hashlib
 import os
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, BinaryIO
 
 from ..base.errors import BundleError, InputError, ZerogrError, one_line
 from ..base.printable import printable, safe_text
 from ..base.redact import redact, redact_url
-from ..bundle.format import LATEST_NAME, MANIFEST_NAME, parse_version_dir, version_dir_name
+from ..bundle.format import (
+    LATEST_NAME,
+    MANIFEST_NAME,
+    MAX_VERSION,
+    oversized_version_dir,
+    parse_version_dir,
+    shown_version_dir,
+    version_dir_name,
+)
 
 CLAIM_NAME = ".claim"
 STREAM_CHUNK = 1 << 20
@@ -145,9 +153,13 @@ class RemoteOut:
 
 
 def parse_version_url(url: str) -> tuple[RemoteOut, int]:
-    """``s3://bucket/prefix/vNNNNNN`` -> (the remote OUT, N); InputError (exit 2) naming it otherwise."""
+    """``s3://bucket/prefix/vNNNNNN`` -> (the remote OUT, N); InputError (exit 2) naming it otherwise, and
+    RefusedRemoteVersion (exit 4) for a version number past MAX_VERSION (a stray or hostile object)."""
     head, _, last = str(url).rstrip("/").rpartition("/")
     number = parse_version_dir(last)
+    if oversized_version_dir(last) and head.startswith("s3://"):
+        RemoteOut.parse(head)
+        raise RefusedRemoteVersion(f"{safe_text(head)}/{oversized_note(last)}")
     if number is None or not head.startswith("s3://"):
         raise InputError(
             f"{safe_text(redact_url(url))}: not a remote version (expected s3://bucket/prefix/vNNNNNN)"
@@ -389,6 +401,7 @@ class RemoteVersions:
     objects: dict[int, dict[str, RemoteObject]]
     latest: str | None
     latest_etag: str | None
+    oversized: list[str] = field(default_factory=list)
 
     def complete(self) -> list[int]:
         """Version numbers whose manifest.json exists (the manifest is uploaded last), ascending."""
@@ -416,26 +429,21 @@ def list_versions(store: S3Store) -> RemoteVersions:
     """One listing of the remote OUT grouped by version number (objects not under a vNNNNNN/ are
     ignored), and its LATEST."""
     by_version: dict[int, dict[str, RemoteObject]] = {}
+    oversized: set[str] = set()
     for obj in store.list():
         head, _, rest = obj.name.partition("/")
         number = parse_version_dir(head)
         if number is not None and rest:
             by_version.setdefault(number, {})[rest] = obj
+        elif oversized_version_dir(head):
+            oversized.add(head)
     latest, etag = read_latest(store)
-    return RemoteVersions(by_version, latest, etag)
+    return RemoteVersions(by_version, latest, etag, sorted(oversized))
 
 
-def for_each_on_threads(work: Callable[[str], None], names: list[str], threads: int) -> None:
-    """work(name) for every name on a pool of `threads`; the first error is raised once the transfers
-    already running have ended, and the names not started yet are cancelled (a bad first object does not
-    move the rest of the bundle first)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool = ThreadPoolExecutor(max_workers=threads)
-    try:
-        for future in [pool.submit(work, name) for name in names]:
-            future.result()
-    except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
+def oversized_note(name: str) -> str:
+    """What to say of a version-like name past MAX_VERSION."""
+    return (
+        f"{shown_version_dir(name)}: a version number past {MAX_VERSION} is not one zerogr writes (a stray "
+        "or hostile object; delete it)"
+    )

@@ -13,9 +13,15 @@ from __future__ import annotations
 import json
 
 from ..base.errors import BundleError
-from ..bundle.format import MANIFEST_NAME, parse_version_dir, validate_manifest, version_dir_name
+from ..bundle.format import (
+    MANIFEST_NAME,
+    oversized_version_dir,
+    parse_version_dir,
+    validate_manifest,
+    version_dir_name,
+)
 from ..bundle.reader import MAX_MANIFEST_BYTES
-from .remote import NothingPublished, RefusedRemoteVersion, S3Store, read_latest, version_name
+from .remote import NothingPublished, RefusedRemoteVersion, S3Store, oversized_note, read_latest, version_name
 
 #: Files one manifest may list (a bundle has a few dozen: steps, leaves, items, plans, kernels).
 MAX_FILES = 10_000
@@ -28,6 +34,8 @@ def remote_latest_number(store: S3Store) -> int:
     if name is None:
         raise NothingPublished(f"{store.remote.name_url('LATEST')}: missing (nothing promoted yet)")
     number = parse_version_dir(name)
+    if oversized_version_dir(name):
+        raise RefusedRemoteVersion(f"{store.remote.name_url('LATEST')}: names {oversized_note(name)}")
     if number is None:
         raise RefusedRemoteVersion(
             f"{store.remote.name_url('LATEST')}: does not name a version dir (got {name[:80]!r})"

@@ -6,8 +6,11 @@ Checks: a local version is verified completely (`verify_bundle`: every sha256 an
 version gets a cheap check by default: its manifest is valid and names its own number, and every listed
 file exists with exactly its declared size (one listing, no download); `verify=True` also streams every
 object and checks its sha256 (the whole bundle is read, memory stays at one chunk per stream). Given
-trusted keys, every version's manifest.json.sig is checked too (signing.py), remote and local; a remote
-OUT is read only with trusted keys or as an unsigned fleet (Trust.unsigned()).
+trusted keys, a remote OUT's signed metadata is read as a host reads it (signed_view.py: expired,
+replayed or unsigned metadata is refused, exit 4), LATEST is the version it names, and every version must
+be in its targets with exactly its manifest bytes; a local version's proof (manifest.json.sig) is checked
+against the metadata its pull kept. A remote OUT is read only with trusted keys or as an unsigned fleet
+(Trust.unsigned()). A version-like prefix past MAX_VERSION is a failing row naming it.
 
 A remote version whose manifest is gone by the time it is read was pruned by a concurrent push: it is
 left out, not reported as failing, unless LATEST names it (then its row says it was removed, and the
@@ -21,24 +24,23 @@ rule is shown as {"file", "error"}, never as a decision, and fails its version's
 from __future__ import annotations
 
 import hashlib
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from ..base.errors import BundleError, InputError, ZerogrError, one_line
-from ..bundle.format import (
-    MANIFEST_NAME,
-    parse_version_dir,
-    version_dir_name,
-)
+from ..bundle.format import MANIFEST_NAME, parse_version_dir, shown_version_dir, version_dir_name
 from ..bundle.quality import MAX_QUALITY_BYTES, load_quality, parse_quality, quality_key_of, quality_row
 from ..bundle.reader import load_manifest
 from ..bundle.verify import verify_bundle
 from ..bundle.versions import read_latest, version_dirs
-from .remote import CLAIM_NAME, RemoteOut, S3Store, is_remote, list_versions, version_name
+from .metadata import iso
+from .remote import CLAIM_NAME, RemoteOut, S3Store, is_remote, list_versions, oversized_note, version_name
 from .remote_version import parse_remote_manifest, read_remote_manifest
-from .signing import Trust, check_local_signature, remote_signature, require_trust
+from .signed_view import SignedView, check_local_version, read_signed_view
+from .signing import Trust, require_trust
 
 
 def out_status(
@@ -53,7 +55,9 @@ def out_status(
     "quality" lists the gate's recorded decisions, one {"file", "model_version",
     "order", "passed", "min_overlap", "max_recall_gap",
     "worst_overlap"} per record, or {"file", "error"} for one that breaks the format. "ok" (top level) is
-    True when LATEST names a complete version that passes its check and no complete version fails it."""
+    True when LATEST names a complete version that passes its check and no complete version fails it.
+    A remote OUT read with trusted keys also has "fleet": {"latest", "expires", "expires_at",
+    "signed_by"}, what its signed metadata says."""
     if is_remote(str(target)):
         return _remote_status(RemoteOut.parse(str(target)), verify, store, trust)
     return _local_status(Path(target), trust)
@@ -110,7 +114,8 @@ def _empty(number: int, latest: str | None) -> dict[str, Any]:
 
 def _overall(versions: list[dict]) -> bool:
     named = [v for v in versions if v["latest"]]
-    return bool(named) and named[0]["ok"] and all(v["ok"] for v in versions if v["complete"])
+    broken = [v for v in versions if v["complete"] or v.get("hostile")]
+    return bool(named) and named[0]["ok"] and all(v["ok"] for v in broken)
 
 
 def _local_status(out: Path, trust: Trust | None) -> dict:
@@ -134,7 +139,7 @@ def _local_status(out: Path, trust: Trust | None) -> dict:
             entry["quality"] = _local_quality(path, manifest)
             verify_bundle(path)
             if trust is not None and trust.keys:
-                entry["signed_by"] = check_local_signature(path, trust)
+                entry["signed_by"] = check_local_version(path, trust)
             entry["ok"] = True
         except ZerogrError as exc:
             entry["error"] = one_line(exc)
@@ -153,9 +158,15 @@ def _local_status(out: Path, trust: Trust | None) -> dict:
 def _remote_status(remote: RemoteOut, verify: bool, store: S3Store | None, trust: Trust | None) -> dict:
     trust = require_trust(trust, remote.url)
     store = store or S3Store(remote)
+    view = None
+    if trust.keys:
+        with tempfile.TemporaryDirectory(prefix="zerogr-status-") as cache:
+            view = read_signed_view(store, Path(cache), trust)
     state = list_versions(store)
     latest = state.latest
-    versions = []
+    if view is not None:
+        latest = version_dir_name(view.latest) if view.latest is not None else None
+    versions = [_oversized_row(remote, name) for name in state.oversized]
     for number in sorted(state.objects):
         objects = state.objects[number]
         entry = _empty(number, latest)
@@ -171,7 +182,7 @@ def _remote_status(remote: RemoteOut, verify: bool, store: S3Store | None, trust
             continue
         entry["complete"] = True
         try:
-            manifest, entry["signed_by"] = _remote_manifest(store, number, trust)
+            manifest, entry["signed_by"] = _remote_manifest(store, number, view)
             entry.update(_summary(manifest))
             entry["quality"] = _remote_quality(store, number, manifest)
             _check_remote_files(store, number, manifest, objects, verify)
@@ -190,7 +201,7 @@ def _remote_status(remote: RemoteOut, verify: bool, store: S3Store | None, trust
                     "hosts cannot pull it"
                 )
         versions.append(entry)
-    return {
+    report = {
         "out": remote.url,
         "remote": True,
         "check": "sha256" if verify else "sizes",
@@ -198,6 +209,22 @@ def _remote_status(remote: RemoteOut, verify: bool, store: S3Store | None, trust
         "ok": _overall(versions),
         "versions": versions,
     }
+    if view is not None:
+        report["fleet"] = {
+            "latest": latest,
+            "expires": view.expires,
+            "expires_at": iso(view.expires),
+            "signed_by": view.signed_by,
+        }
+    return report
+
+
+def _oversized_row(remote: RemoteOut, name: str) -> dict[str, Any]:
+    """The failing row of a version-like prefix past MAX_VERSION."""
+    entry = _empty(0, None)
+    entry.update(name=shown_version_dir(name), unpromoted=False, hostile=True)
+    entry["error"] = f"{remote.url}/{oversized_note(name)}"
+    return entry
 
 
 def _removed_since_listing(store: S3Store, number: int) -> bool:
@@ -247,12 +274,14 @@ def _remote_quality(store: S3Store, number: int, manifest: dict) -> list[dict[st
     return rows
 
 
-def _remote_manifest(store: S3Store, number: int, trust: Trust) -> tuple[dict, str | None]:
-    """(the remote manifest, the trusted key id that signed it or None on an unsigned fleet): the
-    signature is checked before the manifest is parsed."""
+def _remote_manifest(store: S3Store, number: int, view: SignedView | None) -> tuple[dict, str | None]:
+    """(the remote manifest, the key ids that signed the targets listing it, or None on an unsigned
+    fleet): its bytes are checked against the signed targets before the manifest is parsed."""
     raw = read_remote_manifest(store, number, named_by_latest=True)
-    signed_by = remote_signature(store, number, raw, trust)[1] if trust.keys else None
-    return parse_remote_manifest(store, number, raw), signed_by
+    if view is None:
+        return parse_remote_manifest(store, number, raw), None
+    view.check_manifest(number, raw, store.remote.name_url(version_name(number, MANIFEST_NAME)))
+    return parse_remote_manifest(store, number, raw), ", ".join(view.signed_by)
 
 
 def _check_remote_files(store: S3Store, number: int, manifest: dict, objects: dict, verify: bool) -> None:

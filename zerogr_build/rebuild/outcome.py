@@ -68,6 +68,7 @@ class RebuildResult:
     facts: dict[str, float] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)
     pushed: Any = None  # the PushResult of --push
+    fleet: dict[str, Any] = field(default_factory=dict)  # the fleet's signed metadata: expires, latest
 
     def fail(self, code: int, stage: str, message: str) -> RebuildResult:
         """Record the failure (the first one wins: a later clean-up problem never hides it)."""

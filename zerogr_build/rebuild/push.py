@@ -1,5 +1,6 @@
-"""The push stage of a rebuild: the promoted version to the fleet's remote OUT (fleet.push), and the
-`zerogr push` line that retries it when it fails."""
+"""The fleet stages of a rebuild: the promoted version to the fleet's remote OUT (fleet.push), the
+`zerogr push` line that retries it when it fails, and the renewal of the fleet's signed timestamp on a run
+that pushed nothing."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ def push_stage(
 
     try:
         result.pushed = push_version(
-            vdir, push.url, promote=True, keep=push.keep, signing_key=push.signing_key, progress=progress
-        )
+            vdir, push.url, promote=True, keep=push.keep, signing_key=push.signing_key,
+            timestamp_expiry_s=push.timestamp_expiry_s, progress=progress,
+        )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - promoted here; the fleet keeps its version until a retry
         if result.failure is not None:  # a failed push outranks 5 and 10: the fleet did not get the version
             result.notes.append(result.failure.message)
@@ -36,6 +38,9 @@ def push_stage(
         )
         return
     pushed = result.pushed
+    result.facts["remote_version"] = pushed.version
+    if pushed.expires is not None:
+        result.fleet = {"expires": pushed.expires, "latest": pushed.fleet_latest}
     log(
         f"pushed {vdir.name} to {pushed.url} as v{pushed.version:06d}"
         + (" (LATEST moved)" if pushed.promoted else f" (remote LATEST stays {pushed.latest})")
@@ -53,3 +58,24 @@ def retry_push(push: PushSpec, vdir: Path) -> str:
     if push.signing_key is not None:
         words += ["--signing-key", str(push.signing_key)]
     return shlex.join(words)
+
+
+def renew_stage(push: PushSpec, result: RebuildResult, log: Callable[[str], None]) -> None:
+    """Renew the fleet's signed timestamp on a run with a signing key that did not push (a signed push
+    renews it), whether or not it built a version: hosts refuse the fleet's metadata once it expires, so a
+    build box that stops signing is noticed, while one that runs keeps it fresh. A failure is
+    EXIT_PUSH_FAILED unless the run failed already."""
+    from ..fleet.metadata import iso
+    from ..fleet.repository import renew_metadata
+
+    try:
+        done = renew_metadata(push.url, push.signing_key, timestamp_expiry_s=push.timestamp_expiry_s)
+    except Exception as exc:  # noqa: BLE001 - the run's own outcome stands; the fleet goes stale
+        if result.failure is not None:
+            result.notes.append(f"renewing the fleet's signed metadata failed too: {failure_message(exc)}")
+        else:
+            result.fail(EXIT_PUSH_FAILED, "renew", failure_message(exc))
+        log(f"renewing the signed metadata of {redact(push.url)} failed: {failure_message(exc)}")
+        return
+    result.fleet = {"expires": done.expires, "latest": done.latest}
+    log(f"renewed the signed metadata of {redact(push.url)}: it expires {iso(done.expires)}")

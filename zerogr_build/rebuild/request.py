@@ -21,6 +21,7 @@ class PushSpec:
     url: str
     keep: int | None = None
     signing_key: str | None = None
+    timestamp_expiry_s: float | None = None  # the fleet's signed timestamp's life (None: the default)
 
 
 @dataclass(frozen=True)
