@@ -85,7 +85,7 @@ def test_a_truncated_export_is_refused_and_the_fleet_keeps_its_version(catalogs,
     accepted = rebuild(catalogs, "truncated", out, "--push", url, "--metrics-file", prom,
                        "--accept-change", "the catalog lost a market on purpose")  # fmt: skip
     assert accepted.exit_code == 0, accepted.output
-    assert (out / "LATEST").read_text() == "v000003\n" and remote()[0] == b"v000002\n"
+    assert (out / "LATEST").read_text() == "v000003\n" and remote()[0] == b"v000003\n"
     assert load_manifest(out / "v000003")["accept_change"]["reason"] == "the catalog lost a market on purpose"
     got = metrics(prom)
     reason = "the catalog lost a market on purpose"

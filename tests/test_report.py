@@ -154,6 +154,14 @@ def test_the_report_shows_what_each_version_records(rebuilt) -> None:
         for k, share in record["overlap"].items():
             assert gate[f"overlap@{k}"] == f"{100 * share:.2f}%"
     assert "v000001 → v000002" in page
+    old, new = sids[1], sids[2]  # item i has SID old[i] / new[i]
+    changes = page.split("Changes between the last two versions")[1]
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", changes)
+    assert dict(zip(cells[::2], cells[1::2], strict=True)) == {
+        "items_added": str(len(new) - len(old)), "items_removed": "0",
+        "items_sid_changed": str(sum(a != b for a, b in zip(old, new, strict=False))),
+        "items_common": str(len(old)), "sids_comparable": "True", "model_tag_changed": "True",
+    }  # fmt: skip
 
 
 def test_the_page_loads_nothing_and_escapes_every_string_of_a_bundle(rebuilt) -> None:
@@ -204,6 +212,8 @@ def test_rebuild_report_writes_the_page_and_the_gate_gauges(rebuilt) -> None:
     work, out = rebuilt["work"], rebuilt["out"]
     page = (work / "report.html").read_text()
     assert [row["version"].split()[0] for row in tables(page)["Versions"]] == ["v000001", "v000002"]
+    changes = re.findall(r"<td[^>]*>(.*?)</td>", page.split("Changes between the last two versions")[1])
+    assert changes[:2] == ["items_added", str(CATALOGS[2][0] - CATALOGS[1][0])]
     (record_file,) = (out / "v000002" / "quality").glob("*.json")
     record = json.loads(record_file.read_text())
     got = metrics(work / "m.prom")
@@ -292,7 +302,7 @@ window.addEventListener("load", () => {
 
 @needs_browser
 def test_the_report_renders_in_chromium(rebuilt, tmp_path: Path) -> None:
-    """Headless Chromium lays the page out (its four tables, every plot with a width, nothing wider than the
+    """Headless Chromium lays the page out (its five tables, every plot with a width, nothing wider than the
     window) and screenshots it (written to the test's temp dir for a human to look at)."""
     pytest.importorskip("matplotlib")
     page = report_html(rebuilt["out"])
@@ -303,7 +313,7 @@ def test_the_report_renders_in_chromium(rebuilt, tmp_path: Path) -> None:
     found = re.search(r'data-probe="([^"]*)"', done.stdout)
     assert found, done.stderr[-2000:]
     probe = json.loads(found.group(1).replace("&quot;", '"'))
-    assert probe["tables"] == 4 and len(probe["svgs"]) == 5 and min(probe["svgs"]) > 200, probe
+    assert probe["tables"] == 5 and len(probe["svgs"]) == 5 and min(probe["svgs"]) > 200, probe
     assert not probe["wide"], "the page is wider than the window"
     (tmp_path / "report.html").write_text(page)
     png = tmp_path / "report.png"

@@ -89,13 +89,16 @@ def trusted_files(draw, keys: list[str]) -> tuple[str, int | None]:
         else:
             lines.append(draw(st.sampled_from(["", " ", "\t "])))
     hidden_at = None
+    ends = [draw(st.sampled_from(["\n", "\r\n"])) for _ in lines]
     if draw(st.booleans()):
         hidden_at = draw(st.integers(0, len(lines) - 1))
         line = lines[hidden_at]
         cut = draw(st.integers(0, len(line)))
-        lines[hidden_at] = line[:cut] + draw(st.sampled_from(HIDDEN)) + line[cut:]
+        hidden = draw(st.sampled_from(HIDDEN))
+        lines[hidden_at] = line[:cut] + hidden + line[cut:]
+        if hidden == "\r" and cut == len(line):  # "\r\n" alone is a line end; "\r\r\n" hides one
+            ends[hidden_at] = "\r\n"
         hidden_at += 1
-    ends = [draw(st.sampled_from(["\n", "\r\n"])) for _ in lines]
     return "".join(line + end for line, end in zip(lines, ends, strict=True)), hidden_at
 
 

@@ -1,4 +1,5 @@
-"""`zerogr config`: the packaged default config, every [build] and [tune] key with its default."""
+"""`zerogr config`: the packaged default config, every [build], [tune], [guards] and [fleet] key with its
+default."""
 
 from __future__ import annotations
 

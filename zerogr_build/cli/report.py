@@ -52,5 +52,4 @@ def write_out_report(out: Path, output: Path, last: int, plots: bool | None) -> 
 
         if not available():
             raise InputError("--plots needs matplotlib: install zerogr with its [report] extra")
-    # The changes between the last two versions are passed here as diff=... once a version diff exists.
     return write_report(out, output, last, plots=plots)
