@@ -1,7 +1,7 @@
 """mkdocs hook: what the site shows of the Markdown sources.
 
 - The `# needs: ...` first line of a code block is a marker for the runnable-docs test
-  (tests/test_docs_examples.py), not for readers: it is dropped from the rendered page.
+  (tests_docs/test_docs_examples.py), not for readers: it is dropped from the rendered page.
 - The repository's README.md is published as the page readme.md ("README"), its links into docs/ rewritten
   to the pages they name, so the site has the README's content without a copy to keep in step.
 """

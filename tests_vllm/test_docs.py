@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.test_docs_examples import REPO, RUN_LANGS, _scratch, fenced_blocks, run_block
+from tests_docs.test_docs_examples import REPO, RUN_LANGS, _scratch, fenced_blocks, run_block
 
 
 def test_the_vllm_guide_runs(tmp_path):

@@ -1,6 +1,7 @@
 """The fleet stages of a rebuild: the promoted version to the fleet's remote OUT (fleet.push), the
-`zerogr push` line that retries it when it fails, and the renewal of the fleet's signed timestamp on a run
-that pushed nothing."""
+`zerogr push` line that retries it when it fails, the check that LATEST ever reached the fleet (a run with
+unchanged inputs pushes a version whose last push failed), and the renewal of the fleet's signed
+timestamp on a run that pushed nothing."""
 
 from __future__ import annotations
 
@@ -46,6 +47,21 @@ def push_stage(
         + (" (LATEST moved)" if pushed.promoted else f" (remote LATEST stays {pushed.latest})")
         + (f", signed by {pushed.signed_by}" if pushed.signed_by else ", unsigned (no --push-signing-key)")
     )
+
+
+def never_pushed(push: PushSpec, vdir: Path, log: Callable[[str], None]) -> bool:
+    """True when the fleet's remote OUT holds no complete copy of version `vdir` (no vNNNNNN/manifest.json
+    under its number): its push failed, or never ran. A copy that is there, named by LATEST or not, counts
+    as pushed: a fleet rolled back from it stays rolled back. When the store cannot be asked, True: the
+    push then fails with its own error and retry line."""
+    from ..bundle.format import MANIFEST_NAME
+    from ..fleet.remote import RemoteOut, S3Store
+
+    try:
+        return S3Store(RemoteOut.parse(push.url)).head(f"{vdir.name}/{MANIFEST_NAME}") is None
+    except Exception as exc:  # noqa: BLE001 - the push that follows reports it
+        log(f"could not ask {redact(push.url)} for {vdir.name}: {failure_message(exc)}")
+        return True
 
 
 def retry_push(push: PushSpec, vdir: Path) -> str:

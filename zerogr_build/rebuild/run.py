@@ -49,7 +49,7 @@ from .outcome import (
     failure_message,
 )
 from .preflight import DiskFull, check_push_target, disk_full_message, is_disk_full, make_room
-from .push import push_stage, renew_stage
+from .push import never_pushed, push_stage, renew_stage
 from .request import RebuildRequest, check_request, previous_version
 
 Log = Callable[[str], None]
@@ -398,10 +398,21 @@ def _fleet(
 ) -> None:
     """The fleet's part of the run, reached by every run that got past preflight: one that promoted a new
     version, one that made none (its inputs had not changed) and one whose version failed. Anything the
-    fleet needs on every run goes here; --push publishes a version this run promoted, and a run with a
-    signing key that had nothing to push renews the fleet's signed timestamp."""
+    fleet needs on every run goes here; --push publishes a version this run promoted, or LATEST when the
+    inputs had not changed and its own push never completed (it failed, and nothing changed since); a run
+    with a signing key that had nothing to push renews the fleet's signed timestamp."""
     if request.push is not None and result.promoted:
         assert result.version_dir is not None
+        with stage("push"):
+            push_stage(request.push, result.version_dir, result, progress, log)
+    elif (
+        request.push is not None
+        and result.unchanged
+        and result.version_dir is not None
+        and never_pushed(request.push, result.version_dir, log)
+    ):
+        shown = redact(request.push.url)
+        log(f"LATEST {result.version_dir.name} is not on {shown} (its push failed): pushing it")
         with stage("push"):
             push_stage(request.push, result.version_dir, result, progress, log)
     elif request.push is not None and request.push.signing_key is not None:
