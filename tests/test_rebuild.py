@@ -154,17 +154,17 @@ def test_push_publishes_what_was_promoted_and_a_failed_push_exits_12(catalog, tm
     for key in ("signed/v000009/manifest.json.sig", "signed/LATEST"):
         s3.delete_object(Bucket=s3_bucket, Key=key)
     for run in range(2):
-        again = run_rebuild(*_args(catalog, out, "--push", f"s3://{s3_bucket}/signed"), cwd=tmp_path)
-        assert again.returncode == 0 and again.stdout == f"{(out / 'v000003').resolve()}\n", again.stderr
+        again = invoke("rebuild", *_args(catalog, out, "--push", f"s3://{s3_bucket}/signed"))
+        assert again.exit_code == 0 and again.stdout == f"{(out / 'v000003').resolve()}\n", again.stderr
         assert ("LATEST v000003 is not on" in again.stderr) == (run == 0), again.stderr
         assert s3.get_object(Bucket=s3_bucket, Key="signed/LATEST")["Body"].read() == b"v000003\n"
     # A fleet rolled back from a version it holds stays rolled back.
-    assert run_rebuild(*_args(catalog, out, "--push", url), cwd=tmp_path).returncode == 0
+    assert invoke("rebuild", *_args(catalog, out, "--push", url)).exit_code == 0
     assert s3.get_object(Bucket=s3_bucket, Key="fleet/LATEST")["Body"].read() == b"v000003\n"
     rollback = invoke("promote", f"{url}/v000002", "--allow-unsigned")
     assert rollback.exit_code == 0, rollback.output
-    kept = run_rebuild(*_args(catalog, out, "--push", url), cwd=tmp_path)
-    assert kept.returncode == 0 and "is not on" not in kept.stderr, kept.stderr
+    kept = invoke("rebuild", *_args(catalog, out, "--push", url))
+    assert kept.exit_code == 0 and "is not on" not in kept.stderr, kept.stderr
     assert s3.get_object(Bucket=s3_bucket, Key="fleet/LATEST")["Body"].read() == b"v000002\n"
 
 
