@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from zerogr_build.bundle import publish_bundle
 from zerogr_build.bundle.diff import diff_versions
-from zerogr_build.bundle.diff_math import fanout
+from zerogr_build.bundle.diff_math import fanout, rank_right
 from zerogr_build.index import build_index
 
 from .cli_runs import invoke
@@ -140,6 +140,34 @@ def test_fanout_is_mean_nearest_rank_p99_and_max(counts):
     ranked = sorted(counts)
     assert got.p99 == ranked[math.ceil(0.99 * len(ranked)) - 1] and got.max == ranked[-1]
     assert math.isclose(got.mean, sum(counts) / len(counts))
+
+
+@settings(deadline=None)
+@given(
+    st.sampled_from([np.int32, np.int64, np.uint32]),
+    st.lists(st.integers(0, 2**31 - 1), max_size=60),
+    st.integers(-(2**40), 2**40),
+)
+@example(np.int32, [0, 5, 5, 9], 2**33)  # past the dtype: everything is <= it
+@example(np.uint32, [0, 5, 5, 9], -1)  # below it: nothing is
+def test_rank_right_counts_the_values_at_or_below(dtype, values, value):
+    sorted_values = np.array(sorted(values), dtype=dtype)
+    assert rank_right(sorted_values, value) == sum(v <= value for v in values)
+
+
+def test_rank_right_does_not_convert_the_array():
+    """Given a Python int, NumPy converted an int32 array to int64 whole on every search (O(n) time and
+    memory per batch of a diff); the search allocates nothing the size of the array."""
+    import tracemalloc
+
+    big = np.arange(4_000_000, dtype=np.int32)  # 16 MB; an int64 copy would be 32 MB
+    tracemalloc.start()
+    try:
+        assert rank_right(big, 1_234_567) == 1_234_568
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000, f"the search allocated {peak:,} bytes"
 
 
 def test_ids_of_different_kinds_never_match(tmp_path):

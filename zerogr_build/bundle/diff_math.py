@@ -182,8 +182,8 @@ def leaf_keys(
     spans[steps - 1] = (lo, hi)
     for t in range(steps - 1, 0, -1):
         pos_lo, pos_hi = spans[t]
-        row_lo = int(np.searchsorted(starts[t], pos_lo, side="right")) - 1
-        row_hi = int(np.searchsorted(starts[t], pos_hi - 1, side="right"))
+        row_lo = rank_right(starts[t], pos_lo) - 1
+        row_hi = rank_right(starts[t], pos_hi - 1)
         spans[t - 1] = (row_lo, row_hi)
     keys = np.zeros((1, layout.words), dtype=np.uint64)  # step 0's one row: the empty prefix
     row_lo = 0
@@ -207,12 +207,24 @@ def _spread(offsets, leaf_lo, keys, first, out):
         out[i, :] = keys[leaf - leaf_lo, :]
 
 
+def rank_right(sorted_values: np.ndarray, value: int) -> int:
+    """How many of `sorted_values` (an ascending integer array [n], memory-mapped is fine) are <= `value`,
+    by binary search. The value is cast to the array's dtype first: given a Python int, NumPy converts an
+    int32 array to int64 whole before searching (O(n) per call)."""
+    info = np.iinfo(sorted_values.dtype)
+    if value > info.max:
+        return int(sorted_values.shape[0])
+    if value < info.min:
+        return 0
+    return int(np.searchsorted(sorted_values, sorted_values.dtype.type(value), side="right"))
+
+
 def item_leaf_span(offsets: np.ndarray | None, first: int, stop: int) -> tuple[int, int]:
     """The leaves (lo, hi) holding items first .. stop-1 (offsets None: leaf j is item j)."""
     if offsets is None:
         return first, stop
-    lo = int(np.searchsorted(offsets, first, side="right")) - 1
-    hi = int(np.searchsorted(offsets, stop - 1, side="right"))
+    lo = rank_right(offsets, first) - 1
+    hi = rank_right(offsets, stop - 1)
     return lo, hi
 
 
