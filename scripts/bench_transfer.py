@@ -7,7 +7,9 @@ processes (so each measures only itself), for this checkout's code and for the b
 `push_version` signed with the key (verify, upload with per-part SHA-256, a read-back check of every
 object's size and sha256, then the signature: here the fleet's signed metadata, in the baseline whatever
 it did) and `pull_version` with the key trusted into an empty OUT (the signature check, then each file
-streamed to disk with its size and sha256 checked as it arrives). Each code pushes to its own prefix. It
+streamed to disk with its size and sha256 checked as it arrives). Each code pushes to its own prefix,
+emptied after its pull (moto keeps objects in memory). With --repeats N the pairs run N times, the order
+of the two codes alternating, and each number is the median of its N runs (peak RSS: the largest). It
 prints, per code: push and pull MB/s (upload and download stages, the bytes moved), their whole wall
 time (the signing and its check included), and each child's peak RSS (VmHWM). The idle row is a child that
 imports the modules and opens the S3 client but moves nothing.
@@ -17,7 +19,7 @@ signed metadata), removed at the end; `--baseline-ref none` measures this checko
 
     PYTHONPATH=. python scripts/bench_transfer.py                 # 1M and 20M items (int64 ids), and a
                                                                   # ~1 GB bundle (25M items, 32-char ids)
-    PYTHONPATH=. python scripts/bench_transfer.py --only 25M-long-ids   # the ~1 GB version only
+    PYTHONPATH=. python scripts/bench_transfer.py --only 25M-long-ids --repeats 4   # the ~1 GB version
     PYTHONPATH=. python scripts/bench_transfer.py --smoke         # tiny
     PYTHONPATH=. python scripts/bench_transfer.py --work /tmp/zg-bench   # keep catalogs and bundles
 
@@ -35,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from statistics import median
 
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "zerogr-bench"
@@ -157,6 +160,18 @@ def baseline_checkout(ref: str, work: Path) -> Path:
     return path
 
 
+def empty_prefix(endpoint: str, prefix: str) -> None:
+    """Delete every object under `prefix` of the bench bucket (moto holds them in memory)."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bench",
+                      aws_secret_access_key="bench")  # fmt: skip
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+        keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+        for start in range(0, len(keys), 1000):
+            s3.delete_objects(Bucket=BUCKET, Delete={"Objects": keys[start : start + 1000]})
+
+
 def remove_checkout(path: Path) -> None:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], capture_output=True)
 
@@ -168,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny bundles only")
     parser.add_argument("--only", help="one size of the full run (1M, 20M or 25M-long-ids)")
     parser.add_argument("--work", type=Path, help="keep catalogs and bundles here (default: a temp dir)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each push/pull pair (medians shown)")
     parser.add_argument(
         "--baseline-ref", default=DEFAULT_BASELINE,
         help=f"the commit measured as the baseline in the same run (default {DEFAULT_BASELINE}); none: skip",
@@ -210,16 +226,21 @@ def main(argv: list[str] | None = None) -> None:
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bench",
                      aws_secret_access_key="bench").create_bucket(Bucket=BUCKET)  # fmt: skip
         idle = child(ROOT, "idle", f"s3://{BUCKET}/none", "-", key, env)
-        rows = []
-        for name, items, _ in sizes:
-            for label, code in codes.items():  # each code its own prefix and host; one after the other
-                url = f"s3://{BUCKET}/{name}-{len(rows)}"
-                pushed = child(code, "push", str(versions[name]), url, key, env)
-                host = work / f"host-{name}"
-                shutil.rmtree(host, ignore_errors=True)
-                pulled = child(code, "pull", url, str(host), key, env)
-                shutil.rmtree(host, ignore_errors=True)
-                rows.append((name, items, label, pushed, pulled))
+        runs: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
+        prefix = 0
+        for name, _, _ in sizes:
+            for repeat in range(max(1, args.repeats)):
+                order = list(codes.items()) if repeat % 2 == 0 else list(reversed(codes.items()))
+                for label, code in order:  # each code its own prefix and host; one after the other
+                    prefix += 1
+                    url = f"s3://{BUCKET}/{name}-{prefix}"
+                    pushed = child(code, "push", str(versions[name]), url, key, env)
+                    host = work / f"host-{name}"
+                    shutil.rmtree(host, ignore_errors=True)
+                    pulled = child(code, "pull", url, str(host), key, env)
+                    shutil.rmtree(host, ignore_errors=True)
+                    empty_prefix(endpoint, f"{name}-{prefix}/")
+                    runs.setdefault((name, label), []).append((pushed, pulled))
     finally:
         server.kill()
         for code in codes.values():
@@ -234,12 +255,17 @@ def main(argv: list[str] | None = None) -> None:
           f"{'pull MB/s':>10}{'pull s':>8}{'pull RSS':>10}")  # fmt: skip
     print(f"{'idle':<14}{'this checkout':<18}{'-':>14}{'-':>10}{'-':>8}{'-':>10}{'-':>10}{'-':>8}"
           f"{idle['rss'] / mib:>6.0f} MiB")  # fmt: skip
-    for name, _, label, pushed, pulled in rows:
-        size = pulled["bytes"]
-        up, down = pushed["timings"]["upload"], pulled["timings"]["download"]
-        print(f"{name:<14}{label:<18}{size:>14,}{size / mb / up:>10.1f}{pushed['wall']:>8.2f}"
-              f"{pushed['rss'] / mib:>6.0f} MiB{size / mb / down:>10.1f}{pulled['wall']:>8.2f}"
-              f"{pulled['rss'] / mib:>6.0f} MiB")  # fmt: skip
+    for (name, label), pairs in runs.items():
+        size = pairs[0][1]["bytes"]
+        push_rate = median([size / mb / pushed["timings"]["upload"] for pushed, _ in pairs])
+        pull_rate = median([size / mb / pulled["timings"]["download"] for _, pulled in pairs])
+        push_wall, pull_wall = median([p["wall"] for p, _ in pairs]), median([p["wall"] for _, p in pairs])
+        push_rss, pull_rss = max(p["rss"] for p, _ in pairs), max(p["rss"] for _, p in pairs)
+        print(f"{name:<14}{label:<18}{size:>14,}{push_rate:>10.1f}{push_wall:>8.2f}"
+              f"{push_rss / mib:>6.0f} MiB{pull_rate:>10.1f}{pull_wall:>8.2f}"
+              f"{pull_rss / mib:>6.0f} MiB")  # fmt: skip
+    if max(len(pairs) for pairs in runs.values()) > 1:
+        print(f"medians of {len(next(iter(runs.values())))} runs per row, the two codes' order alternating")
     print("push MB/s: bytes / the upload stage (upload + read-back check); push s: the whole push (verify, "
           "upload, signing, LATEST); pull MB/s: bytes / the download stage (sha256 as it streams, fsync); "
           "pull s: the whole pull (the signature check first); RSS: each child's peak")  # fmt: skip
