@@ -115,11 +115,31 @@ def test_accept_change_is_recorded_in_the_manifest(versions):
         ("items_ratio", True), ("items_removed", True), ("shared_sid_items", False),
         ("distinct_sids_ratio", True), ("sid_changed_same_tag", False),
     ]  # fmt: skip
+    kept = N * 4 // 10  # the truncated export: the first 40% of the base catalog's rows, SIDs unchanged
+    assert manifest["changes"] == {
+        "against": "v000001", "items_added": 0, "items_removed": N - kept, "items_sid_changed": 0,
+        "items_common": kept, "sids_comparable": True, "model_tag_changed": False,
+    }  # fmt: skip
     recorded = manifest["accept_change"]
     assert recorded["reason"] == "partial scope" and recorded["against"] == "v000001"
     assert recorded["guards"] == ["items_ratio", "items_removed", "distinct_sids_ratio"]
     with pytest.raises(InputError, match="needs a reason"):
         guard_version(versions["truncated"], GuardThresholds(), accept_change="   ")
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [("items_added", -1), ("items_common", True), ("against", None), ("sids_comparable", 1)],
+)
+def test_a_malformed_changes_record_is_refused(field, bad):
+    from zerogr_build.base.errors import BundleError
+    from zerogr_build.bundle.format import _validate_run_fields
+
+    changes = {"against": "v000001", "items_added": 0, "items_removed": 1, "items_sid_changed": 0,
+               "items_common": 2, "sids_comparable": True, "model_tag_changed": False}  # fmt: skip
+    _validate_run_fields({"changes": changes}, "m")
+    with pytest.raises(BundleError, match=f"changes.*{field}|{field}.*changes"):
+        _validate_run_fields({"changes": {**changes, field: bad}}, "m")
 
 
 def _stats(items: int, distinct: int, shared: int, tag: str) -> VersionStats:

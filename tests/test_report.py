@@ -269,6 +269,25 @@ def test_guards_changes_and_an_unreadable_version_are_shown(rebuilt, tmp_path: P
                          '1 <span class="muted">&lt;i&gt;9&lt;/i&gt;</span>']  # fmt: skip
 
 
+def test_the_changes_the_guards_recorded_are_shown_without_comparing_again(rebuilt, tmp_path: Path) -> None:
+    """A `changes` record against the version shown before is what the page shows (the guards counted it
+    already); one against another version is not, and the two versions are compared instead."""
+    out = tmp_path / "out"
+    shutil.copytree(rebuilt["out"], out, symlinks=True)
+    manifest_path = out / "v000002" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    counts = {"items_added": 12345, "items_removed": 6, "items_sid_changed": 7, "items_common": 8,
+              "sids_comparable": True, "model_tag_changed": True}  # fmt: skip
+
+    def shown_added(against: str) -> str:
+        manifest_path.write_text(json.dumps({**manifest, "changes": {"against": against, **counts}}))
+        page = report_html(out, plots=False)
+        return re.findall(r"<td[^>]*>(.*?)</td>", page.split("Changes between the last two versions")[1])[1]
+
+    assert shown_added("v000001") == "12345"
+    assert shown_added("v000000") == str(CATALOGS[2][0] - CATALOGS[1][0])
+
+
 def test_guard_facts_read_both_recorded_shapes() -> None:
     as_map = {"a": {"fired": True, "value": 1, "threshold": 0.5}, "b": "junk"}
     as_list = [{"guard": "a", "fired": True, "value": 1, "threshold": 0.5}, {"fired": True}, 3]

@@ -82,13 +82,13 @@ def add_bundle_files(version_dir: str | Path, files: Mapping[str, bytes]) -> dic
 
 #: Top-level manifest fields a published version may gain later (informational; every other field is the
 #: writer's, fixed at publish or kept right by add_bundle_files).
-AMENDABLE_FIELDS = frozenset({"guards", "accept_change"})
+AMENDABLE_FIELDS = frozenset({"guards", "accept_change", "changes"})
 
 
 def set_manifest_fields(version_dir: str | Path, fields: Mapping[str, object]) -> dict:
-    """Set informational top-level fields (AMENDABLE_FIELDS: the guards' `guards` and `accept_change`) of a
-    published version's manifest, atomically under the OUT lock (after rolling an interrupted add
-    forward). Returns the new manifest; ValueError for a field that is not amendable."""
+    """Set informational top-level fields (AMENDABLE_FIELDS: the guards' `guards`, `changes` and
+    `accept_change`) of a published version's manifest, atomically under the OUT lock (after rolling an
+    interrupted add forward). Returns the new manifest; ValueError for a field that is not amendable."""
     unknown = sorted(set(fields) - AMENDABLE_FIELDS)
     if unknown:
         raise ValueError(f"manifest fields {unknown} cannot be amended (only {sorted(AMENDABLE_FIELDS)})")

@@ -101,9 +101,9 @@ class VersionDiff:
     def model_tag_changed(self) -> bool:
         return self.old.model_version != self.new.model_version
 
-    def to_json(self) -> dict[str, Any]:
-        """JSON-ready: items_added, items_removed, items_sid_changed, items_common, sids_comparable,
-        model_tag_changed, and old / new (VersionStats.to_json)."""
+    def counts(self) -> dict[str, Any]:
+        """items_added, items_removed, items_sid_changed, items_common, sids_comparable, model_tag_changed:
+        what the guards record in the new version's manifest (`changes`) and the report shows."""
         return {
             "items_added": self.items_added,
             "items_removed": self.items_removed,
@@ -111,9 +111,11 @@ class VersionDiff:
             "items_common": self.items_common,
             "sids_comparable": self.sids_comparable,
             "model_tag_changed": self.model_tag_changed,
-            "old": self.old.to_json(),
-            "new": self.new.to_json(),
         }
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready: counts(), and old / new (VersionStats.to_json)."""
+        return {**self.counts(), "old": self.old.to_json(), "new": self.new.to_json()}
 
 
 class _Version:

@@ -207,8 +207,9 @@ def validate_manifest(manifest: Any, where: str = MANIFEST_NAME) -> dict:
 def _validate_run_fields(manifest: Mapping, where: str) -> None:
     """The optional fields rebuild and the guards write: `rebuild_run` (the run id of the `zerogr rebuild`
     that built the version), `guards` (what each guard measured against LATEST: a list of {guard, value,
-    threshold, bound, fired, note}) and `accept_change` (the --accept-change that let fired guards
-    through: reason, guards, against, at)."""
+    threshold, bound, fired, note}), `changes` (the item counts of that comparison: against, items_added,
+    items_removed, items_sid_changed, items_common, sids_comparable, model_tag_changed) and `accept_change`
+    (the --accept-change that let fired guards through: reason, guards, against, at)."""
     if "rebuild_run" in manifest:
         _need(manifest, "rebuild_run", str, where)
     if "guards" in manifest:
@@ -219,6 +220,16 @@ def _validate_run_fields(manifest: Mapping, where: str) -> None:
             for key, types in (("guard", str), ("value", (int, float)), ("threshold", (int, float)),
                                ("bound", str), ("fired", bool), ("note", str)):  # fmt: skip
                 _need(check, key, types, check_where)
+    if "changes" in manifest:
+        changes = _need(manifest, "changes", dict, where)
+        changes_where = f"{where}: changes"
+        _need(changes, "against", str, changes_where)
+        for key in ("items_added", "items_removed", "items_sid_changed", "items_common"):
+            count = _need(changes, key, int, changes_where)
+            if isinstance(count, bool) or count < 0:
+                raise BundleError(f"{changes_where}: {key} must be a count >= 0, got {count!r}")
+        for key in ("sids_comparable", "model_tag_changed"):
+            _need(changes, key, bool, changes_where)
     if "accept_change" in manifest:
         accepted = _need(manifest, "accept_change", dict, where)
         accepted_where = f"{where}: accept_change"

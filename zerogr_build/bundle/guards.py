@@ -221,7 +221,10 @@ def guard_version(
         return GuardReport(vdir.name, latest)
     diff = diff_versions(vdir.parent / latest, vdir, progress=progress)
     report = GuardReport(vdir.name, latest, evaluate_guards(diff, thresholds), diff=diff)
-    record: dict[str, Any] = {"guards": [dataclasses.asdict(c) for c in report.checks]}
+    record: dict[str, Any] = {
+        "guards": [dataclasses.asdict(c) for c in report.checks],
+        "changes": {"against": latest, **diff.counts()},
+    }
     if report.fired and reason is not None:
         report.accepted = reason
         record["accept_change"] = {
