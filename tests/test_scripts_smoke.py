@@ -39,7 +39,7 @@ SMOKE: dict[str, tuple[Smoke, ...] | str] = {
         Smoke(("out.parquet", "-n", "2000", "-L", "3", "-V", "64", "--stats"), "step 2: rows"),
     ),
     "bench_build.py": (Smoke(("--scale", "0.0002", "--workdir", "work"), "end to end"),),
-    "bench_diff.py": (Smoke(("--items", "3000", "--workdir", "work"), "diff/build peak"),),
+    "bench_diff.py": (Smoke(("--items", "3000", "--workdir", "work"), "diff/build anon"),),
     "bench_constraints.py": (
         Smoke(("--items", "3000", "--sizes", "64,64,64", "--dim", "16", "--batch", "2", "--beam", "4",
                "--exclude", "5", "--sets", "4", "--include", "1", "--iters", "2", "--warmup", "1",
