@@ -12,11 +12,15 @@ cron accepts, and its command works under cron's environment.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -140,13 +144,28 @@ def test_each_crontab_line_parses_and_installs(where: str, text: str, tmp_path: 
     if user and shutil.which("crontab") and os.geteuid() == 0:
         tab = tmp_path / "crontab"
         tab.write_text(text)
-        installed = subprocess.run(["crontab", "-u", user, str(tab)], capture_output=True, text=True)
+        with _crontab_of(user):
+            installed = subprocess.run(["crontab", "-u", user, str(tab)], capture_output=True, text=True)
+            try:
+                assert installed.returncode == 0, f"{where}: crontab refused it: {installed.stderr}"
+                listed = subprocess.run(
+                    ["crontab", "-u", user, "-l"], capture_output=True, text=True, check=True
+                )
+                assert all(c in listed.stdout for c in commands)
+            finally:
+                subprocess.run(["crontab", "-u", user, "-r"], capture_output=True)
+
+
+@contextlib.contextmanager
+def _crontab_of(user: str) -> Iterator[None]:
+    """Hold the user's crontab for this test alone: the test workers install theirs for the same user, and
+    one's install would replace another's before it is listed."""
+    with open(Path(tempfile.gettempdir()) / f"zerogr-crontab-{user}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            assert installed.returncode == 0, f"{where}: crontab refused it: {installed.stderr}"
-            listed = subprocess.run(["crontab", "-u", user, "-l"], capture_output=True, text=True, check=True)
-            assert all(c in listed.stdout for c in commands)
+            yield
         finally:
-            subprocess.run(["crontab", "-u", user, "-r"], capture_output=True)
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _cuda() -> bool:
