@@ -401,20 +401,16 @@ def _fleet(
     fleet needs on every run goes here; --push publishes a version this run promoted, or LATEST when the
     inputs had not changed and its own push never completed (it failed, and nothing changed since); a run
     with a signing key that had nothing to push renews the fleet's signed timestamp."""
-    if request.push is not None and result.promoted:
-        assert result.version_dir is not None
+    push, vdir = request.push, result.version_dir
+    if push is None:
+        return
+    catch_up = result.unchanged and vdir is not None and never_pushed(push, vdir, log)
+    if catch_up:
+        log(f"LATEST {vdir.name} is not on {redact(push.url)} (its push failed): pushing it")
+    if result.promoted or catch_up:
+        assert vdir is not None
         with stage("push"):
-            push_stage(request.push, result.version_dir, result, progress, log)
-    elif (
-        request.push is not None
-        and result.unchanged
-        and result.version_dir is not None
-        and never_pushed(request.push, result.version_dir, log)
-    ):
-        shown = redact(request.push.url)
-        log(f"LATEST {result.version_dir.name} is not on {shown} (its push failed): pushing it")
-        with stage("push"):
-            push_stage(request.push, result.version_dir, result, progress, log)
-    elif request.push is not None and request.push.signing_key is not None:
+            push_stage(push, vdir, result, progress, log)
+    elif push.signing_key is not None:
         with stage("renew"):
-            renew_stage(request.push, result, log)
+            renew_stage(push, result, log)
