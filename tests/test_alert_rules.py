@@ -62,7 +62,8 @@ def test_the_shipped_unit_tests_pass() -> None:
 def test_every_alert_is_tested_firing_and_quiet_with_its_job_label() -> None:
     alerts = {r["alert"]: r for r in _rules() if "alert" in r}
     assert set(alerts) == {"ZerogrRebuildFailed", "ZerogrRebuildRefused", "ZerogrRebuildStale",
-                           "ZerogrFleetBehind", "ZerogrFleetMetadataExpiring"}  # fmt: skip
+                           "ZerogrRebuildStuck", "ZerogrFleetBehind", "ZerogrFleetMetadataExpiring",
+                           "ZerogrPullFailed", "ZerogrPullHeld", "ZerogrFollowerCannotLoad"}  # fmt: skip
     tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
     cases = [case for test in tests for case in test.get("alert_rule_test", [])]
     for name, rule in alerts.items():
@@ -72,6 +73,77 @@ def test_every_alert_is_tested_firing_and_quiet_with_its_job_label() -> None:
         assert any(not case["exp_alerts"] for case in mine), f"{name}: no unit test where it stays quiet"
         assert all("job" in alert["exp_labels"] for alert in firing), f"{name}: loses the job label"
         assert len(rule["annotations"]["summary"]) > 80, f"{name}: the summary must say what to do"
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The ids mkdocs gives the headings of a page (lower case; punctuation dropped; spaces to -)."""
+    headings = re.findall(r"^#+ (.+)$", markdown, re.MULTILINE)
+    return {re.sub(r"[^a-z0-9_ -]", "", h.lower()).strip().replace(" ", "-") for h in headings}
+
+
+def test_every_alert_has_a_runbook_section_in_the_operations_docs() -> None:
+    """runbook_url is docs/operations.md#<the alert's name in lower case>, and that section exists and
+    is more than a heading."""
+    docs = (REPO / "docs" / "operations.md").read_text()
+    anchors = _anchors(docs)
+    for rule in _rules():
+        if "alert" not in rule:
+            continue
+        url = rule["annotations"].get("runbook_url", "")
+        assert url == f"docs/operations.md#{rule['alert'].lower()}", f"{rule['alert']}: runbook_url {url!r}"
+        assert url.split("#")[1] in anchors, f"{rule['alert']}: no section {url} in docs/operations.md"
+        section = docs.split(f"#### {rule['alert']}\n", 1)[1].split("\n#", 1)[0]
+        assert len(section.split()) > 30, f"{rule['alert']}: its runbook section says too little"
+
+
+@needs_promtool
+def test_the_rebuild_thresholds_and_their_texts_come_from_one_place(tmp_path: Path) -> None:
+    """A copy of the rules with the stale time set to 2 hours and the maximum run time to 30 minutes: a
+    run killed at 0 fires Stuck at 35 minutes and Stale at 2h 5m, each summary naming its threshold."""
+    rules = RULES.read_text()
+    for name, value in (("max_run", "vector(1800)"), ("stale_after", "vector(2 * 3600)")):
+        rules, n = re.subn(
+            rf"(record: zerogr:config_rebuild_{name}_seconds\n\s+expr: ).*", rf"\g<1>{value}", rules
+        )
+        assert n == 1, name
+    (tmp_path / "rules.yml").write_text(rules)
+    box = '{job="rebuild",instance="box:9100"}'
+    series = [{"series": f"zerogr_job_running{box}", "values": "1x200"},
+              {"series": f"zerogr_job_start_timestamp_seconds{box}", "values": "0x200"}]  # fmt: skip
+
+    def quiet(at: str, alert: str) -> dict:
+        return {"expr": f'count by (alertname) (ALERTS{{alertstate="firing",alertname="{alert}"}})',
+                "eval_time": at, "exp_samples": []}  # fmt: skip
+
+    test = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [quiet("25m", "ZerogrRebuildStuck"), quiet("115m", "ZerogrRebuildStale")],
+        "alert_rule_test": [
+            {"eval_time": "35m", "alertname": "ZerogrRebuildStuck", "exp_alerts": [{
+                "exp_labels": {"job": "rebuild", "instance": "box:9100", "severity": "warning"},
+                "exp_annotations": {**_annotations("ZerogrRebuildStuck"), "summary": (
+                    "zerogr rebuild on box:9100 started 35m 0s ago and has not ended, past the maximum run "
+                    "time of 30m 0s: it hangs, or it was killed without writing its end (kill -9, out of "
+                    "memory, a reboot). Look for the process (systemctl status, the run id in the log); a "
+                    "killed run's leftovers are cleaned up by the next run."),
+                    "description": "Run (unknown id)."}}]},
+            {"eval_time": "125m", "alertname": "ZerogrRebuildStale", "exp_alerts": [{
+                "exp_labels": {"job": "rebuild", "instance": "box:9100", "severity": "critical"},
+                "exp_annotations": {**_annotations("ZerogrRebuildStale"), "summary": (
+                    "zerogr rebuild on box:9100 has not succeeded for 2h 0m 0s: the fleet serves an old "
+                    "catalog. Check that the timer or cron job still runs (systemctl list-timers, the log) "
+                    "and whether a run hangs or was killed (zerogr_job_running stays 1)."),
+                    "description": "Last success never."}}]},
+        ]}]}  # fmt: skip
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    done = _promtool("test", "rules", "t.yml", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _annotations(alert: str) -> dict[str, str]:
+    """The alert's annotations that need no template (runbook_url)."""
+    rule = next(r for r in _rules() if r.get("alert") == alert)
+    return {"runbook_url": rule["annotations"]["runbook_url"]}
 
 
 # ------------------------------------------------------------------------------ real runs, real files
@@ -127,6 +199,7 @@ class RealRun:
 FAILED = frozenset({"ZerogrRebuildFailed"})
 REFUSED = frozenset({"ZerogrRebuildRefused"})
 STALE = frozenset({"ZerogrRebuildStale"})
+STUCK = frozenset({"ZerogrRebuildStuck"})
 QUIET: frozenset[str] = frozenset()
 RUNS = (
     RealRun("exit-0-gated", (*SIZES, *TUNE, *gate("tests.compare_models:model_fn")), 0,
@@ -140,7 +213,7 @@ RUNS = (
             before=((*SIZES, *TUNE),), truncate_to=300),
     # kill -9 leaves the file its start wrote: running 1, no exit status; stale once 6 hours have passed
     RealRun("killed-first-run", (*SIZES, *TUNE, *gate("gate_models:slow")), 128 + signal.SIGKILL,
-            {"5m": QUIET, "7h": STALE}, stop_with=signal.SIGKILL),
+            {"5m": QUIET, "2h": STUCK, "7h": STALE | STUCK}, stop_with=signal.SIGKILL),
     RealRun("exit-0-pushed-short-freshness", (*SIZES, *TUNE), 0,
             {"5m": frozenset({"ZerogrFleetMetadataExpiring"})}, fleet_expiry_days=0.5),
 )  # fmt: skip

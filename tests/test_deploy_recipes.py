@@ -78,7 +78,7 @@ def test_the_systemd_units_verify(tmp_path: Path) -> None:
 
 def test_each_timer_starts_its_oneshot_service_that_runs_zerogr() -> None:
     services = {p.stem: _unit(p) for p in SYSTEMD.glob("*.service")}
-    assert set(services) == {"zerogr-rebuild", "zerogr-pull"}
+    assert set(services) == {"zerogr-rebuild", "zerogr-rebuild-cpu", "zerogr-pull"}
     for name, service in services.items():
         timer = _unit(SYSTEMD / f"{name}.timer")
         assert timer["Timer"]["OnCalendar"] and timer["Install"]["WantedBy"] == "timers.target"
@@ -86,9 +86,82 @@ def test_each_timer_starts_its_oneshot_service_that_runs_zerogr() -> None:
         body = service["Service"]
         assert body["Type"] == "oneshot" and body["User"] == "zerogr" and "TimeoutStartSec" in body
         argv = _zerogr_command(_script(body["ExecStart"]))
-        assert argv[1] == name.removeprefix("zerogr-") and VENV_ZEROGR in body["ExecStart"]
+        assert (
+            argv[1] == name.removeprefix("zerogr-").removesuffix("-cpu") and VENV_ZEROGR in body["ExecStart"]
+        )
         assert "--metrics-file" in argv
         _known_options(argv)
+
+
+#: The most `systemd-analyze security` may rate each unit (0 safe .. 10 exposed). The GPU rebuild needs
+#: the NVIDIA device nodes, so it may score a little worse than the others (its CPU variant has none).
+EXPOSURE_LIMITS = {
+    "zerogr-pull.service": 4.5,
+    "zerogr-rebuild.service": 6.0,
+    "zerogr-rebuild-cpu.service": 4.5,
+}
+
+
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="no systemd-analyze (apt-get install systemd)"
+)
+def test_each_unit_runs_in_a_sandbox_systemd_rates_safe() -> None:
+    """`systemd-analyze security --offline=yes` on each shipped service: its overall exposure is within
+    EXPOSURE_LIMITS."""
+    for unit, limit in EXPOSURE_LIMITS.items():
+        done = subprocess.run(
+            ["systemd-analyze", "security", "--offline=yes", "--no-pager", str(SYSTEMD / unit)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        found = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", done.stdout)
+        assert found, done.stdout + done.stderr
+        assert float(found.group(1)) <= limit, f"{unit}: exposure {found.group(1)} > {limit}\n{done.stdout}"
+
+
+def _all(path: Path, key: str) -> list[str]:
+    return [line.split("=", 1)[1] for line in path.read_text().splitlines() if line.startswith(f"{key}=")]
+
+
+def test_the_sandbox_keeps_what_each_unit_needs_writable_and_nothing_else() -> None:
+    """The directives the sandbox rests on, per unit, and the paths the run writes (OUT, the metrics file's
+    dir, the report, the caches) are the writable ones: ProtectSystem=strict would otherwise make the
+    run fail at its first write."""
+    for path in SYSTEMD.glob("*.service"):
+        body = _unit(path)["Service"]
+        for key, value in (("ProtectSystem", "strict"), ("ProtectHome", "yes"), ("PrivateTmp", "yes"),
+                           ("NoNewPrivileges", "yes"), ("CapabilityBoundingSet", ""),
+                           ("RestrictNamespaces", "yes"), ("LockPersonality", "yes")):  # fmt: skip
+            assert body.get(key) == value, f"{path.name}: {key}={body.get(key)!r}"
+        assert _all(path, "SystemCallFilter")[0] == "@system-service", path.name
+        families = set(body["RestrictAddressFamilies"].split())
+        assert (
+            {"AF_INET", "AF_INET6", "AF_UNIX"} <= families <= {"AF_INET", "AF_INET6", "AF_UNIX", "AF_NETLINK"}
+        )
+        assert "MemoryDenyWriteExecute" not in body, f"{path.name}: numba's JIT needs writable code pages"
+        assert "PrivateUsers" not in body, f"{path.name}: root's dirs would look owned by nobody"
+        writable = body["ReadWritePaths"].split()
+        writable += [f"/var/cache/{d}" for d in body.get("CacheDirectory", "").split()]
+        writable += [f"/var/lib/{d}" for d in body.get("StateDirectory", "").split()]
+        argv = _zerogr_command(_script(body["ExecStart"]))
+        written = [Path(argv[argv.index("--metrics-file") + 1]).parent]
+        written += [Path(argv[argv.index("--report") + 1]).parent] if "--report" in argv else []
+        written += [Path(argv[3])] if argv[1] == "pull" else [Path("/srv/bundles")]  # OUT
+        for line in _all(path, "Environment"):
+            caches = (v.split("=", 1) for v in line.split())
+            written += [Path(v) for k, v in caches if k.endswith(("CACHE_DIR", "CACHE_HOME", "CACHE_PATH"))]
+        for target in written:
+            assert any(target.is_relative_to(w) for w in writable), f"{path.name}: {target} is read-only"
+    assert _unit(SYSTEMD / "zerogr-pull.service")["Service"]["UMask"] == "0027"
+    gpu, cpu = (_unit(SYSTEMD / f"zerogr-rebuild{s}.service")["Service"] for s in ("", "-cpu"))
+    assert gpu["UMask"] == cpu["UMask"] == "0077"
+    assert {d.split()[0] for d in _all(SYSTEMD / "zerogr-rebuild.service", "DeviceAllow")} == {
+        "char-nvidia-frontend", "char-nvidia-uvm", "char-nvidia-caps"}  # fmt: skip
+    assert gpu["DevicePolicy"] == "closed" and "--gpu 0" in gpu["ExecStart"]
+    assert cpu["PrivateDevices"] == "yes" and "DeviceAllow" not in cpu and "--device cpu" in cpu["ExecStart"]
+    assert _unit(SYSTEMD / "zerogr-pull.service")["Service"]["PrivateDevices"] == "yes"
+    # The two rebuild units run the same job: only the device differs.
+    same = gpu["ExecStart"].replace("--gpu 0", "--device cpu")
+    assert same == cpu["ExecStart"]
 
 
 def test_every_shell_script_of_the_recipes_parses() -> None:
@@ -98,7 +171,7 @@ def test_every_shell_script_of_the_recipes_parses() -> None:
     serving = _documents("serving.yaml")[("Deployment", "recommender")]
     for pod in (cron["spec"]["template"]["spec"], serving["spec"]["template"]["spec"]):
         scripts += [c["args"][0] for c in pod["containers"] if c.get("command") == ["/bin/sh", "-c"]]
-    assert len(scripts) == 4
+    assert len(scripts) == 5
     for script in scripts:
         done = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, f"{done.stderr}\n{script}"

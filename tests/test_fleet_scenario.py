@@ -266,4 +266,4 @@ def test_build_push_pull_follow_and_refuse_a_bad_version_on_two_hosts(tmp_path, 
         got = metrics(m / f"pull-{host}.prom")
         assert got["zerogr_job_exit_status"] == 4
         assert got["zerogr_job_last_success_timestamp_seconds"] < got["zerogr_job_last_run_timestamp_seconds"]
-        assert "zerogr_bundle_version" not in got
+        assert got["zerogr_bundle_version"] == 2  # the version the host still serves, not the refused one

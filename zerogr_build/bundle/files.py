@@ -193,14 +193,17 @@ def write_bytes_durable(path: Path, data: bytes) -> tuple[int, str]:
     return out.bytes, out.hexdigest()
 
 
-def atomic_replace_bytes(path: Path, data: bytes) -> tuple[int, str]:
+def atomic_replace_bytes(path: Path, data: bytes, mode: int | None = None) -> tuple[int, str]:
     """Replace `path` with `data` atomically: write a temp file beside it, fsync, rename, fsync the dir.
 
     A reader sees the old content or the new one, never a mix; a crash leaves at most a stray temp file
-    (named .tmp-*, removed by the next writer holding the OUT lock)."""
+    (named .tmp-*, removed by the next writer holding the OUT lock). `mode`: the file's permission bits,
+    set before the rename whatever the umask (None: as the umask makes them)."""
     temp = path.with_name(f"{TEMP_PREFIX}{temp_tag()}-{path.name}")
     try:
         result = write_bytes_durable(temp, data)
+        if mode is not None:
+            os.chmod(temp, mode)
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)

@@ -3,8 +3,9 @@
 the command's imports (prometheus-client among them) may be half done.
 
 It holds what cli/_metrics.py's JobMetrics.write(128 + N) would: the run's time, exit status and duration,
-`zerogr_job_failure_info{stage="signal"}`, and the last success carried over from the file it replaces.
-The file is replaced atomically and only ever over a regular file, as cli/_metrics.py does.
+`zerogr_job_failure_info{stage="signal"}`, the failures in a row, and the last success and the fleet's
+last known view carried over from the file it replaces. The file is replaced atomically, with mode 644,
+and only ever over a regular file, as cli/_metrics.py does.
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ from collections.abc import Sequence
 
 PREFIX = "zerogr"
 LAST_SUCCESS = f"{PREFIX}_job_last_success_timestamp_seconds"
+CONSECUTIVE_FAILURES = f"{PREFIX}_job_consecutive_failures"
+#: The fleet's last known view, carried over as cli/_metrics.py does (its FLEET_GAUGES): name -> help.
+FLEET_GAUGES = {
+    "metadata_expires_timestamp_seconds": "When the fleet's signed timestamp expires (unix seconds): hosts "
+    "refuse it from then on.",
+    "latest_version": "The version the fleet's signed metadata names as LATEST.",
+    "latest_seen_timestamp_seconds": "When that LATEST was read off the fleet's signed metadata (unix "
+    "seconds).",
+}
 #: The job label: the command's name as job_metrics names it (build, rebuild, pull, ...).
 JOB_RE = re.compile(r"[a-z][a-z0-9-]{0,39}\Z")
 #: A metrics file larger than this is not read for its last success (as cli/_metrics.previous_success).
@@ -59,10 +69,21 @@ def write_terminated(args: Sequence[str], signum: int, name: str, started: float
             1,
         ),
     ]
-    last_success = _previous_success(path, job)
+    previous = _previous_values(path, job)
+    last_success = previous.get(LAST_SUCCESS)
     if last_success is not None:
         doc = "When the last successful run ended (unix seconds)."
         series.insert(1, (LAST_SUCCESS.removeprefix(f"{PREFIX}_"), doc, {}, last_success))
+    doc = "Runs in a row, the last one included, that exited non-zero (0 after a success)."
+    series.append(("job_consecutive_failures", doc, {}, previous.get(CONSECUTIVE_FAILURES, 0.0) + 1))
+    fleet = {
+        name: previous[f"{PREFIX}_fleet_{name}"]
+        for name in FLEET_GAUGES
+        if f"{PREFIX}_fleet_{name}" in previous
+    }
+    if "latest_seen_timestamp_seconds" not in fleet:
+        fleet.pop("latest_version", None)
+    series += [(f"fleet_{name}", FLEET_GAUGES[name], {}, value) for name, value in fleet.items()]
     lines = []
     for metric, doc, labels, value in series:
         full = f"{PREFIX}_{metric}"
@@ -76,23 +97,28 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _previous_success(path: str, job: str) -> float | None:
-    """The last-success timestamp the file at `path` holds for `job`, if it is a small regular file."""
-    pattern = re.compile(rf'^{LAST_SUCCESS}{{[^}}\n]*job="{re.escape(job)}"[^}}\n]*}} (\S+)$', re.MULTILINE)
+def _previous_values(path: str, job: str) -> dict[str, float]:
+    """{metric name: finite value} of the series labelled only with `job` in the file at `path`, if it is
+    a small regular file ({} otherwise)."""
+    pattern = re.compile(rf'^({PREFIX}_[a-z0-9_]+){{job="{re.escape(job)}"}} (\S+)$', re.MULTILINE)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except OSError:
-        return None
+        return {}
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(f.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_PREVIOUS_BYTES:
-            return None
-        found = pattern.search(f.read().decode("utf-8", "replace"))
-    try:
-        value = float(found.group(1)) if found else None
-    except ValueError:
-        return None
-    return value if value is not None and value == value and abs(value) != float("inf") else None
+            return {}
+        text = f.read().decode("utf-8", "replace")
+    values = {}
+    for name, shown in pattern.findall(text):
+        try:
+            value = float(shown)
+        except ValueError:
+            continue
+        if value == value and abs(value) != float("inf"):
+            values[name] = value
+    return values
 
 
 def _replace_regular_file(path: str, data: bytes) -> None:
@@ -104,9 +130,10 @@ def _replace_regular_file(path: str, data: bytes) -> None:
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     temp = os.path.join(folder, f".tmp-{os.getpid()}-{os.urandom(4).hex()}-{os.path.basename(path)}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)  # whatever the umask: node_exporter, another user, reads it
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -9,6 +9,8 @@ command, e.g. `build`):
     zerogr_job_last_success_timestamp_seconds   when the last successful run ended; a failed run carries
                                                 over the value already in the file (absent: never)
     zerogr_job_exit_status                      this run's exit code (0 ok, 2 bad input, ...)
+    zerogr_job_consecutive_failures             runs in a row, this one included, that exited non-zero
+                                                (0 after a success; carried over from the file)
     zerogr_job_duration_seconds                 this run's wall time
     zerogr_job_stage_duration_seconds{stage}    wall time per stage (read, build, publish, upload, ...)
     zerogr_bundle_items / _distinct_sids / _index_bytes / _version
@@ -18,6 +20,10 @@ command, e.g. `build`):
                                                 the fleet's signed metadata: when its timestamp expires,
                                                 and the version it names as LATEST (push, pull, status,
                                                 rebuild, promote of a remote version)
+    zerogr_fleet_latest_seen_timestamp_seconds  when that LATEST was read off the fleet. A run that read
+                                                no fleet metadata (it failed, was refused, or is running)
+                                                carries the three over from the file it replaces: the
+                                                job's last known view of the fleet never goes missing
     zerogr_<job>_<name>                         a command's own gauges (pull: held; promote of a remote
                                                 version: previous_version), some labelled (rebuild:
                                                 guard_fired{guard})
@@ -66,8 +72,13 @@ FLEET_GAUGES = {
     "metadata_expires_timestamp_seconds": "When the fleet's signed timestamp expires (unix seconds): hosts "
     "refuse it from then on.",
     "latest_version": "The version the fleet's signed metadata names as LATEST.",
+    "latest_seen_timestamp_seconds": "When that LATEST was read off the fleet's signed metadata (unix "
+    "seconds).",
 }
 LAST_SUCCESS = f"{PREFIX}_job_last_success_timestamp_seconds"
+CONSECUTIVE_FAILURES = f"{PREFIX}_job_consecutive_failures"
+#: The mode of every metrics file, whatever the umask: node_exporter runs as another user.
+METRICS_FILE_MODE = 0o644
 
 
 class JobMetrics:
@@ -121,6 +132,8 @@ class JobMetrics:
             number = finite(value)
             if number is not None:
                 self.fleet_values[name] = number
+                if name == "latest_version":
+                    self.fleet_values["latest_seen_timestamp_seconds"] = time.time()
 
     def job_labelled(self, name: str, doc: str, labels: Mapping[str, str], value: float) -> None:
         """Record one series of a labelled gauge of the command's own: zerogr_<job>_<name>{job, labels}
@@ -184,17 +197,29 @@ class JobMetrics:
                 f"{PREFIX}_job_start_timestamp_seconds", "When the current or last run started.", self.started
             )
             gauge(f"{PREFIX}_job_run_info", "The current or last run's id.", 1, {"run_id": self.run_id})
+        previous = previous_values(self.path, self.job)
+        fleet = {**fleet_view(previous), **self.fleet_values}  # what this run read replaces the carried
+        failures_doc = "Runs in a row, the last one included, that exited non-zero (0 after a success)."
         if exit_status is None:
-            last_success = previous_success(self.path, self.job)
+            last_success = previous.get(LAST_SUCCESS)
             if last_success is not None:
                 gauge(LAST_SUCCESS, "When the last successful run ended (unix seconds).", last_success)
+            gauge(CONSECUTIVE_FAILURES, failures_doc, previous.get(CONSECUTIVE_FAILURES, 0.0))
+            # What LATEST served when the last run ended: still true while this one runs (or was killed).
+            for name, doc in BUNDLE_GAUGES.items():
+                if f"{PREFIX}_bundle_{name}" in previous:
+                    gauge(f"{PREFIX}_bundle_{name}", doc, previous[f"{PREFIX}_bundle_{name}"])
+            for name, value in fleet.items():
+                gauge(f"{PREFIX}_fleet_{name}", FLEET_GAUGES[name], value)
             replace_regular_file(self.path, generate_latest(registry))
             return
         gauge(f"{PREFIX}_job_last_run_timestamp_seconds", "When the last run ended (unix seconds).", now)
-        last_success = now if exit_status == 0 else previous_success(self.path, self.job)
+        last_success = now if exit_status == 0 else previous.get(LAST_SUCCESS)
         if last_success is not None:
             gauge(LAST_SUCCESS, "When the last successful run ended (unix seconds).", last_success)
         gauge(f"{PREFIX}_job_exit_status", "Exit code of the last run (0 = ok).", exit_status)
+        failures = 0.0 if exit_status == 0 else previous.get(CONSECUTIVE_FAILURES, 0.0) + 1
+        gauge(CONSECUTIVE_FAILURES, failures_doc, failures)
         gauge(f"{PREFIX}_job_duration_seconds", "Wall time of the last run.", now - self.started)
         if exit_status != 0 and self.failure is not None:
             stage, reason = self.failure
@@ -213,7 +238,7 @@ class JobMetrics:
                 g.labels(job=self.job, stage=stage).set(seconds)
         for name, value in self.values.items():
             gauge(f"{PREFIX}_bundle_{name}", BUNDLE_GAUGES[name], value)
-        for name, value in self.fleet_values.items():
+        for name, value in fleet.items():
             gauge(f"{PREFIX}_fleet_{name}", FLEET_GAUGES[name], value)
         for name, (doc, value) in self.own.items():
             gauge(f"{PREFIX}_{self.job}_{name}", doc, value)
@@ -245,7 +270,8 @@ def replace_regular_file(path: Path, data: bytes) -> None:
     """Replace the regular file `path` (or create it) with `data`, atomically (a temp file created with
     O_EXCL beside it, fsync, rename). Anything else at `path` (checked with lstat: a symlink, a directory,
     a device, a FIFO or a socket) is never replaced: NotARegularFile, so `--metrics-file /dev/null` run as
-    root leaves /dev/null a device."""
+    root leaves /dev/null a device. The file gets mode 644 whatever the umask (a systemd unit's
+    UMask=0077 included): node_exporter, another user, reads it."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
@@ -255,7 +281,7 @@ def replace_regular_file(path: Path, data: bytes) -> None:
     from ..bundle.files import atomic_replace_bytes
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_replace_bytes(path, data)
+    atomic_replace_bytes(path, data, mode=METRICS_FILE_MODE)
 
 
 def _kind_of(mode: int) -> str:
@@ -268,19 +294,37 @@ def _kind_of(mode: int) -> str:
 
 def previous_success(path: Path, job: str) -> float | None:
     """The last-success timestamp already in the file for this job, if the file parses; else None."""
+    return previous_values(path, job).get(LAST_SUCCESS)
+
+
+def previous_values(path: Path, job: str) -> dict[str, float]:
+    """{metric name: value} of the file's unlabelled series for this job (only `job` as label), finite
+    values only; {} when the file is missing, over 1 MiB, or does not parse."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    values: dict[str, float] = {}
     try:
         if not path.is_file() or path.stat().st_size > 1 << 20:
-            return None
+            return {}
         text = path.read_text(encoding="utf-8")
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == LAST_SUCCESS and sample.labels.get("job") == job:
-                    return sample.value if math.isfinite(sample.value) else None
+                if sample.labels == {"job": job} and math.isfinite(sample.value):
+                    values[sample.name] = sample.value
     except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    return None
+        return {}
+    return values
+
+
+def fleet_view(values: Mapping[str, float]) -> dict[str, float]:
+    """The zerogr_fleet_* gauges of previous_values(...) as {name: value}, the LATEST seen kept only
+    with the time it was seen (a view without it cannot be ordered against the others)."""
+    view = {
+        name: values[f"{PREFIX}_fleet_{name}"] for name in FLEET_GAUGES if f"{PREFIX}_fleet_{name}" in values
+    }
+    if "latest_seen_timestamp_seconds" not in view:
+        view.pop("latest_version", None)
+    return view
 
 
 def bundle_facts(path: str | os.PathLike) -> dict[str, float]:

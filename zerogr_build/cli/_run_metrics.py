@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import InputError
+from ._live_metrics import live_facts
 from ._metrics import JobMetrics
 
 
@@ -27,11 +28,14 @@ def writes_start(metrics: JobMetrics) -> Callable[[Any], None]:
     return on_start
 
 
-def report_run(metrics: JobMetrics, result: Any) -> None:
+def report_run(metrics: JobMetrics, result: Any, out: Path) -> None:
     """What the run measured, into the metrics: stages, bundle facts, the failure, the guards (value,
-    threshold and whether it fired, per guard; the reason that let fired guards through), unchanged."""
+    threshold and whether it fired, per guard; the reason that let fired guards through), unchanged.
+    The bundle facts are those of the version LATEST names in OUT (`out`) once the run ended: the one it
+    promoted, or with unchanged inputs the one already there; a run that promoted nothing (refused,
+    failed, interrupted) reports LATEST's, never the version it built."""
     metrics.add_stages(result.stages)
-    metrics.bundle(**result.facts)
+    metrics.bundle(**(result.facts if result.promoted or result.unchanged else live_facts(out)))
     if result.failure is not None:
         metrics.fail(result.failure.stage, result.failure.message)
     metrics.job_value("unchanged", "1 when the inputs had not changed: no new version.", result.unchanged)

@@ -33,6 +33,7 @@ from ..fleet.remote import RemoteOut, is_remote
 from ..fleet.signing import host_trust
 from ..fleet.status import out_status
 from ._errors import cli_errors, warnings_on_stderr
+from ._live_metrics import live_facts
 from ._metrics import JobMetrics, job_metrics
 from ._options import (
     AllowUnsignedOpt,
@@ -218,8 +219,10 @@ def pull(
                     source, out, version=version, keep=keep, verify=verify, follow_remote=follow_remote,
                     trust=trust, progress=progress, timings=timings,
                 )  # fmt: skip
-        except ExpiredFleetMetadata as exc:  # the alert on the expiry fires from this gauge
-            metrics.fleet(expires=exc.expires)
+        except BaseException as exc:
+            if isinstance(exc, ExpiredFleetMetadata):  # the alert on the expiry fires from this gauge
+                metrics.fleet(expires=exc.expires)
+            metrics.bundle(**live_facts(Path(out)))  # what this host still serves
             raise
         finally:
             metrics.add_stages(timings)

@@ -302,7 +302,7 @@ def _run(request: Any, metrics: JobMetrics, run_id: str) -> None:
         metrics.fail("crash", f"{type(exc).__name__}: {one_line(exc)}")
         raise
     finally:
-        report_run(metrics, result)
+        report_run(metrics, result, Path(request.settings.out))
         metrics.fleet(**result.fleet)
         if "gate" in result.stages and result.version_dir is not None:
             _gate_metrics(metrics, result.version_dir)
