@@ -238,6 +238,7 @@ def push_to_new_bucket(case: RealRun, work: Path, s3_endpoint: str, env: dict) -
     bucket = f"zg-alerts-{uuid.uuid4().hex[:16]}"
     boto3.client("s3", endpoint_url=s3_endpoint, **_boto3_credentials()).create_bucket(Bucket=bucket)
     key = new_key(work / "keys" / "fleet")
+    (work / "fleet-url").write_text(f"s3://{bucket}/fleet")
     (work / "zerogr.toml").write_text(f"[fleet]\ntimestamp_expiry_days = {case.fleet_expiry_days}\n")
     return ("--push", f"s3://{bucket}/fleet", "--push-signing-key", str(key.private_path),
             "--config", "zerogr.toml")  # fmt: skip
@@ -380,7 +381,8 @@ def test_the_dashboard_shows_what_an_operator_watches() -> None:
     shown = ("zerogr_bundle_items", "zerogr_bundle_distinct_sids", "zerogr_bundle_shared_sid_items_ratio",
              "zerogr_bundle_version", "zerogr_job_stage_duration_seconds",
              "zerogr_rebuild_gate_worst_overlap", "zerogr_follower_live_version",
-             "zerogr:fleet_latest_version:newest")  # fmt: skip
+             "zerogr:fleet_latest_version:newest", 'zerogr_bundle_version{job="pull"}',
+             'zerogr_job_consecutive_failures{job="pull"}', 'zerogr_pull_held{job="pull"}')  # fmt: skip
     for metric in shown:
         assert metric in text, f"the dashboard does not show {metric}"
     for panel in dashboard["panels"]:
@@ -398,24 +400,41 @@ def test_every_dashboard_query_parses(tmp_path: Path) -> None:
 
 
 @pytest.mark.xdist_group("zerogr-real-runs")
-def test_every_metric_the_rules_and_the_dashboard_name_exists(real_runs) -> None:
-    """Each zerogr metric a rule or a dashboard query names is written by a real run of RUNS, exported by
-    a real follower, or recorded by the rules."""
+def test_every_metric_the_rules_and_the_dashboard_name_exists(real_runs, s3_server, tmp_path: Path) -> None:
+    """Each zerogr metric a rule or a dashboard query names is written by a real run of RUNS, by a real
+    host's pull of the version a case pushed, exported by a real follower (after a load that failed), or
+    recorded by the rules."""
+    import shutil
+
     import torch
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
     import zerogr_build as zg
 
+    from .conftest import S3_CREDENTIALS
+
     def names(text: str) -> set[str]:
         return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
 
     success = real_runs(RUNS[0])
     written = set().union(*(names(real_runs(case).read_text()) for case in RUNS))
+    pushed = real_runs(next(case for case in RUNS if case.fleet_expiry_days is not None)).parent
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AWS_ENDPOINT_URL": s3_server, **S3_CREDENTIALS}
+    pull = [*zerogr_command(), "pull", (pushed / "fleet-url").read_text(), str(tmp_path / "host"),
+            "--trusted-keys", str(pushed / "keys" / "fleet.pub"),
+            "--metrics-file", str(tmp_path / "pull.prom")]  # fmt: skip
+    done = subprocess.run(pull, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    written |= names((tmp_path / "pull.prom").read_text())
     registry = CollectorRegistry()
     weights = [torch.randn(16, 4) for _ in range(3)]
-    with zg.follow(success.parent / "bundles", weights, device="cpu", plan=None, registry=registry):
+    bundles = shutil.copytree(success.parent / "bundles", tmp_path / "bundles", symlinks=True)
+    with zg.follow(bundles, weights, device="cpu", plan=None, registry=registry) as follower:
+        (bundles / "LATEST").write_text("v000099\n")  # a version that is not there: the load fails
+        follower.poll()
         written |= names(generate_latest(registry).decode())
+    assert "zerogr_follower_last_failure_timestamp_seconds" in written and "zerogr_pull_held" in written
     recorded = {rule["record"] for rule in _rules() if "record" in rule}
     named = set(_METRIC.findall(RULES.read_text())) | set(_METRIC.findall(" ".join(_dashboard_queries())))
     assert "zerogr_rebuild_gate_worst_overlap" in written and "zerogr_follower_live_version" in written
