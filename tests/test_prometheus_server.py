@@ -9,8 +9,16 @@ ZerogrPullFailed and ZerogrFleetBehind fire: the refused run's metrics file stil
 LATEST (v2), so the host serving v1 stays "behind", and that file's bundle gauges describe v2, the version
 LATEST serves, not the refused one.
 
+Then the rebuild after it is killed (kill -9) once it runs: ZerogrRebuildStuck replaces the refusal and
+ZerogrFleetBehind keeps firing (the killed run's file carries the fleet's LATEST); the one after fails
+(exit 2): ZerogrRebuildFailed replaces Stuck, FleetBehind still fires. Last, the host's LATEST is moved to
+a version that is not there: the follower cannot load it, and ZerogrFollowerCannotLoad fires too.
+
 Prometheus loads a copy of zerogr.rules.yml in which every `for:` is 0s (the shipped 30 minutes, 5
-minutes and a day would outlast the test); nothing else differs. Scrape and evaluation intervals are 1 s.
+minutes and a day would outlast the test) and the maximum run time is 1 s instead of an hour; nothing
+else differs. Scrape and evaluation intervals are 1 s. ZerogrRebuildStale, ZerogrFleetMetadataExpiring
+and ZerogrPullHeld fire only in the promtool tests (hours of time, or a second host); here they stay
+quiet.
 Needs Debian's `prometheus` and `prometheus-node-exporter` (.ci/run installs them); skips without them.
 """
 
@@ -22,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -67,10 +76,14 @@ def write_catalog(path: Path, rows: int) -> None:
     pq.write_table(pa.table({"item_id": np.arange(rows, dtype=np.int64), "sid": sids}), path)
 
 
-def rules_without_for(target: Path) -> Path:
-    """The shipped rules with every `for:` set to 0s (and nothing else changed), written to `target`."""
+def rules_without_waits(target: Path) -> Path:
+    """The shipped rules with every `for:` set to 0s and the maximum run time to 1 s (nothing else
+    changed), written to `target`."""
     text, count = re.subn(r"(?m)^(\s+)for: \S+$", r"\g<1>for: 0s", RULES.read_text())
     assert count >= 3, "the shipped rules hold fewer `for:` than this test expects"
+    max_run = r"(record: zerogr:config_rebuild_max_run_seconds\n\s+expr: )vector\(3600\)"
+    text, count = re.subn(max_run, r"\g<1>vector(1)", text)
+    assert count == 1, "the maximum run time is not where this test expects it"
     target.write_text(text)
     return target
 
@@ -174,7 +187,7 @@ def test_a_real_prometheus_fires_on_a_refused_rebuild_a_failing_pull_and_a_host_
     ports = {name: free_port() for name in ("prometheus", "box", "host", "recommender")}
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(rules_without_for(tmp_path / "zerogr.rules.yml"))],
+        "rule_files": [str(rules_without_waits(tmp_path / "zerogr.rules.yml"))],
         "scrape_configs": [
             {"job_name": "node", "honor_labels": True,
              "static_configs": [{"targets": [f"127.0.0.1:{ports['box']}", f"127.0.0.1:{ports['host']}"]}]},
@@ -237,18 +250,55 @@ def test_a_real_prometheus_fires_on_a_refused_rebuild_a_failing_pull_and_a_host_
         assert host_metrics["zerogr_bundle_version"] == 1  # what the host still serves
         assert follower.version == 1
 
-        expected = {"ZerogrRebuildRefused": "rebuild", "ZerogrPullFailed": "pull",
-                    "ZerogrFleetBehind": "recommender"}  # fmt: skip
+        behind = {"ZerogrPullFailed": "pull", "ZerogrFleetBehind": "recommender"}
 
-        def firing_as_expected() -> bool:
-            found = alerts(port)
-            firing = {
-                name: {a["labels"]["job"] for a in found[name] if a["state"] == "firing"} for name in found
-            }
-            return firing == {name: {job} for name, job in expected.items()}
+        def firing(expected: dict[str, str]) -> None:
+            """Wait until exactly these alerts fire (alert name: its job label) and no other is active."""
 
-        wait_for(f"exactly {sorted(expected)} firing", firing_as_expected, logs)
-        assert set(alerts(port)) <= ALERTS
-        (behind,) = alerts(port)["ZerogrFleetBehind"]
-        assert behind["labels"]["instance"] == f"127.0.0.1:{ports['recommender']}"
-        assert behind["annotations"]["description"] == "The fleet's LATEST is v2."
+            def now() -> bool:
+                found = alerts(port)
+                jobs = {
+                    name: {a["labels"]["job"] for a in found[name] if a["state"] == "firing"}
+                    for name in found
+                }
+                return jobs == {name: {job} for name, job in expected.items()}
+
+            wait_for(f"exactly {sorted(expected)} firing", now, logs)
+            (alert,) = alerts(port)["ZerogrFleetBehind"]
+            assert alert["labels"]["instance"] == f"127.0.0.1:{ports['recommender']}"
+            assert alert["annotations"]["description"] == "The fleet's LATEST is v2."
+
+        firing({"ZerogrRebuildRefused": "rebuild", **behind})
+
+        # A rebuild killed once it runs (its file says running 1): stuck; the fleet's LATEST stays known.
+        write_catalog(box / "catalog.parquet", 600)
+        argv = [*zerogr_command(), "rebuild", "catalog.parquet", "--out", str(box / "bundles"),
+                "--codebook-sizes", "16,16,16", "--device", "cpu", "--force",
+                "--metrics-file", str(rebuild_prom)]  # fmt: skip
+        killed = subprocess.Popen(
+            argv,
+            cwd=box,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while metrics(rebuild_prom).get("zerogr_job_running") != 1:
+                assert killed.poll() is None and time.monotonic() < deadline, "the run never reported running"
+                time.sleep(0.05)
+        finally:
+            os.killpg(killed.pid, signal.SIGKILL)  # the run and anything it started
+            killed.wait(timeout=30)
+        firing({"ZerogrRebuildStuck": "rebuild", **behind})
+
+        # The next rebuild fails (no --codebook-sizes: exit 2).
+        zerogr("rebuild", "catalog.parquet", "--out", box / "bundles", "--device", "cpu",
+               "--metrics-file", rebuild_prom, code=2)  # fmt: skip
+        firing({"ZerogrRebuildFailed": "rebuild", **behind})
+
+        # The host's LATEST names a version that is not there: its follower cannot load it.
+        (host / "bundles" / "LATEST").write_text("v000099\n")
+        firing({"ZerogrRebuildFailed": "rebuild", "ZerogrFollowerCannotLoad": "recommender", **behind})
+        assert follower.version == 1
