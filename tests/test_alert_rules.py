@@ -365,6 +365,23 @@ def test_each_alert_fires_on_the_metrics_a_real_run_writes(case: RealRun, real_r
     assert done.returncode == 0, f"{prom.read_text()}\n{done.stdout}{done.stderr}"
 
 
+@pytest.mark.xdist_group("zerogr-real-runs")
+def test_a_run_that_promoted_nothing_reports_the_version_latest_serves(real_runs) -> None:
+    """The bundle gauges of a refused run describe LATEST's version (v1, 600 items), never the refused
+    one it built (v2, 300 items); a first run that failed verification, and one killed before its end,
+    report no version at all (nothing is live)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def bundle(case_id: str) -> dict[str, float]:
+        text = real_runs(next(case for case in RUNS if case.id == case_id)).read_text()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name.startswith("zerogr_bundle_")}  # fmt: skip
+
+    refused = bundle("exit-6-truncated-export")
+    assert refused["zerogr_bundle_version"] == 1 and refused["zerogr_bundle_items"] == 600, refused
+    assert bundle("exit-4-verify-failed") == {} and bundle("killed-first-run") == {}
+
+
 # ------------------------------------------------------------------------------------ the dashboard
 
 
