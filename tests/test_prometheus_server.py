@@ -146,7 +146,6 @@ def metrics(path: Path) -> dict[str, float]:
             if set(s.labels) == {"job"}}  # fmt: skip
 
 
-@pytest.mark.slow
 def test_a_real_prometheus_fires_on_a_refused_rebuild_a_failing_pull_and_a_host_behind(
     tmp_path: Path, s3_server: str
 ) -> None:

@@ -80,7 +80,8 @@ def test_a_truncated_export_is_refused_and_the_fleet_keeps_its_version(catalogs,
     assert value(got, "rebuild_guard_fired", "rebuild", guard="shared_sid_items") == 0
     assert value(got, "rebuild_guard_threshold", "rebuild", guard="items_removed") == 0.2
     assert value(got, "job_run_info", "rebuild", run_id=run_id) == 1
-    assert 0 <= value(got, "bundle_shared_sid_items_ratio", "rebuild") < 0.2
+    assert 0 <= value(got, "rebuild_guard_value", "rebuild", guard="shared_sid_items") < 0.2
+    assert value(got, "bundle_version", "rebuild") == 1  # LATEST's: the refused version never served
 
     accepted = rebuild(catalogs, "truncated", out, "--push", url, "--metrics-file", prom,
                        "--accept-change", "the catalog lost a market on purpose")  # fmt: skip
