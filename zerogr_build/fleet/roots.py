@@ -9,9 +9,11 @@ the keys it trusted before; hosts follow the chain from the root their trusted k
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from ..base.errors import InputError
@@ -148,3 +150,18 @@ def renewed_root(store: S3Store, root_md: Any, keys: Sequence[SigningKey]) -> An
     current = [key for key in keys if tuf_key(key.private.public_key()).keyid in spec.keyids]
     renewed = next_root(root_md, current, spec.threshold, keys)
     return renewed if put_root(store, renewed) else None
+
+
+def write_root_file(path: str | Path, md: Any) -> None:
+    """Write root metadata `md` to the local file `path` (replaced atomically, mode 0644): the fleet's
+    current root, to hand to every host (zerogr pull --trusted-root). InputError (exit 2) naming the path
+    when it cannot be written."""
+    from ..bundle.files import atomic_replace_bytes
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_replace_bytes(path, to_bytes(md))
+        os.chmod(path, 0o644)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write the fleet's root file ({exc.strerror or exc})") from None
