@@ -155,3 +155,26 @@ def test_a_trusted_root_file_must_be_the_fleets_and_safe(tmp_path, keys, build_o
     assert "installed" in out
     key = load_signing_key(keys["a"])
     assert f"signed by {key.key_id}" in ok("verify", host, "--trusted-keys", keys["a.pub"])
+
+
+def test_a_host_that_remembers_an_older_root_than_it_is_given_moves_to_the_given_one(
+    tmp_path, keys, build_out, remote
+):
+    """Same trusted keys (the old and the new, as while a rotation rolls out), a memory of root 1 from
+    before the rotation, and root 2 handed to the host: the memory does not win over the given root."""
+    trusted = tmp_path / "trusted.pub"
+    trusted.write_text(keys["a.pub"].read_text() + keys["b.pub"].read_text())
+    root_file = tmp_path / "root.json"
+    ok("push", build_out / "v000001", remote, "--signing-key", keys["a"], "--root-out", root_file)
+    host = tmp_path / "host"
+    ok("pull", remote, host, "--trusted-keys", trusted, "--trusted-root", root_file)
+    assert sorted(p.name for p in (host / ".tuf" / "root_history").iterdir()) == ["1.root.json"]
+    ok("keys", "rotate", remote, "--signing-key", keys["a"], "--new-key", keys["b"], "--root-out", root_file)
+
+    attacker_pushes_with(keys["a"], remote, tmp_path, keep_roots={"1.root.json"})
+    before = served(host)
+    code, _, err = zerogr(
+        "pull", remote, str(host), "--trusted-keys", str(trusted), "--trusted-root", str(root_file)
+    )
+    assert code == 4 and "stops at version 1, older than the root this host was given" in one_line(err)
+    assert served(host) == before and (host / "LATEST").read_text().strip() == "v000001"
