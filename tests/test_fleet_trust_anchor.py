@@ -19,7 +19,7 @@ from pathlib import Path
 from zerogr_build.fleet.keys import load_signing_key, new_key
 from zerogr_build.testing import publish_catalog, random_catalog
 
-from .test_fleet import delete, remote_keys, served, tree, zerogr
+from .test_fleet import delete, put, remote_keys, served, tree, zerogr
 
 
 def one_line(text: str) -> str:
@@ -34,11 +34,15 @@ def ok(*args: str | Path) -> str:
     return out
 
 
-def attacker_pushes_with(key: Path, remote: str, tmp_path: Path, keep_roots: set[str]) -> None:
+def attacker_pushes_with(
+    key: Path, remote: str, tmp_path: Path, keep_roots: set[str], put_back: set[str] = frozenset()
+) -> None:
     """What someone holding a retired key and write access to the bucket does: delete the fleet's
-    metadata but the roots in `keep_roots`, then push a version of their own, numbered past the fleet's,
-    with plain `zerogr push --signing-key` (the only roots left name their key)."""
-    for name in remote_keys(remote):
+    metadata but the roots in `keep_roots`, push a version of their own, numbered past the fleet's, with
+    plain `zerogr push --signing-key` (the only roots left name their key), then put the roots in
+    `put_back` back as they were."""
+    saved = remote_keys(remote)
+    for name in saved:
         if name.startswith("tuf/") and name.removeprefix("tuf/") not in keep_roots:
             delete(remote, name)
     evil = tmp_path / "attacker"
@@ -46,6 +50,8 @@ def attacker_pushes_with(key: Path, remote: str, tmp_path: Path, keep_roots: set
         publish_catalog(random_catalog(seed=seed), evil)
     ok("push", evil, remote, "--signing-key", key, "--quiet")
     assert json.loads(remote_keys(remote)["v000003/manifest.json"])["version"] == 3
+    for name in put_back:
+        put(remote, f"tuf/{name}", saved[f"tuf/{name}"])
 
 
 def test_a_retired_key_cannot_reach_a_host_set_up_as_the_docs_say(tmp_path, keys, build_out, remote):
@@ -114,7 +120,7 @@ def test_a_host_without_memory_starts_from_the_newest_root_and_refuses_a_broken_
     ok("keys", "rotate", remote, "--signing-key", keys["b"], "--new-key", third)
     # Root 2 deleted: a host anchored on root 1 would stop there (its successor missing) and take what
     # key a signs; the store still lists root 3, so the chain has a gap.
-    attacker_pushes_with(keys["a"], remote, tmp_path, keep_roots={"1.root.json", "3.root.json"})
+    attacker_pushes_with(keys["a"], remote, tmp_path, {"1.root.json"}, put_back={"3.root.json"})
     fresh = tmp_path / "fresh"
     code, _, err = zerogr("pull", remote, str(fresh), "--trusted-keys", str(keys["a.pub"]))
     assert code == 4, err
@@ -178,3 +184,22 @@ def test_a_host_that_remembers_an_older_root_than_it_is_given_moves_to_the_given
     )
     assert code == 4 and "stops at version 1, older than the root this host was given" in one_line(err)
     assert served(host) == before and (host / "LATEST").read_text().strip() == "v000001"
+
+
+def test_a_stray_root_past_a_gap_stops_hosts_until_the_build_box_removes_it(
+    tmp_path, keys, build_out, remote
+):
+    """A root file no writer made (numbered past a gap in the chain): hosts refuse the store, naming the
+    missing version; the build box's next signed commit deletes it (one warning) and hosts pull again."""
+    ok("push", build_out / "v000001", remote, "--signing-key", keys["a"])
+    put(remote, "tuf/9.root.json", remote_keys(remote)["tuf/1.root.json"])
+    trusted = ("--trusted-keys", str(keys["a.pub"]))
+    code, _, err = zerogr("pull", remote, str(tmp_path / "host"), *trusted)
+    assert code == 4 and "tuf/2.root.json: missing, though the store holds root metadata up to version 9" in (
+        one_line(err)
+    )
+    code, _, err = zerogr("push", str(build_out / "v000002"), remote, "--signing-key", str(keys["a"]))
+    assert code == 0 and "9.root.json: deleted" in err and "past the missing 2.root.json" in err
+    assert "tuf/9.root.json" not in remote_keys(remote)
+    ok("pull", remote, tmp_path / "host", *trusted)
+    assert (tmp_path / "host" / "LATEST").read_text().strip() == "v000002"

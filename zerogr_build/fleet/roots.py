@@ -27,6 +27,7 @@ from .metadata import (
     next_root_checked,
     now_utc,
     parse_metadata,
+    parse_role_file,
     refused_as,
     role_file,
     sign_with,
@@ -44,7 +45,8 @@ RENEW_BEFORE_S = 30 * 86400.0
 def load_root(store: S3Store, listing: dict[str, Any]) -> Any | None:
     """The newest root metadata reachable from 1.root.json in `listing` (the names under tuf/), each
     checked by the one before (None: the fleet has none). A root file that does not verify is deleted with
-    a warning; UntrustedVersion when 1.root.json itself does not."""
+    a warning, and so are root files numbered past a gap after the chain's end (no writer makes those, and
+    hosts refuse a chain with a gap); UntrustedVersion when 1.root.json itself does not verify."""
     current = None
     version = 1
     while role_file(version, "root") in listing:
@@ -67,7 +69,21 @@ def load_root(store: S3Store, listing: dict[str, Any]) -> Any | None:
             store.delete([metadata_name(name)])
             break
         current, version = md, version + 1
+    if current is not None and role_file(version, "root") not in listing:
+        _delete_stray_roots(store, listing, version)
     return current
+
+
+def _delete_stray_roots(store: S3Store, listing: dict[str, Any], gap: int) -> None:
+    """Delete the root files in `listing` numbered past `gap`, the first root version the store lacks."""
+    stray = sorted(name for name in listing if (p := parse_role_file(name)) and p[1] == "root" and p[0] > gap)
+    if stray:
+        warnings.warn(
+            f"{metadata_url(store, stray[0])}: deleted with {len(stray) - 1} more root file(s) past the "
+            f"missing {role_file(gap, 'root')}: not part of the fleet's chain of roots",
+            stacklevel=3,
+        )
+        store.delete([metadata_name(name) for name in stray])
 
 
 def key_ids(keys: Sequence[SigningKey]) -> set[str]:
