@@ -6,6 +6,7 @@ files load in boto3, every zerogr option the recipes use exists, and docs/operat
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import re
 import shlex
@@ -167,7 +168,7 @@ def test_every_shell_script_of_the_recipes_parses() -> None:
     """The `sh -c` scripts of the units and the containers, checked by the shell itself (`sh -n`)."""
     scripts = [_script(_unit(p)["Service"]["ExecStart"]) for p in SYSTEMD.glob("*.service")]
     cron = _documents("rebuild.yaml")[("CronJob", "zerogr-rebuild")]["spec"]["jobTemplate"]
-    serving = _documents("serving.yaml")[("Deployment", "recommender")]
+    serving = _documents("serving.yaml")[("StatefulSet", "recommender")]
     for pod in (cron["spec"]["template"]["spec"], serving["spec"]["template"]["spec"]):
         scripts += [c["args"][0] for c in pod["containers"] if c.get("command") == ["/bin/sh", "-c"]]
     assert len(scripts) == 5
@@ -200,7 +201,7 @@ def test_the_rebuild_cronjob_runs_one_at_a_time_on_its_volume_with_its_secrets()
     for volume in volumes.values():
         if "secret" in volume:
             assert ("Secret", volume["secret"]["secretName"]) in secrets
-    assert volumes[mounts["/home/zerogr/.aws"]]["secret"]["secretName"] == "zerogr-aws"
+    assert volumes[mounts["/home/zerogr/.aws"]]["secret"]["secretName"] == "zerogr-aws-push"
     assert {e["name"]: e["value"] for e in container["env"]}["HOME"] == "/home/zerogr"
     argv = _zerogr_command(container["args"][0])
     _known_options(argv)
@@ -220,8 +221,10 @@ def test_the_rebuild_cronjob_runs_one_at_a_time_on_its_volume_with_its_secrets()
 
 
 def test_serving_pods_pull_signed_versions_into_the_dir_the_recommender_follows() -> None:
-    deployment = _documents("serving.yaml")[("Deployment", "recommender")]
-    pod = deployment["spec"]["template"]["spec"]
+    serving, secrets = _documents("serving.yaml"), _documents("secrets.example.yaml")
+    statefulset = serving[("StatefulSet", "recommender")]
+    assert ("Service", statefulset["spec"]["serviceName"]) in serving
+    pod = statefulset["spec"]["template"]["spec"]
     containers = {c["name"]: c for c in pod["containers"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
 
@@ -231,18 +234,148 @@ def test_serving_pods_pull_signed_versions_into_the_dir_the_recommender_follows(
     argv = _zerogr_command(containers["zerogr-pull"]["args"][0])
     assert argv[1] == "pull"
     _known_options(argv)
-    out, keys = argv[3], argv[argv.index("--trusted-keys") + 1]
+    out = argv[3]
     assert mounted("zerogr-pull")[out]["name"] == mounted("recommender")[out]["name"]
     assert mounted("recommender")[out].get("readOnly") is True and not mounted("zerogr-pull")[out].get(
         "readOnly"
     )
-    key_volume = volumes[mounted("zerogr-pull")[str(Path(keys).parent)]["name"]]
-    assert key_volume["configMap"]["name"] == "zerogr-trusted-keys"
-    assert key_volume["configMap"]["defaultMode"] & 0o022 == 0  # zerogr refuses a key file others can write
+    # The trust files: each one file of the ConfigMap (subPath), so no directory on their path is the
+    # ConfigMap volume's own (world-writable) one, which zerogr would refuse.
+    for option, name in (("--trusted-keys", "trusted.pub"), ("--trusted-root", "root.json")):
+        mount = mounted("zerogr-pull")[argv[argv.index(option) + 1]]
+        assert mount["subPath"] == name and mount["readOnly"] is True
+        trust = volumes[mount["name"]]["configMap"]
+        assert trust["defaultMode"] & 0o022 == 0  # zerogr refuses a trust file others can write
+        assert name in secrets[("ConfigMap", trust["name"])]["data"]
     metrics_dir = str(Path(argv[argv.index("--metrics-file") + 1]).parent)
     exporter = containers["node-exporter"]
     assert f"--collector.textfile.directory={metrics_dir}" in exporter["args"]
     assert mounted("node-exporter")[metrics_dir]["name"] == mounted("zerogr-pull")[metrics_dir]["name"]
+
+
+def _pod_specs(doc: dict) -> list[dict]:
+    """The pod specs a workload manifest runs (none for other kinds)."""
+    kind, spec = doc["kind"], doc.get("spec", {})
+    if kind == "Pod":
+        return [spec]
+    if kind in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"):
+        return [spec["template"]["spec"]]
+    if kind == "CronJob":
+        return [spec["jobTemplate"]["spec"]["template"]["spec"]]
+    return []
+
+
+def _secrets_of(pod: dict, containers: list[dict]) -> set[str]:
+    """The Secrets `containers` of `pod` can read: mounted volumes (projected ones too), envFrom and env."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    names = set()
+    for container in containers:
+        for mount in container.get("volumeMounts", []):
+            volume = volumes.get(mount["name"], {})
+            if "secret" in volume:
+                names.add(volume["secret"]["secretName"])
+            for source in volume.get("projected", {}).get("sources", []):
+                if "secret" in source:
+                    names.add(source["secret"]["name"])
+        names |= {e["secretRef"]["name"] for e in container.get("envFrom", []) if "secretRef" in e}
+        names |= {
+            e["valueFrom"]["secretKeyRef"]["name"]
+            for e in container.get("env", [])
+            if "secretKeyRef" in e.get("valueFrom", {})
+        }
+    return names
+
+
+def _shell_containers(pod: dict) -> list[dict]:
+    return [c for c in pod["containers"] if c.get("command") == ["/bin/sh", "-c"]]
+
+
+def test_no_serving_pod_holds_the_push_credentials_and_each_keeps_its_fleet_memory() -> None:
+    """The Secrets the pushing container reads (its object-store credentials, its signing key) reach no
+    container of any serving pod; each serving pod's pull writes its OUT (and OUT/.tuf/, OUT/.pulled) to
+    a claim of its own that outlives the pod, not to a volume that dies with it."""
+    cron = _documents("rebuild.yaml")[("CronJob", "zerogr-rebuild")]
+    (build_pod,) = _pod_specs(cron)
+    pushing = [c for c in _shell_containers(build_pod) if "--push" in _zerogr_command(c["args"][0])]
+    push_secrets = _secrets_of(build_pod, pushing + build_pod.get("initContainers", []))
+    assert {"zerogr-aws-push", "zerogr-signing-key"} <= push_secrets
+
+    serving = list(yaml.safe_load_all((KUBERNETES / "serving.yaml").read_text()))
+    pods = [(doc, pod) for doc in serving for pod in _pod_specs(doc)]
+    assert pods
+    for doc, pod in pods:
+        held = _secrets_of(pod, pod["containers"] + pod.get("initContainers", []))
+        assert held and not held & push_secrets, f"{doc['metadata']['name']} mounts {held & push_secrets}"
+        pull = next(c for c in _shell_containers(pod) if _zerogr_command(c["args"][0])[1] == "pull")
+        out = _zerogr_command(pull["args"][0])[3]
+        (mount,) = [m for m in pull["volumeMounts"] if m["mountPath"] == out]
+        claims = {t["metadata"]["name"] for t in doc["spec"].get("volumeClaimTemplates", [])}
+        assert doc["kind"] == "StatefulSet" and mount["name"] in claims, "OUT dies with the pod"
+        assert mount["name"] not in {v["name"] for v in pod.get("volumes", [])}
+        retention = doc["spec"].get("persistentVolumeClaimRetentionPolicy", {})
+        assert retention.get("whenScaled", "Retain") == "Retain" == retention.get("whenDeleted", "Retain")
+
+
+@pytest.mark.parametrize("version", ["1.29.0", "latest"])
+def test_every_kubernetes_manifest_is_valid_for_the_kubernetes_api(version: str) -> None:
+    """Each document of deploy/kubernetes/ against the API's own OpenAPI schemas (kubernetes-validate,
+    offline), strict: a misspelt or misplaced field is an error, not ignored."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    if version == "latest":
+        version = kubernetes_validate.latest_version()
+    checked = 0
+    for path in sorted(KUBERNETES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                where = f"{path.name}: {doc['kind']} {doc['metadata']['name']}"
+                pytest.fail(f"{where}: {exc.message} at {list(exc.path)}")
+            checked += 1
+    assert checked >= 8
+
+
+# ------------------------------------------------------------------------------------- IAM policies
+
+
+def _allowed(policy: dict) -> list[tuple[set[str], list[str], dict]]:
+    """(actions, resources, condition) of each Allow statement of an IAM policy document."""
+    rows = []
+    for statement in policy["Statement"]:
+        assert statement["Effect"] == "Allow"
+        actions, resources = statement["Action"], statement["Resource"]
+        rows.append(
+            (
+                set([actions] if isinstance(actions, str) else actions),
+                [resources] if isinstance(resources, str) else resources,
+                statement.get("Condition", {}),
+            )
+        )
+    return rows
+
+
+def test_the_hosts_policy_only_reads_the_prefix_the_pods_pull_and_the_build_box_may_write_it() -> None:
+    pod = _documents("serving.yaml")[("StatefulSet", "recommender")]["spec"]["template"]["spec"]
+    pull = next(c for c in pod["containers"] if c["name"] == "zerogr-pull")
+    remote = {e["name"]: e["value"] for e in pull["env"]}["REMOTE"]
+    bucket, prefix = remote.removeprefix("s3://").split("/", 1)
+    objects = f"arn:aws:s3:::{bucket}/{prefix}/*"
+
+    hosts = _allowed(json.loads((DEPLOY / "aws" / "read-only-policy.json").read_text()))
+    assert set().union(*(actions for actions, _, _ in hosts)) == {"s3:GetObject", "s3:ListBucket"}
+    assert any("s3:GetObject" in a and objects in r for a, r, _ in hosts)
+    listing = [c for a, r, c in hosts if "s3:ListBucket" in a and r == [f"arn:aws:s3:::{bucket}"]]
+    assert listing and all(c["StringLike"]["s3:prefix"] == [f"{prefix}/*"] for c in listing)
+
+    build_box = _allowed(json.loads((DEPLOY / "aws" / "build-box-policy.json").read_text()))
+    writes = {"s3:GetObject", "s3:PutObject", "s3:DeleteObject"}
+    assert any(writes <= a and objects in r for a, r, _ in build_box)
+    catalog = _documents("rebuild.yaml")[("ConfigMap", "zerogr-rebuild")]["data"]["CATALOG"]
+    catalog_bucket, catalog_prefix = catalog.removeprefix("s3://").rstrip("/").split("/", 1)
+    assert any(
+        "s3:GetObject" in a and f"arn:aws:s3:::{catalog_bucket}/{catalog_prefix}/*" in r
+        for a, r, _ in build_box
+    )
 
 
 # ------------------------------------------------------------------------------------------ ~/.aws

@@ -57,7 +57,7 @@ def zerogr(*args: str) -> tuple[int, str, str]:
 def unsigned(args: tuple[str, ...]) -> tuple[str, ...]:
     """`args` with --allow-unsigned added to a pull, or a status or promote of an s3:// OUT, that names no
     trust."""
-    if "--trusted-keys" in args or "--allow-unsigned" in args or "--signing-key" in args:
+    if {"--trusted-keys", "--trusted-root", "--allow-unsigned", "--signing-key"} & set(args):
         return args
     remote = args[:1] in (("status",), ("promote",)) and any(a.startswith("s3://") for a in args)
     reads_remote = args[:1] == ("pull",) or remote

@@ -5,7 +5,8 @@ real `zerogr` processes where the build box or a host runs one:
   the next push recovers the fleet; a signed rollback is followed;
 - 40 days without a signature (a faked clock: faketime) is exit 4 naming the expiry, with the expiry in
   the metrics; the build box's next signed run renews it;
-- a key rotation is followed by hosts that trust the old key, and the retired key is refused everywhere;
+- a key rotation is followed by hosts that remember the fleet, and the retired key is refused by them and
+  by push;
 - mixed metadata (a file from another state under the name the newer metadata signs) is refused;
 - a fleet signed the old way (a signature per version) moves over on its first signed push;
 - concurrent commits lose no change; a rebuild renews the timestamp even when it builds nothing.

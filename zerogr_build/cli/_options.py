@@ -134,6 +134,26 @@ TrustedKeysOpt = Annotated[
         show_default=False,
     ),
 ]
+TrustedRootOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--trusted-root",
+        help="The fleet's current root metadata file (N.root.json, written by zerogr keys rotate --root-out "
+        "or push --root-out): this host never starts from an older root, and refuses a store whose roots "
+        "stop short of it (exit 4). Give it to hosts that start without memory (new, re-imaged, a pod); "
+        "with --trusted-keys too, that root must be signed by those keys. Alone, its keys are trusted.",
+        show_default=False,
+    ),
+]
+RootOutOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--root-out",
+        help="Write the fleet's current root metadata to this file once signed: hand it to every host "
+        "(zerogr pull --trusted-root FILE), so a host without memory never starts from a retired key.",
+        show_default=False,
+    ),
+]
 AllowUnsignedOpt = Annotated[
     bool,
     typer.Option(

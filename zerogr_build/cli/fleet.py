@@ -30,6 +30,7 @@ from ..fleet.metadata import ExpiredFleetMetadata
 from ..fleet.pull import pull_version
 from ..fleet.push import push_version
 from ..fleet.remote import RemoteOut, is_remote
+from ..fleet.roots import write_root_file
 from ..fleet.signing import host_trust
 from ..fleet.status import out_status
 from ._errors import cli_errors, warnings_on_stderr
@@ -41,8 +42,10 @@ from ._options import (
     FleetConfigOpt,
     JsonOpt,
     MetricsFileOpt,
+    RootOutOpt,
     SigningKeyOpt,
     TrustedKeysOpt,
+    TrustedRootOpt,
     bundle_path,
     timestamp_expiry_s,
 )
@@ -95,6 +98,7 @@ def push(
     keep: KeepOpt = None,
     signing_key: SigningKeyOpt = None,
     allow_unsigned: PushAllowUnsignedOpt = False,
+    root_out: RootOutOpt = None,
     config: FleetConfigOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -106,7 +110,8 @@ def push(
     vN, claimed with a create-only write (exit 2 when the fleet holds another version under it, or a
     higher one to promote over). Every file is uploaded and read back (size and sha256), the manifest
     last. With --signing-key the fleet's signed metadata (tuf/) then lists it and, unless --no-promote,
-    names it as LATEST, and its timestamp is renewed ([fleet] timestamp_expiry_days of --config). Pushing
+    names it as LATEST, and its timestamp is renewed ([fleet] timestamp_expiry_days of --config);
+    --root-out FILE then writes the fleet's current root metadata, for the hosts' --trusted-root. Pushing
     a version pushed before uploads nothing. Without --signing-key the version is unsigned (one warning):
     hosts with --trusted-keys follow only the signed metadata, so on a signed fleet the plain LATEST is
     not moved (exit 2, before anything is uploaded) unless --allow-unsigned. Credentials: the standard
@@ -114,6 +119,8 @@ def push(
     """
     with job_metrics("push", metrics_file) as metrics, cli_errors(), warnings_on_stderr():
         timings: dict[str, float] = {}
+        if root_out is not None and signing_key is None:
+            raise InputError("--root-out needs --signing-key: only a signed fleet has root metadata")
         try:
             with progress_for(quiet or json_out) as progress:
                 result = push_version(
@@ -127,6 +134,12 @@ def push(
         metrics.bundle(remote_version=result.version)
         metrics.fleet(expires=result.expires, latest=result.fleet_latest)
         url = f"{result.url}/v{result.version:06d}"
+        if root_out is not None and result.root is not None:
+            write_root_file(root_out, result.root)
+            sys.stderr.write(
+                f"{safe_text(root_out)}: the fleet's root metadata, version {result.root.signed.version}: "
+                "hand it to every host (zerogr pull --trusted-root)\n"
+            )
         if result.signed_by is None:
             sys.stderr.write(
                 f"warning: {url}: pushed without --signing-key; hosts with --trusted-keys refuse unsigned "
@@ -190,6 +203,7 @@ def pull(
         ),
     ] = False,
     trusted_keys: TrustedKeysOpt = None,
+    trusted_root: TrustedRootOpt = None,
     allow_unsigned: AllowUnsignedOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -200,9 +214,12 @@ def pull(
     For a cron job on every serving host. With --trusted-keys, the fleet's signed metadata is checked
     first (python-tuf: the keys anchor its root; expired, replayed or mixed metadata, a version not signed
     or changed after signing: refused, exit 4, naming the file or the expiry); the version its LATEST
-    names is pulled. A host that trusts no key must say --allow-unsigned. Each file streams to a temp dir
-    under OUT, its size and sha256 checked as it arrives (memory does not grow with the bundle); the
-    version appears by one rename under OUT's lock, as a local publish. Already there: nothing is
+    names is pulled. The host remembers what it trusted in OUT/.tuf/; one without that memory starts from
+    --trusted-root (the fleet's current root, handed to it) or else from the newest root its keys sign,
+    and refuses a store whose chain of roots is broken or stops short of the root it was given. A host
+    that trusts no key must say --allow-unsigned. Each file streams to a temp dir under OUT, its size and
+    sha256 checked as it arrives (memory does not grow with the bundle); the version appears by one
+    rename under OUT's lock, as a local publish. Already there: nothing is
     downloaded (exit 0). A truncated, corrupt, incomplete or hostile remote version is refused with one
     line naming the object, and OUT stays as it was. A LATEST promoted here away from the version pull
     last installed (a rollback of this host) is held: pull downloads nothing, leaves it and says so in one
@@ -214,7 +231,9 @@ def pull(
         try:
             with progress_for(quiet or json_out) as progress:
                 url = RemoteOut.parse(source).url  # a URL that breaks the rules is refused first, redacted
-                trust = host_trust(trusted_keys, allow_unsigned, required=True, what=url)
+                trust = host_trust(
+                    trusted_keys, allow_unsigned, required=True, what=url, trusted_root=trusted_root
+                )
                 result = pull_version(
                     source, out, version=version, keep=keep, verify=verify, follow_remote=follow_remote,
                     trust=trust, progress=progress, timings=timings,
@@ -288,6 +307,7 @@ def status(
         ),
     ] = False,
     trusted_keys: TrustedKeysOpt = None,
+    trusted_root: TrustedRootOpt = None,
     allow_unsigned: AllowUnsignedOpt = False,
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
@@ -310,7 +330,9 @@ def status(
         where = target if target is not None else bundle_path(None, config)
         remote = is_remote(where)
         what = RemoteOut.parse(where).url if remote else where  # a bad URL is refused first, redacted
-        trust = host_trust(trusted_keys, allow_unsigned, required=remote, what=what)
+        trust = host_trust(
+            trusted_keys, allow_unsigned, required=remote, what=what, trusted_root=trusted_root
+        )
         try:
             report = out_status(where, verify=verify, trust=trust)
         except ExpiredFleetMetadata as exc:

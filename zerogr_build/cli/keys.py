@@ -13,7 +13,7 @@ import typer
 
 from ..fleet.keys import new_key
 from ._errors import cli_errors
-from ._options import FleetConfigOpt, JsonOpt, timestamp_expiry_s
+from ._options import FleetConfigOpt, JsonOpt, RootOutOpt, timestamp_expiry_s
 
 keys_app = typer.Typer(
     name="keys",
@@ -89,30 +89,46 @@ def rotate(
     threshold: Annotated[
         int, typer.Option("--threshold", help="How many of the new keys must sign a later root.")
     ] = 1,
+    root_out: RootOutOpt = None,
     config: FleetConfigOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Move a fleet's signed metadata to new keys: a new root metadata version names the new keys for
     every role (the root role needs --threshold of them), signed by the current keys and the new ones;
-    the rest of the metadata is signed again. Serving hosts follow it on their next pull, with their
-    trusted-keys file unchanged; from then on the retired keys are refused everywhere (a push signed with
-    one is exit 2, metadata signed only by one is exit 4 on the hosts). Sign with the new key from now on
-    (push --signing-key, rebuild --push-signing-key); a new host can then trust the new public key alone.
-    Exit 2 for keys the fleet's root does not name, 3 when the store failed, 4 when its metadata does not
-    verify."""
+    the rest of the metadata is signed again. --root-out FILE writes that new root: hand it to every host
+    (pull --trusted-root FILE). Hosts that remember the fleet (OUT/.tuf/) follow the rotation on their
+    next pull. From then on a push, rollback or rotation signed with a retired key is exit 2, and
+    metadata signed by a retired key alone is exit 4 on every host that followed the rotation, was given
+    the new root, or no longer lists the retired key in its trusted-keys file. A host that starts without
+    memory and still trusts a retired key, with no --trusted-root, can be served a fleet that someone
+    holding that key re-signed: replace the retired key's line with the new key's .pub on every host, and
+    give hosts the new root. Sign with the new key from now on (push --signing-key, rebuild
+    --push-signing-key). Exit 2 for keys the fleet's root does not name, 3 when the store failed, 4 when
+    its metadata does not verify."""
+    from ..base.printable import safe_text
     from ..fleet.metadata import iso
+    from ..fleet.roots import write_root_file
     from ..fleet.rotate import rotate_keys
 
     with cli_errors():
         done = rotate_keys(
             remote, signing_key, new_key, threshold=threshold, timestamp_expiry_s=timestamp_expiry_s(config)
         )
+        if root_out is not None:
+            write_root_file(root_out, done.root)
         if json_out:
-            sys.stdout.write(json.dumps(done.__dict__) + "\n")
+            info = {k: v for k, v in done.__dict__.items() if k != "root"}
+            sys.stdout.write(json.dumps(info | {"root_out": str(root_out) if root_out else None}) + "\n")
             return
         retired = f"; retired {', '.join(done.retired)}" if done.retired else ""
+        hand = (
+            f"; hand {safe_text(root_out)} to every host (pull --trusted-root) and replace the retired key "
+            "in their trusted-keys files"
+            if root_out is not None
+            else "; replace the retired key in the hosts' trusted-keys files"
+        )
         sys.stdout.write(
             f"{done.url}/tuf/{done.root_version}.root.json: the fleet's keys are {', '.join(done.keys)} "
             f"(root threshold {done.threshold}){retired}; its metadata expires {iso(done.expires)}. Hosts "
-            "follow on their next pull; sign with the new key from now on\n"
+            f"with memory follow on their next pull{hand}; sign with the new key from now on\n"
         )

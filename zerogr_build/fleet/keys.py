@@ -249,9 +249,10 @@ def _is_control_or_separator(char: str) -> bool:
     return char not in " \t" and unicodedata.category(char)[0] in "CZ"
 
 
-def check_trusted_keys_mode(path: str | Path) -> None:
+def check_trusted_keys_mode(path: str | Path, what: str = "trusted-keys file") -> None:
     """InputError (exit 2) naming `path` when another user than root and the running user could change the
-    trusted-keys file or put another file in its place: whoever can decides which signatures the host
+    trusted-keys file (or another file the host's trust rests on, `what`: a trusted root file) or put
+    another file in its place: whoever can decides which signatures the host
     accepts. Like sshd's StrictModes, checked with lstat on every entry the path goes through (each
     directory from /, each symlink followed, the file itself):
 
@@ -278,20 +279,18 @@ def check_trusted_keys_mode(path: str | Path) -> None:
         if stat.S_ISDIR(info.st_mode) and mode & 0o022 and not mode & stat.S_ISVTX:
             raise InputError(
                 f"{path}: directory {entry} on its path is writable by other users (mode {mode:04o}), who "
-                f"can put another trusted-keys file in its place; chmod go-w {entry}"
+                f"can put another {what} in its place; chmod go-w {entry}"
             )
     mode = stat.S_IMODE(final.st_mode)
     if not stat.S_ISREG(final.st_mode):
-        raise InputError(f"{path}: trusted-keys file is a {_kind(final.st_mode)}, not a regular file")
+        raise InputError(f"{path}: {what} is a {_kind(final.st_mode)}, not a regular file")
     if final.st_uid not in owners:
         raise InputError(
-            f"{path}: trusted-keys file is owned by {_user(final.st_uid)}, not by root or the user running "
+            f"{path}: {what} is owned by {_user(final.st_uid)}, not by root or the user running "
             f"zerogr ({_user(os.geteuid())}), so that user can change which keys are trusted; chown it"
         )
     if mode & 0o022:
-        raise InputError(
-            f"{path}: trusted-keys file is writable by other users (mode {mode:04o}); chmod go-w it"
-        )
+        raise InputError(f"{path}: {what} is writable by other users (mode {mode:04o}); chmod go-w it")
 
 
 def _entries_on_path(path: str | Path) -> list[tuple[str, os.stat_result]]:

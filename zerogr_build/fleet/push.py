@@ -34,7 +34,7 @@ import os
 import socket
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,14 @@ class PushResult(TransferResult):
     promoted: bool
     latest: str | None
     local_version: int
+    #: The fleet's current root metadata after a signed push (None: unsigned), for `--root-out`.
+    root: Any = field(default=None, repr=False, compare=False)
+
+    def as_dict(self) -> dict:
+        """The JSON form: TransferResult's, with the root's version in place of the root."""
+        info = super().as_dict()
+        root = info.pop("root")
+        return info | {"root_version": root.signed.version if root is not None else None}
 
 
 def manifest_identity(manifest: dict, raw: bytes) -> set[str]:
@@ -226,6 +234,7 @@ def push_version(
         signed_by=key.key_id if key is not None else None,
         expires=signed.expires if signed is not None else None,
         fleet_latest=signed.latest if signed is not None else None,
+        root=signed.root if signed is not None else None,
     )
 
 

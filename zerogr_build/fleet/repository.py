@@ -76,7 +76,8 @@ Change = Callable[[dict[str, Any]], None]
 @dataclass(frozen=True)
 class Committed:
     """What a commit signed: the remote OUT, the version LATEST names now (and before), the versions the
-    targets list, when the metadata expires (the earliest of its files), and the key ids that signed."""
+    targets list, when the metadata expires (the earliest of its files), the key ids that signed, and the
+    fleet's root metadata the commit was checked against (the current root: what hosts are given)."""
 
     url: str
     latest: int | None
@@ -84,6 +85,7 @@ class Committed:
     versions: list[int]
     expires: float
     signed_by: list[str] = field(default_factory=list)
+    root: Any = None
 
 
 @dataclass
@@ -291,6 +293,7 @@ def commit(
             versions=listed_versions(targets),
             expires=expires,
             signed_by=signers,
+            root=root_md,
         )
     raise RemoteError(f"{metadata_url(store, TIMESTAMP_FILE)}: changed {CAS_ATTEMPTS} times while signing")
 

@@ -9,9 +9,11 @@ the keys it trusted before; hosts follow the chain from the root their trusted k
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from ..base.errors import InputError
@@ -25,6 +27,7 @@ from .metadata import (
     next_root_checked,
     now_utc,
     parse_metadata,
+    parse_role_file,
     refused_as,
     role_file,
     sign_with,
@@ -42,7 +45,8 @@ RENEW_BEFORE_S = 30 * 86400.0
 def load_root(store: S3Store, listing: dict[str, Any]) -> Any | None:
     """The newest root metadata reachable from 1.root.json in `listing` (the names under tuf/), each
     checked by the one before (None: the fleet has none). A root file that does not verify is deleted with
-    a warning; UntrustedVersion when 1.root.json itself does not."""
+    a warning, and so are root files numbered past a gap after the chain's end (no writer makes those, and
+    hosts refuse a chain with a gap); UntrustedVersion when 1.root.json itself does not verify."""
     current = None
     version = 1
     while role_file(version, "root") in listing:
@@ -65,7 +69,21 @@ def load_root(store: S3Store, listing: dict[str, Any]) -> Any | None:
             store.delete([metadata_name(name)])
             break
         current, version = md, version + 1
+    if current is not None and role_file(version, "root") not in listing:
+        _delete_stray_roots(store, listing, version)
     return current
+
+
+def _delete_stray_roots(store: S3Store, listing: dict[str, Any], gap: int) -> None:
+    """Delete the root files in `listing` numbered past `gap`, the first root version the store lacks."""
+    stray = sorted(name for name in listing if (p := parse_role_file(name)) and p[1] == "root" and p[0] > gap)
+    if stray:
+        warnings.warn(
+            f"{metadata_url(store, stray[0])}: deleted with {len(stray) - 1} more root file(s) past the "
+            f"missing {role_file(gap, 'root')}: not part of the fleet's chain of roots",
+            stacklevel=3,
+        )
+        store.delete([metadata_name(name) for name in stray])
 
 
 def key_ids(keys: Sequence[SigningKey]) -> set[str]:
@@ -148,3 +166,18 @@ def renewed_root(store: S3Store, root_md: Any, keys: Sequence[SigningKey]) -> An
     current = [key for key in keys if tuf_key(key.private.public_key()).keyid in spec.keyids]
     renewed = next_root(root_md, current, spec.threshold, keys)
     return renewed if put_root(store, renewed) else None
+
+
+def write_root_file(path: str | Path, md: Any) -> None:
+    """Write root metadata `md` to the local file `path` (replaced atomically, mode 0644): the fleet's
+    current root, to hand to every host (zerogr pull --trusted-root). InputError (exit 2) naming the path
+    when it cannot be written."""
+    from ..bundle.files import atomic_replace_bytes
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_replace_bytes(path, to_bytes(md))
+        os.chmod(path, 0o644)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write the fleet's root file ({exc.strerror or exc})") from None

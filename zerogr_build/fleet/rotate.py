@@ -4,14 +4,16 @@ The new keys replace the old ones in every role (the root role needs `threshold`
 one). The targets, snapshot and timestamp are signed again by the old and the new keys together, so they
 verify under either root; then root N+1 is written, signed by the old keys (the threshold of root N) and
 the new ones. From then on only the new keys sign: anything signed by a retired key alone is refused by
-every host that followed the rotation, and push, rollback and renewal refuse a retired key (exit 2).
+every host that followed the rotation or was given root N+1 (--trusted-root), and by every host whose
+trusted keys no longer list a retired key; push, rollback and renewal refuse a retired key (exit 2).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..base.errors import InputError
 from .keys import SigningKey, load_signing_key
@@ -24,7 +26,8 @@ from .roots import check_keys, load_root, next_root, put_root
 @dataclass(frozen=True)
 class Rotation:
     """What a key rotation did: the remote OUT, the new root version, the retired and the new key ids,
-    the root threshold, and when the re-signed metadata expires."""
+    the root threshold, when the re-signed metadata expires, and the new root metadata (`root`, the file
+    to hand to every host: zerogr pull --trusted-root)."""
 
     url: str
     root_version: int
@@ -33,6 +36,7 @@ class Rotation:
     threshold: int
     expires: float
     latest: int | None
+    root: Any = field(default=None, repr=False, compare=False)
 
 
 def rotate_keys(
@@ -79,4 +83,5 @@ def rotate_keys(
         threshold=threshold,
         expires=min(done.expires, expiry_of(rotated)),
         latest=done.latest,
+        root=rotated,
     )

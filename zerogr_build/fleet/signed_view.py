@@ -1,8 +1,16 @@
 """A host's view of the fleet through its signed metadata (metadata.py), read with python-tuf's client
 (`tuf.ngclient.Updater`) over the same S3 client pull uses; and the check of a pulled version on disk.
 
-The host's trusted keys (--trusted-keys) anchor it: the first time, and whenever the keys or the remote OUT
-change, the anchor is the first root version on the store that a threshold of the trusted keys signed.
+The host's trusted keys (--trusted-keys) anchor it. With memory (OUT/.tuf/ holds a root these keys
+anchored for this remote OUT), the host starts from the newest root it trusted. Without (the first pull,
+a lost or re-imaged OUT, other keys, another remote OUT), it starts from:
+  - the root the host was given (Trust.root, --trusted-root: TUF's "ship the current root with the
+    client"), when the store's roots reach its version: a store whose roots stop short of it is refused;
+  - else the newest root version on the store that a threshold of the trusted keys signed.
+A memory older than the given root is replaced by it (its root files only: the timestamp it trusted stays
+the floor a replay must pass). Before anything is loaded, the chain of roots from the starting root to the
+newest root file on the store must be whole: every version in between present, each signed by the
+threshold of the one before and of its own keys; a gap (deleted roots, a stray later root) is refused.
 From there the Updater follows the chain of roots (key rotations) and loads timestamp, snapshot and
 targets, refusing expired metadata, metadata older than what this host has seen (a replay), files that do
 not match what newer metadata says of them (mixed states), and anything the root's keys did not sign. It
@@ -55,6 +63,7 @@ from .metadata import (
     refused_as,
     signed_by,
     signed_by_trusted,
+    to_bytes,
     tuf,
 )
 from .remote import RemoteError, S3Store
@@ -152,7 +161,9 @@ def read_signed_view(store: S3Store, cache: Path, trust: Trust) -> SignedView:
     with _cache_errors(cache), _locked(cache):
         fetcher = _fetcher(store, base)
         try:
-            bootstrap = _anchor(store, cache, trust)
+            roots = _listed_roots(store)
+            bootstrap, start = _anchor(store, cache, trust, roots)
+            _check_chain(store, start, roots)
             updater = Updater(
                 str(cache), base, fetcher=fetcher, bootstrap=bootstrap,
                 config=UpdaterConfig(prefix_targets_with_hash=False),
@@ -178,43 +189,123 @@ def read_signed_view(store: S3Store, cache: Path, trust: Trust) -> SignedView:
 _ROLES = ("root", "timestamp", "snapshot", "targets")
 
 
-def _anchor(store: S3Store, cache: Path, trust: Trust) -> bytes | None:
-    """None when `cache` holds a root anchored by these trusted keys for this remote OUT (the Updater
-    starts from it); else the bytes of the first root on the store the trusted keys signed, after
-    emptying `cache` (what another anchor trusted does not carry over)."""
-    try:
-        record = json.loads(read_small_file(cache / ANCHOR_RECORD, 1 << 16))
-    except (FileNotFoundError, BundleError, ValueError, RecursionError):
-        record = None
-    if record == _anchor_record(store, trust) and (cache / "root.json").exists():
-        return None
-    for child in cache.iterdir():
-        if child.name == LOCK_FILE:
-            continue
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
+def _listed_roots(store: S3Store) -> list[int]:
+    """The root versions the store holds (tuf/<N>.root.json), ascending."""
     listing = store.list_under(metadata_name(""))
-    roots = sorted(p[0] for name in listing if (p := parse_role_file(name)) and p[1] == "root")
+    return sorted(p[0] for name in listing if (p := parse_role_file(name)) and p[1] == "root")
+
+
+def _anchor(store: S3Store, cache: Path, trust: Trust, roots: list[int]) -> tuple[bytes | None, Any]:
+    """(bootstrap, starting root): (None, the cached root) when `cache` holds a root these trusted keys
+    anchored for this remote OUT, no older than the root the host was given; else (the bytes of the root
+    to start from, it parsed), after clearing what `cache` may no longer carry over. See the module
+    docstring."""
+    memory = _memory(store, cache, trust)
+    pinned = trust.root
+    if memory is not None and (pinned is None or _holds(cache, memory, pinned)):
+        return None, memory
+    _forget(cache, roots_only=memory is not None)
+    top = roots[-1] if roots else 0
+    if pinned is not None:
+        version = pinned.signed.version
+        if top < version:
+            raise UntrustedVersion(
+                f"{store.remote.name_url(METADATA_DIR)}/: the fleet's root metadata stops at version {top}, "
+                f"older than the root this host was given ({trust.root_file}: version {version}): later "
+                "roots were deleted, or this is not that fleet; nothing installed"
+            )
+        return to_bytes(pinned), pinned
     if not roots:
         raise UntrustedVersion(
             f"{metadata_url(store, '1.root.json')}: missing: the fleet has no signed metadata (push with "
             "--signing-key), and this host trusts only signed versions"
         )
-    for version in roots[:MAX_ROOTS]:
+    for version in reversed(roots[-MAX_ROOTS:]):
         got = get_metadata(store, f"{version}.root.json")
         try:
             md = parse_metadata(got[0], "root", "root") if got else None
         except UntrustedVersion:
             continue
         if md is not None and md.signed.version == version and signed_by_trusted(md, trust.keys):
-            return got[0]
+            return got[0], md
     raise UntrustedVersion(
         f"{store.remote.name_url(METADATA_DIR)}/: no root metadata is signed by the trusted keys "
         f"({', '.join(sorted(trust.keys))}): not the fleet these keys sign, or a fleet whose keys were "
         "rotated past them"
     )
+
+
+def _memory(store: S3Store, cache: Path, trust: Trust) -> Any | None:
+    """The root this host trusted last, when `cache` holds one these trusted keys anchored for this
+    remote OUT; else None."""
+    try:
+        record = json.loads(read_small_file(cache / ANCHOR_RECORD, 1 << 16))
+    except (FileNotFoundError, BundleError, ValueError, RecursionError):
+        return None
+    if record != _anchor_record(store, trust):
+        return None
+    try:
+        raw = read_small_file(cache / "root.json", MAX_METADATA_BYTES)
+        return parse_metadata(raw, "root", str(cache / "root.json"))
+    except (OSError, BundleError, UntrustedVersion):
+        return None
+
+
+def _holds(cache: Path, memory: Any, pinned: Any) -> bool:
+    """True when the host's memory is no older than the root it was given and, where it went through
+    that root's version, went through that very root."""
+    version = pinned.signed.version
+    if memory.signed.version < version:
+        return False
+    try:
+        raw = read_small_file(cache / "root_history" / f"{version}.root.json", MAX_METADATA_BYTES)
+        seen = parse_metadata(raw, "root", "root")
+    except FileNotFoundError:
+        return True  # the memory starts past it
+    except (OSError, BundleError, UntrustedVersion):
+        return False
+    return seen.signed_bytes == pinned.signed_bytes
+
+
+def _forget(cache: Path, *, roots_only: bool) -> None:
+    """Empty `cache` (the lock file stays); `roots_only`: only its roots and the anchor record, so the
+    timestamp, snapshot and targets it trusted stay the floor a replay must pass."""
+    for child in cache.iterdir():
+        if child.name == LOCK_FILE or (roots_only and child.name not in _ROOT_FILES):
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+_ROOT_FILES = ("root.json", "root_history", ANCHOR_RECORD)
+
+
+def _check_chain(store: S3Store, start: Any, roots: list[int]) -> None:
+    """UntrustedVersion unless every root version from `start`'s next up to the newest one the store lists
+    is there and verifies as the successor of the one before: a host never stops at a root that a later
+    one on the store rotated away, whatever was deleted in between."""
+    top = roots[-1] if roots else 0
+    first = start.signed.version + 1
+    if top - first >= MAX_ROOTS:
+        raise UntrustedVersion(
+            f"{metadata_url(store, f'{top}.root.json')}: more than {MAX_ROOTS} root versions past the one "
+            f"this host starts from ({start.signed.version}); nothing installed"
+        )
+    current = start
+    for version in range(first, top + 1):
+        name = f"{version}.root.json"
+        where = metadata_url(store, name)
+        got = get_metadata(store, name)
+        if got is None:
+            raise UntrustedVersion(
+                f"{where}: missing, though the store holds root metadata up to version {top}: the chain "
+                "of roots is broken (a root deleted, or a stray later one); nothing installed"
+            )
+        md = parse_metadata(got[0], "root", where)
+        next_root_checked(current.signed, md, where)
+        current = md
 
 
 def _anchor_record(store: S3Store, trust: Trust) -> dict:
