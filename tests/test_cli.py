@@ -470,7 +470,7 @@ COMMANDS = {
                 "--push-signing-key", "--guards", "--no-guards", "--accept-change", "--force",
                 "--metrics-file", "--report"),
     "report": ("OUT", "--output", "-o", "--last", "-n", "--plots", "--no-plots"),
-    "config": ("--show-defaults",),
+    "config": ("--show-defaults", "--check"),
     "demo-catalog": ("OUT", "--items", "-n", "--codebook-sizes", "-V", "--seed", "--mode", "--item-ids"),
     "keys": (),
 }  # fmt: skip

@@ -18,6 +18,7 @@ from zerogr_build.bundle import add_bundle_files, open_bundle, publish_bundle
 from zerogr_build.index import build_index
 from zerogr_build.runtime.decoder import Decoder
 from zerogr_build.runtime.plan import (
+    HEURISTIC_FALLBACK,
     MAX_PLAN_BYTES,
     PLAN_FORMAT,
     PLAN_FORMAT_VERSION,
@@ -196,7 +197,7 @@ def test_auto_plan_with_a_broken_file_warns_once_and_uses_the_heuristic(small_bu
     assert len(caught) == 1, [str(w.message) for w in caught]
     message = str(caught[0].message)
     assert message.startswith(f"plan='auto': ignoring a broken plan: {bundle.path / 'plans' / KEY}.json: ")
-    assert words in message and message.endswith("; using the heuristic")
+    assert words in message and message.endswith(f"; using {HEURISTIC_FALLBACK}")
     assert dec.plan is None and torch.equal(res.sids, heuristic.sids)
 
 
@@ -224,5 +225,6 @@ def test_decoder_warns_once_per_step_when_the_plan_cannot_be_followed():
         for _ in range(3):
             dec.search(model.step_fn, 2, 4)
     assert sorted(str(w.message) for w in caught) == [
-        f"plan mode 'warp_drive' for step {t} unavailable here; heuristic used" for t in range(2)
+        f"plan mode 'warp_drive' for step {t} unavailable here; using the heuristic mode choice for step {t}"
+        for t in range(2)
     ]

@@ -266,3 +266,14 @@ def test_each_crontab_command_runs_under_cron_env(where: str, text: str, tmp_pat
         latest = boto3.client("s3").get_object(Bucket="bucket", Key="recs/bundles/LATEST")["Body"].read()
         assert latest == b"v000001\n"
         assert (tmp_path / "bundles" / "LATEST").read_text() == "v000001\n"  # the serving host pulled it
+
+
+def test_each_gpu_crontab_line_of_the_operations_page_has_a_cpu_twin() -> None:
+    """A CPU build box copies its line from the docs too: each `--gpu 0` line of docs/operations.md is there
+    again with `--device cpu` (and nothing else changed)."""
+    ops = [text for where, text in BLOCKS if where.startswith("docs/operations.md")]
+    lines = [line for text in ops for line in text.splitlines()]
+    gpu = [line for line in lines if " --gpu 0 " in line]
+    assert gpu, "no GPU crontab line in docs/operations.md"
+    for line in gpu:
+        assert line.replace(" --gpu 0 ", " --device cpu ") in lines, f"no CPU twin of: {line}"

@@ -208,6 +208,10 @@ def load_settings(
     return settings
 
 
+#: The orders a tune can measure: the Decoder's (runtime.decoder.ORDERS), and "auto" (the quality gate's).
+TUNE_ORDERS = ("filter_first", "score_first", "unconstrained", "auto")
+
+
 @dataclass(frozen=True)
 class TuneSettings:
     """What `zerogr tune` measures. dtypes None: fp32 and bf16 on a GPU, fp32 on a CPU."""
@@ -276,6 +280,43 @@ def load_fleet_settings(config_file: str | Path | None = None) -> FleetSettings:
     return dataclasses.replace(FleetSettings(), **values)
 
 
+@dataclass(frozen=True)
+class ConfigCheck:
+    """What `check_config_file` found in a valid config file: the keys set in each table (tables absent
+    from the file are left out) and notes on what the file leaves to the command line."""
+
+    tables: Mapping[str, tuple[str, ...]]
+    notes: tuple[str, ...] = ()
+
+
+def check_config_file(config_file: str | Path) -> ConfigCheck:
+    """Every table and key of a config file checked as the commands that read it check them ([build] as
+    build and rebuild, [tune] as tune, [guards] as the guards, [fleet] as push), plus what those check only
+    once they run: the [build] step_formats syntax, the [tune] device and order. InputError naming the
+    file, the table and the first bad key; a file that passes can be given to any command's --config."""
+    from .index import check_step_formats
+
+    build = load_settings(config_file)
+    try:
+        check_step_formats(build.step_formats)
+    except InputError as exc:
+        raise InputError(f"{config_file} [build]: step_formats: {exc}") from None
+    _, device = load_tune_settings(config_file)
+    if device is not None:
+        parse_device(device, f"{config_file} [tune]: device")
+    load_guard_thresholds(config_file)
+    load_fleet_settings(config_file)
+    data = read_small_toml(Path(config_file), MAX_CONFIG_BYTES, "config file")
+    tables = {name: tuple(table) for name, table in data.items()}
+    notes = []
+    if not build.codebook_sizes:
+        notes.append(
+            "[build] codebook_sizes is not set: build and rebuild then need --codebook-sizes "
+            '(or codebook_sizes = "infer")'
+        )
+    return ConfigCheck(tables, tuple(notes))
+
+
 def _coerce_tune(key: str, value: Any, where: str) -> Any:
     option = f"{where}: {key}"
     if key in ("batch_sizes", "dtypes"):
@@ -286,6 +327,8 @@ def _coerce_tune(key: str, value: Any, where: str) -> Any:
     if key in ("weights", "device", "order"):
         if not isinstance(value, str):
             raise InputError(f"{option}: expected a string, got {value!r}")
+        if key == "order" and value and value not in TUNE_ORDERS:
+            raise InputError(f"{option}: expected one of {', '.join(TUNE_ORDERS)}, got {value!r}")
         return value or (None if key != "order" else TuneSettings().order)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InputError(f"{option}: expected an integer, got {value!r}")

@@ -43,7 +43,7 @@ from .device_tables import DeviceStep, index_to_device
 from .items.filter import ConstrainedDecoding, dense_next, mask_children, mask_slots, slot_source
 from .lanes import plan_lanes
 from .order import auto_order
-from .plan import ModeChooser, auto_plan, load_plan
+from .plan import ModeChooser, load_plan, resolve_auto_plan
 from .scoring import available_modes, get_mode
 from .scoring.full_torch import full_logits, read_slots
 from .scoring.selective_torch import masked_log_softmax
@@ -71,7 +71,8 @@ class Decoder(ConstrainedDecoding):
     model_version: the tag whose quality record order="auto" follows (default: the bundle's own
         model_version, as `zerogr build --model-version` wrote it). Ignored for other orders.
     plan: None (heuristic), a Plan / plan dict / list of entries / plan file (plan.load_plan), or "auto":
-        the bundle's plan for this device (plan.find_plan), else one warning and the heuristic.
+        the bundle's plan for this device (plan.find_plan), else one warning naming what did not match
+        (device type, model, architecture, CPU threads) and the heuristic; `plan_fallback` keeps that line.
     slot_caps: slot cap K of sparse steps: None (p99-based default, see slots.py), an int, a per-step
         sequence or {step: K}.
     low_priority: on CUDA, stream the tables on low-priority copy streams (loading a new version beside
@@ -130,8 +131,10 @@ class Decoder(ConstrainedDecoding):
         if auto and self.bundle is not None:  # first, so the modes below count only kernels that run
             self.kernels = load_bundle_kernels(self.bundle, self.device)
         self.available_modes = available_modes(self.device)
+        # Why plan="auto" found no plan to follow, and what the decoder does instead (None: it follows one).
+        self.plan_fallback: str | None = None
         if auto:
-            self.plan = auto_plan(self.bundle, self.device)
+            self.plan, self.plan_fallback = resolve_auto_plan(self.bundle, self.device)
         else:
             self.plan = None if plan is None else load_plan(plan)
         self._modes = ModeChooser(self.plan, self.available_modes, self.device.type)

@@ -35,9 +35,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from ..base.device import device_key
+from ..base.device import device_info, device_key
 from ..base.dtypes import DTYPE_NAMES, dtype_name
 from ..base.errors import BundleError, InputError
+from ..base.printable import printable
 from ..base.small_files import read_small_json
 
 PLAN_FORMAT = "zerogr-plan"
@@ -134,9 +135,21 @@ def find_plan(bundle: Any, device: Any) -> Plan | None:
     return None if name is None else load_plan(bundle.file(name), expect_key=key)
 
 
+#: What a Decoder without a usable plan does instead (the rules in this module's docstring).
+HEURISTIC_FALLBACK = "the heuristic mode choice for every step (the same results; the speed untuned)"
+
+
 def auto_plan(bundle: Any, device: Any) -> Plan | None:
-    """plan="auto": the bundle's plan for this device, or None with one warning saying why (no bundle, no
-    plan for the device, or a plan file that breaks the format, named) - never an error."""
+    """plan="auto": the bundle's plan for this device, or None with one warning saying why - never an
+    error. See `resolve_auto_plan`."""
+    return resolve_auto_plan(bundle, device)[0]
+
+
+def resolve_auto_plan(bundle: Any, device: Any) -> tuple[Plan | None, str | None]:
+    """plan="auto": (the bundle's plan for this device, None), or (None, why not) with one warning that
+    says why and what the Decoder does instead: no bundle, a plan file that breaks the format (named), or
+    no plan for this device, with what differs from each plan the bundle has (device type, model,
+    architecture, CPU thread count). Never an error."""
     if bundle is None:
         reason = "plan='auto' needs a Bundle"
     else:
@@ -145,11 +158,69 @@ def auto_plan(bundle: Any, device: Any) -> Plan | None:
         except BundleError as exc:
             found, reason = None, f"plan='auto': ignoring a broken plan: {exc}"
         else:
-            reason = f"plan='auto': no plan for {device} in the bundle"
+            reason = None if found is not None else f"plan='auto': {no_plan_reason(bundle, device)}"
         if found is not None:
-            return found
-    warnings.warn(f"{reason}; using the heuristic", stacklevel=3)
-    return None
+            return found, None
+    message = f"{reason}; using {HEURISTIC_FALLBACK}"
+    warnings.warn(message, stacklevel=3)
+    return None, message
+
+
+#: The fields of a plan's `device` record that decide its device key (base.device.device_key), with what a
+#: message calls them.
+_KEY_FIELDS = (("type", "device type"), ("name", "model"), ("arch", "architecture"), ("threads", "threads"))
+
+
+def no_plan_reason(bundle: Any, device: Any) -> str:
+    """Why the bundle has no plan for `device`: this device's key, and for each plan in the bundle (at most
+    4 named) what differs from this device: e.g. "cpu-x86-64-epyc-2t: measured with 2 CPU threads, this
+    process computes with 1 (torch.set_num_threads(2), or tune with 1)". A plan's device record is
+    informational and untrusted: quoted short and escaped, and a plan without one is told apart by key."""
+    info = device_info(str(device))
+    key = device_key(info)
+    plans = sorted(bundle.plans())
+    if not plans:
+        return f"the bundle has no plan (this device is {key}; `zerogr tune` writes one)"
+    diffs = []
+    for other in plans[:4]:
+        try:
+            recorded = load_plan(bundle.file(bundle.plans()[other]), expect_key=other).data.get("device")
+        except (BundleError, OSError):
+            recorded = None
+        diffs.append(f"{_short(other)}: {_device_difference(recorded, info)}")
+    more = f"; and {len(plans) - 4} more" if len(plans) > 4 else ""
+    return f"no plan for this device ({key}) in the bundle; its plans: {'; '.join(diffs)}{more}"
+
+
+def _device_difference(recorded: Any, info: Mapping[str, Any]) -> str:
+    """What differs between a plan's recorded device and this one, in words."""
+    if not isinstance(recorded, Mapping):
+        return "another device class (the plan records no device)"
+    differs = [
+        (word, recorded.get(f), info.get(f)) for f, word in _KEY_FIELDS if recorded.get(f) != info.get(f)
+    ]
+    if not differs:
+        return "another device class"
+    if recorded.get("type") != info.get("type"):
+        return (
+            f"measured on {_short(recorded.get('type'))} ({_short(recorded.get('name'))}), this process "
+            f"runs on {info.get('type')} ({_short(info.get('name'))})"
+        )
+    words = []
+    for word, had, has in differs:
+        if word == "threads":
+            words.append(
+                f"measured with {_short(had)} CPU threads, this process computes with {has} "
+                f"(torch.set_num_threads({_short(had)}) before loading, or tune with {has} threads)"
+            )
+        else:
+            words.append(f"{word} {_short(had)} (this device: {_short(has)})")
+    return ", ".join(words)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = printable(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _validate(
@@ -274,7 +345,7 @@ class ModeChooser:
             wanted = self.plan.mode_for(step, batch_size, dtype)
             if wanted is None:
                 name = dtype_name(dtype)
-                self._warn(step, name, f"the plan has no entry for step {step} at {name}")
+                self._warn(step, name, self._no_entry(step, name))
             else:
                 self._warn(step, wanted, f"plan mode {wanted!r} for step {step} unavailable here")
         return heuristic_mode(
@@ -282,10 +353,20 @@ class ModeChooser:
             device_type=self.device_type, available=self.available, mean_children=mean_children,
         )  # fmt: skip
 
+    def _no_entry(self, step: int, dtype: str) -> str:
+        assert self.plan is not None
+        measured = sorted({e.dtype for e in self.plan.entries if e.step == step})
+        if measured:
+            return (
+                f"the plan has no entry for step {step} at {dtype}: it measured {', '.join(measured)} "
+                f"(the weights are {dtype}; tune with --dtypes {dtype})"
+            )
+        return f"the plan has no entry for step {step} (at any dtype)"
+
     def _warn(self, step: int, what: str, message: str) -> None:
         if (step, what) not in self._warned:
             self._warned.add((step, what))
-            warnings.warn(f"{message}; heuristic used", stacklevel=5)
+            warnings.warn(f"{message}; using the heuristic mode choice for step {step}", stacklevel=5)
 
 
 __all__ = [
@@ -298,4 +379,6 @@ __all__ = [
     "find_plan",
     "heuristic_mode",
     "load_plan",
+    "no_plan_reason",
+    "resolve_auto_plan",
 ]

@@ -82,7 +82,8 @@ class Follower:
 
     out: the OUT dir (its LATEST is followed; a missing OUT or LATEST is waited for).
     weights: the model's per-step output layers, as for Decoder (ignored when `hotswap` is given).
-    device, decoder_kwargs: passed to each version's Decoder (plan="auto" unless given).
+    device, decoder_kwargs: passed to each version's Decoder (plan="auto" unless given; a version served
+        without its tuned plan logs one warning saying what did not match, Decoder.plan_fallback).
     poll_seconds: how often LATEST is read.
     load_timeout: seconds a version may take to load before it counts as failed and is dropped (None: no
         limit, a load that never returns then holds up every later version). A version that timed out is
@@ -359,6 +360,9 @@ class Follower:
             "zerogr follow %s: serving %s (version %s, loaded in %.2f s)",
             printable(self.out), printable(new.path.name), _version_number(new), new.load_seconds,
         )  # fmt: skip
+        fallback = _plan_fallback(new)
+        if fallback is not None:  # served, but not as tuned: the log says why, once per version
+            log.warning("zerogr follow: %s: %s", printable(new.path.name), printable(fallback))
         return True
 
     def _wait_for_load(self, future: Future[Any], path: Path, deadline: float | None) -> bool:
@@ -399,6 +403,16 @@ class Follower:
         live = self._hotswap.current
         keeping = f"still serving {live.path.name}" if live is not None else "nothing is served yet"
         log.error("zerogr follow: not loaded: %s (%s)", printable(message), printable(keeping))
+
+
+def _plan_fallback(live: LiveVersion) -> str | None:
+    """The Decoder's line on why it follows no tuned plan (Decoder.plan_fallback), for a version loaded
+    by HotSwap.for_decoder; None otherwise."""
+    value = live.value
+    if not (isinstance(value, tuple) and len(value) == 2):
+        return None
+    fallback = getattr(value[1], "plan_fallback", None)
+    return fallback if isinstance(fallback, str) else None
 
 
 def follow(
