@@ -238,13 +238,9 @@ def fleet_section(fleet: FleetFacts | None, now: float) -> str:
         except (OverflowError, OSError, ValueError):
             when = "unknown"
         expires = f'<span class="bad">{when} (expired)</span>' if expired(fleet.expires, now) else esc(when)
-    rows = [
-        ["remote OUT", esc(fleet.url or "unknown")],
-        ["remote LATEST", esc(latest)],
-        ["signed metadata expires", expires],
-        ["as seen by", f"run {esc(fleet.run_id)} at {esc(_when(fleet.seen))}"],
-    ]
-    return title + table(["", ""], rows, text=(0, 1))
+    head = ["remote OUT", "remote LATEST", "signed metadata expires", "seen by run", "at"]
+    row = [esc(fleet.url or "unknown"), esc(latest), expires, esc(fleet.run_id), esc(_when(fleet.seen))]
+    return title + table(head, [row], text=(0, 1, 2, 3, 4))
 
 
 def diff_section(names: Sequence[str], diff: Mapping[str, Any] | None) -> str:
