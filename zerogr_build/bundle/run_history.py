@@ -6,7 +6,8 @@ A run writes its line as it starts, holding OUT's run lock (`status: "running"`,
 as it ends (end time, exit code, the stage that failed and why, the version, the guards that fired, the
 push's outcome). A line still "running" when the next run holds the lock belongs to a run that never
 ended (kill -9, a power cut): that run marks it "killed". Only a holder of the run lock writes, so
-writers never race; each write replaces the file atomically (a temp file beside it, fsync, rename).
+writers never race; each write replaces the file atomically (a temp file beside it, fsync, rename) while
+holding OUT's lock, as every temp file in OUT is written.
 
 The file is data any OUT writer could have damaged: it is read with a size limit, never through a
 special file (a FIFO cannot hang the run), and a line that is not a run record is dropped, never an error.
@@ -85,9 +86,11 @@ def _record(raw: bytes) -> dict[str, Any] | None:
 
 
 def write_runs(out: str | os.PathLike, runs: Iterable[Mapping[str, Any]]) -> None:
-    """Replace OUT's history with `runs` (the newest MAX_RUNS), atomically. OSError when it cannot be
-    written (anything but a regular file at the path is never replaced)."""
+    """Replace OUT's history with `runs` (the newest MAX_RUNS), atomically, holding OUT's lock (whose
+    holders sweep stray temp files). OSError when it cannot be written (anything but a regular file at the
+    path is never replaced)."""
     from .files import atomic_replace_bytes
+    from .lock import out_lock
 
     path = history_path(out)
     try:
@@ -98,7 +101,8 @@ def write_runs(out: str | os.PathLike, runs: Iterable[Mapping[str, Any]]) -> Non
         raise OSError(f"{path}: not a regular file; left as it is")
     lines = [json.dumps(dict(run), sort_keys=True, default=str) for run in runs]
     text = "".join(f"{line}\n" for line in lines[-MAX_RUNS:])
-    atomic_replace_bytes(path, text.encode("utf-8"))
+    with out_lock(Path(out)):
+        atomic_replace_bytes(path, text.encode("utf-8"))
 
 
 def record_start(out: str | os.PathLike, run: Mapping[str, Any]) -> list[str]:
