@@ -4,7 +4,6 @@ build's version byte for byte, refuses bad input with the local build's line, an
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
@@ -27,6 +26,15 @@ from zerogr_build.config import load_settings
 from zerogr_build.index.pack import WORD_BITS_ENV, packable
 from zerogr_build.pipeline import build_bundle
 
+from .cli_runs import REPO
+from .ray_heads import (
+    ray_processes_die_with_this_process,
+    session_processes,
+    start_ray_head,
+    stop_ray_head,
+    wait_until_gone,
+)
+
 pytestmark = pytest.mark.xdist_group("ray")  # one worker runs them all: one cluster per test session
 
 #: Manifest fields that describe the run, not the version: the only ones a Ray build may change (a local
@@ -35,15 +43,26 @@ RUN_FIELDS = ("created_at", "build_timings")
 RUN_SETTINGS = ("engine", "ray_address", "partitions")
 
 
+#: Ray's GCS marks a node dead after this many missed health checks (3 s apart; 5 by default): its raylet
+#: then exits, and the core worker of every driver on that node ends its process, the xdist worker itself
+#: for the cluster in this process. A machine shared with heavy jobs can stall a raylet for 15 s.
+PATIENT_HEALTH_CHECKS = {"health_check_failure_threshold": 40}
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A Ray instance in this process (2 CPUs, 127.0.0.1), shared by every in-process build."""
+    """A Ray instance in this process (2 CPUs, 127.0.0.1), shared by every in-process build; its processes
+    end with this process, however it ends (tests/ray_heads.py)."""
     ray = pytest.importorskip("ray") if os.environ.get("ZEROGR_ALLOW_NO_RAY") else __import__("ray")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token written to the user's ~/.ray
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    with ray_processes_die_with_this_process():
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+            _system_config=PATIENT_HEALTH_CHECKS,
+        )  # fmt: skip
+        yield ray
+        ray.shutdown()
 
 
 def _free_port() -> int:
@@ -81,38 +100,33 @@ HEAD_MEMORY = 2_000_000
 
 @pytest.fixture(scope="session")
 def ray_head(ray_home):
-    """host:port of a Ray cluster started with `ray start --head --block` in a subprocess (its own process
-    group, ended by id at the end of the session), on Ray's defaults: with a token at ~/.ray/auth_token, it
-    requires token authentication."""
+    """host:port of a Ray cluster started with `ray start --head --block` in a subprocess (its own session,
+    ended at the end of the test session, or by its watchdog the moment this process dies however it dies:
+    tests/ray_heads.py), on Ray's defaults: with a token at ~/.ray/auth_token, it requires token
+    authentication."""
     port = _free_port()
     # Ray's socket paths live under --temp-dir and must fit AF_UNIX's 107 bytes: a short dir, not pytest's.
     temp = Path(tempfile.mkdtemp(prefix="zr-ray-", dir="/tmp"))
-    env = ray_env(ray_home)
-    ray_bin = Path(sys.executable).with_name("ray")
-    log = (temp / "ray-start.log").open("w")
-    head = subprocess.Popen(
-        [str(ray_bin), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
-         "--num-cpus=2", f"--memory={HEAD_MEMORY}", "--include-dashboard=false", "--disable-usage-stats",
-         f"--temp-dir={temp}"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    head = start_ray_head(
+        ["start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+         f"--memory={HEAD_MEMORY}", "--include-dashboard=false", "--disable-usage-stats",
+         f"--temp-dir={temp}", f"--system-config={json.dumps(PATIENT_HEALTH_CHECKS)}"],
+        ray_env(ray_home), temp / "ray-start.log",
     )  # fmt: skip
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        assert head.poll() is None, f"ray start --head exited: {(temp / 'ray-start.log').read_text()[-2000:]}"
-        time.sleep(0.5)
-    yield address
-    os.killpg(head.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        head.wait(timeout=5)
-    with contextlib.suppress(ProcessLookupError):  # what the head started and left behind
-        os.killpg(head.pid, signal.SIGKILL)
-    head.wait()
-    log.close()
-    shutil.rmtree(temp, ignore_errors=True)
+    try:
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            log = (temp / "ray-start.log").read_text()[-2000:]
+            assert head.poll() is None, f"ray start --head exited: {log}"
+            time.sleep(0.5)
+        yield address
+    finally:
+        stop_ray_head(head)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 # --- catalogs ---------------------------------------------------------------------------------------------
@@ -554,3 +568,36 @@ def test_a_ray_driver_process_that_ends_mid_build_is_exit_3_with_its_metrics(
     assert "its driver process ended (killed by SIGKILL" in line and "nothing was published" in line, line
     assert 'zerogr_job_exit_status{job="build"} 3.0' in prom.read_text()
     assert not list(out.glob("v*")) and processes_with(run_id) == {}
+
+
+def test_a_ray_head_dies_with_the_test_process_that_started_it(ray_home, tmp_path):
+    """A test process killed with -9 (an xdist worker lost) while its `ray start --head` runs: the head,
+    its GCS, raylet and every other process it started are gone within seconds, no fixture teardown run."""
+    port, temp = _free_port(), Path(tempfile.mkdtemp(prefix="zr-ray-", dir="/tmp"))
+    code = (
+        "import json, pathlib, socket, sys, time\n"
+        "from tests.ray_heads import start_ray_head\n"
+        "args, env, log = json.loads(sys.argv[1]), json.loads(sys.argv[2]), pathlib.Path(sys.argv[3])\n"
+        "head = start_ray_head(args, env, log)\n"
+        "while socket.socket().connect_ex(('127.0.0.1', int(sys.argv[4]))) != 0 and head.poll() is None:\n"
+        "    time.sleep(0.2)\n"
+        "print(head.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    args = ["start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=1",
+            "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"]  # fmt: skip
+    tester = subprocess.Popen(
+        [sys.executable, "-c", code, json.dumps(args), json.dumps(ray_env(ray_home)), str(temp / "log"),
+         str(port)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert tester.stdout is not None
+        session = int(tester.stdout.readline())
+        started = session_processes(session)
+        assert len(started) >= 3, started  # the watchdog, ray start, and what it started (GCS, raylet, ...)
+        tester.kill()
+        tester.wait()
+        assert wait_until_gone(session) == []
+    finally:
+        tester.kill()
+        shutil.rmtree(temp, ignore_errors=True)

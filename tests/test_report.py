@@ -101,15 +101,16 @@ class _Elements(HTMLParser):
 
 
 def tables(page: str) -> dict[str, list[dict[str, str]]]:
-    """Each table as rows of {header: cell text}, keyed by the h2 title before it."""
-    titles = re.findall(r"<h2>(.*?)</h2>", page)
-    parser = _Tables()
-    parser.feed(page)
-    with_tables = [t for t in titles if t != "Across versions"]
+    """Each table as rows of {header: cell text}, keyed by the h2 title before it (a section that shows a
+    paragraph instead has no key)."""
     got = {}
-    for title, table in zip(with_tables, parser.tables, strict=False):
-        head, *rows = table
-        got[title] = [dict(zip(head, row, strict=True)) for row in rows]
+    for chunk in page.split("<h2>")[1:]:
+        title, body = chunk.split("</h2>", 1)
+        parser = _Tables()
+        parser.feed(body)
+        if parser.tables and title != "Across versions":
+            head, *rows = parser.tables[0]
+            got[title] = [dict(zip(head, row, strict=True)) for row in rows]
     return got
 
 

@@ -50,10 +50,13 @@ def job_name(args: Sequence[str]) -> str | None:
     return command if command is not None and JOB_RE.match(command) else None
 
 
-def write_terminated(args: Sequence[str], signum: int, name: str, started: float) -> str | None:
-    """Write the metrics file named in `args` for a run ended by signal `signum` (called `name`) before its
-    command started: exit status 128 + signum. Returns the path written, None without --metrics-file or a
-    command name; OSError when it cannot be written (a non-regular file at the path is left as it is)."""
+def write_terminated(
+    args: Sequence[str], signum: int, name: str, started: float, when: str = " during start-up"
+) -> str | None:
+    """Write the metrics file named in `args` for a run ended by signal `signum` (called `name`) outside its
+    command's block (before it started, `when` " during start-up"; or as it ended, `when` ""): exit status
+    128 + signum. Returns the path written, None without --metrics-file or a command name; OSError when it
+    cannot be written (a non-regular file at the path is left as it is)."""
     path, job = metrics_path(args), job_name(args)
     if not path or job is None:
         return None
@@ -65,7 +68,7 @@ def write_terminated(args: Sequence[str], signum: int, name: str, started: float
         (
             "job_failure_info",
             "What failed in the last run.",
-            {"reason": f"terminated by {name} during start-up", "stage": "signal"},
+            {"reason": f"terminated by {name}{when}", "stage": "signal"},
             1,
         ),
     ]

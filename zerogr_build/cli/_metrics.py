@@ -56,7 +56,7 @@ from typing import Any
 import typer
 
 from ..base.printable import safe_text
-from ._signals import interrupt_exit_code, run_ended, signal_name, signals_as_interrupts
+from ._signals import Received, interrupt_exit_code, run_ended, signal_name, signals_as_interrupts
 
 PREFIX = "zerogr"
 BUNDLE_GAUGES = {
@@ -349,10 +349,14 @@ def bundle_facts(path: str | os.PathLike) -> dict[str, float]:
 def job_metrics(job: str, path: str | os.PathLike | None) -> Iterator[JobMetrics]:
     """Yield a JobMetrics and write it when the block ends: exit status 0, the typer Exit code, 130
     on Ctrl-C, 128 + N on signal N (SIGTERM and SIGHUP end the block like Ctrl-C), 1 on any other
-    exception. A command that does not end within the grace period after SIGTERM or SIGHUP (stuck in
-    native code) has the file written with 128 + N by the signal watchdog (cli/_signals.py) as it is ended.
-    A metrics file that cannot be written is one warning line on stderr; it never changes the command's
-    own exit code. The file is written once per run."""
+    exception. A signal that reached the block, wherever it was raised (the command's imports, before its
+    cli_errors(); a library that turned it into another error or swallowed it), ends it with 128 + N and
+    the one line `zerogr: terminated by SIGTERM` on stderr (written here unless cli_errors wrote it), the
+    same status as the file. A command that does not end within the grace period after SIGTERM or SIGHUP
+    (stuck in native code) has the file written with 128 + N by the signal watchdog (cli/_signals.py) as
+    it is ended. A metrics file that cannot be written is one warning line on stderr; it never changes the
+    command's own exit code. The file is written once per run; from then on a signal no longer changes
+    the process's exit status (cli/_signals.py's run_ended)."""
     metrics = JobMetrics(job, path)
     status = 1
     lock, written = threading.Lock(), []
@@ -365,27 +369,59 @@ def job_metrics(job: str, path: str | os.PathLike | None) -> Iterator[JobMetrics
             try:
                 metrics.write(exit_status)
             except OSError as exc:
-                import sys
-
-                sys.stderr.write(f"WARNING: could not write the metrics file {metrics.path}: {exc}\n")
+                _say(f"WARNING: could not write the metrics file {metrics.path}: {exc}")
             run_ended(exit_status)  # a signal from now on ends the process with this status
 
     def forced_exit(signum: int) -> None:
         metrics.fail("signal", f"terminated by {signal_name(signum)}; ended after the grace period")
         write_once(128 + signum)
 
+    def terminated(signum: int) -> typer.Exit:
+        """The end of a block a signal reached but that came out otherwise: 128 + N and its line."""
+        nonlocal status
+        status = 128 + signum
+        metrics.fail("signal", f"terminated by {signal_name(signum)}")
+        _say(f"zerogr: terminated by {signal_name(signum)}")
+        return typer.Exit(status)
+
+    received = Received()
     try:
-        with signals_as_interrupts(forced_exit):
+        with signals_as_interrupts(forced_exit) as received:
             yield metrics
-        status = 0
     except typer.Exit as exc:
         status = int(exc.exit_code or 0)
+        if received.signum is not None and status != 128 + received.signum:
+            raise terminated(received.signum) from None
         if status > 128 and metrics.failure is None:
             metrics.fail("signal", f"terminated by {signal_name(status - 128)}")
         raise
     except KeyboardInterrupt as exc:
+        # Raised outside the command's cli_errors() (which would have made it a typer Exit): the same line
+        # and code here, never typer's bare exit 130 for any KeyboardInterrupt.
         status = interrupt_exit_code(exc)
         metrics.fail("signal", str(exc) or "interrupted")
+        if os.environ.get("ZEROGR_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        _say(f"zerogr: {safe_text(exc or 'interrupted')}")
+        raise typer.Exit(status) from None
+    except Exception:
+        if received.signum is not None:
+            raise terminated(received.signum) from None
         raise
+    else:
+        status = 0
+        if received.signum is not None:  # swallowed by a library on the way: the signal still ends the run
+            raise terminated(received.signum)
     finally:
         write_once(status)
+
+
+def _say(line: str) -> None:
+    """One line on stderr, never an error of its own (a closed stderr)."""
+    import sys
+
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"{line}\n")
+        sys.stderr.flush()

@@ -14,10 +14,16 @@ Before a command's own handlers exist, from the first line of `zerogr`'s main (a
 --metrics-file named in its arguments (cli/_early_metrics.py); so the window in which a signal ends zerogr
 with its default action and leaves the previous run's metrics is the interpreter's own start. Once a run
 has written its metrics (`run_ended`), they end the process with that run's exit status instead, leaving
-its metrics file as it is."""
+its metrics file as it is; and once the interpreter starts its last clean-up (the last atexit callback),
+they are ignored: Python puts the default actions back while it shuts down, and a signal then would
+end the process as killed by it, not with the status its metrics file holds.
+
+Within a command's block a signal raises Terminated once; a second one while the first unwinds is left to
+the watchdog, so an `except` block that handles the first (writing the one line) is never cut short."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -30,9 +36,11 @@ from ._early_metrics import write_terminated
 
 SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s)
 GRACE_SECONDS = 10.0
-#: What the start-up handlers know: the raw arguments, when the process started (time.time()), and the
-#: exit status of a run that has written its metrics (None before).
-_STARTUP: dict[str, object] = {"args": (), "started": 0.0, "ended": None}
+#: What the start-up handlers know: the raw arguments, when the process started (time.time()), whether a
+#: command's block has begun (a signal is then no longer "during start-up"), whether a block received a
+#: signal (the run is ending by it), and the exit status of a run that has written its metrics (None before).
+_STARTUP: dict[str, object] = {"args": (), "started": 0.0, "began": False, "signalled": False, "ended": None}
+_AT_EXIT: list[bool] = []  # the atexit callback, registered once per process
 
 
 def signal_name(signum: int) -> str:
@@ -53,17 +61,38 @@ class Terminated(KeyboardInterrupt):
         super().__init__(f"terminated by {self.name}")
 
 
-def _raise(signum: int, _frame: object) -> None:
-    raise Terminated(signum)
+class Received:
+    """The signal a command's block received (signals_as_interrupts yields it): `signum`, None before."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def handler(self, signum: int, _frame: object) -> None:
+        """The block's handler: Terminated for the first signal; later ones are the watchdog's."""
+        if self.signum is None:
+            self.signum = signum
+            _STARTUP["signalled"] = True
+            raise Terminated(signum)
 
 
 def install_startup_handlers(args: Sequence[str]) -> None:
     """From now on (until a command's signals_as_interrupts, and again after it), SIGTERM and SIGHUP end the
     process at once: with 128 + N after writing the --metrics-file of `args` (the raw command line), or,
     once a run has written its metrics (run_ended), with that run's exit status. Main thread only."""
-    _STARTUP.update(args=tuple(args), started=time.time(), ended=None)
+    _STARTUP.update(args=tuple(args), started=time.time(), began=False, signalled=False, ended=None)
     for s in SIGNALS:
         signal.signal(s, _end_at_once)
+    if not _AT_EXIT:  # registered first, so it runs last
+        _AT_EXIT.append(True)
+        atexit.register(_ignore_once_ended)
+
+
+def _ignore_once_ended() -> None:
+    """The last atexit callback: once a run has ended, SIGTERM and SIGHUP are ignored for the rest of the
+    shut-down (the interpreter would put their default actions back), so its exit status stands."""
+    if isinstance(_STARTUP["ended"], int):
+        for s in SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
 
 
 def run_ended(exit_status: int) -> None:
@@ -76,12 +105,15 @@ def _end_at_once(signum: int, _frame: object) -> None:
     ended = _STARTUP["ended"]
     if isinstance(ended, int):
         _exit_now(ended)
+    if _STARTUP["signalled"]:  # a block is ending by an earlier signal: its line and metrics are on the way
+        return
     name = signal_name(signum)
+    when = "" if _STARTUP["began"] else " during start-up"
     try:
-        write_terminated(_STARTUP["args"], signum, name, _STARTUP["started"])  # type: ignore[arg-type]
-        line = f"zerogr: terminated by {name} during start-up\n"
+        write_terminated(_STARTUP["args"], signum, name, _STARTUP["started"], when)  # type: ignore[arg-type]
+        line = f"zerogr: terminated by {name}{when}\n"
     except OSError as exc:
-        line = f"zerogr: terminated by {name} during start-up; could not write the metrics file: {exc}\n"
+        line = f"zerogr: terminated by {name}{when}; could not write the metrics file: {exc}\n"
     with contextlib.suppress(Exception):
         sys.stderr.write(line)
     _exit_now(128 + signum)
@@ -98,18 +130,22 @@ def _exit_now(code: int) -> None:
 @contextlib.contextmanager
 def signals_as_interrupts(
     on_forced_exit: Callable[[int], None] | None = None, grace: float = GRACE_SECONDS
-) -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise Terminated; the previous handlers come back after it.
-    After such a signal the watchdog (module docstring) ends the process `grace` seconds later unless it
-    has ended by then, calling on_forced_exit(signum) first. Off the main thread (where Python cannot set
-    handlers) it does nothing; without a free wakeup fd (another library holds it) there is no watchdog."""
+) -> Iterator[Received]:
+    """Within the block, the first SIGTERM or SIGHUP raises Terminated (later ones are left to the
+    watchdog); the previous handlers come back after it. Yields the Received that names the signal once
+    one came. After such a signal the watchdog (module docstring) ends the process `grace` seconds later
+    unless it has ended by then, calling on_forced_exit(signum) first. Off the main thread (where Python
+    cannot set handlers) it does nothing; without a free wakeup fd (another library holds it) there is no
+    watchdog."""
+    received = Received()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield received
         return
+    _STARTUP["began"] = True
     watchdog = _Watchdog(on_forced_exit, grace)
-    previous = {s: signal.signal(s, _raise) for s in SIGNALS}
+    previous = {s: signal.signal(s, received.handler) for s in SIGNALS}
     try:
-        yield
+        yield received
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

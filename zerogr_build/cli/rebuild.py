@@ -237,7 +237,9 @@ def rebuild(
     Progress and one line per step go to stderr (every line starts with the run id in a log), the
     version dir to stdout. A version that fails after its build is removed, except one that fails
     verification (kept for inspection). --metrics-file is written as the run starts (running) and on every
-    exit, naming the failed stage (zerogr_job_failure_info) and what the guards measured.
+    exit, naming the failed stage (zerogr_job_failure_info) and what the guards measured. Every run that
+    holds the lock records its start and outcome in OUT/.rebuild-history.jsonl (the newest 200 runs;
+    zerogr report shows them).
 
     EXIT_CODES_PLACEHOLDER
     """

@@ -32,8 +32,11 @@ def report(
 ) -> None:
     """Write one self-contained HTML page on the newest versions of OUT: items, distinct SIDs, the share of
     items in shared SIDs, per-step fan-out, the quality gate's overlap@K, build and tune durations, the
-    catalog guards that fired, and the changes between the last two versions. Nothing on the page loads
-    from elsewhere: it opens offline. Prints the page's path."""
+    catalog guards that fired, and the changes between the last two versions; beside them the last
+    rebuild runs from OUT's run history (exit code, failed stage, guards fired, push; killed runs marked)
+    and the fleet as the newest push saw it (remote LATEST, signed metadata expiry). A version that
+    cannot be read is its own row's error; the page is always written. Nothing on the page loads from
+    elsewhere: it opens offline. Prints the page's path."""
     with cli_errors():
         written = write_out_report(out, output, last, plots)
         sys.stdout.write(f"{written}\n")

@@ -6,7 +6,8 @@ do (outcome.py). Only BaseException (Ctrl-C, a terminating signal turned into on
 the clean-up below.
 
 Order: the set-up checks (request.py) -> the run lock on OUT (bundle/lock.py; held to the end; another
-holder: exit 7) -> the versions of runs that never finished are removed (leftovers.py) -> preflight
+holder: exit 7) -> the run's line in OUT's run history (history.py; rewritten with its outcome as it
+ends) -> the versions of runs that never finished are removed (leftovers.py) -> preflight
 (preflight.py: the push target answers, room for the version) -> the inputs against LATEST's
 (inputs.py: unchanged, no version is built) -> build -> verify -> guards against LATEST (bundle/guards.py;
 refused: exit 6) -> tune -> gate -> promote -> the fleet step (push).
@@ -31,6 +32,7 @@ from ..base.redact import redact
 from ..base.units import human_bytes
 from ..bundle import load_manifest, promote_bundle
 from ..bundle.lock import RunLock, RunLockHeld, acquire_run_lock
+from . import history
 from .gate import run_gate
 from .inputs import recorded_inputs, request_inputs
 from .leftovers import remove_unfinished_runs, remove_unpromoted
@@ -111,10 +113,17 @@ def rebuild(
         if isinstance(exc, OSError) and is_disk_full(exc):
             return result.fail(EXIT_DISK_FULL, "setup", disk_full_message(exc, Path(request.settings.out)))
         return result.fail(EXIT_USAGE, "setup", failure_message(exc))
+    push_url = request.push.url if request.push is not None else None
     try:
+        history.record_start(out, result, lock.record.pid, lock.record.host, log)
         if on_start is not None:
             on_start(result)
         _locked(request, out, lock, result, stage, progress, log)
+    except BaseException as exc:
+        history.record_end(out, result, push_url, log, ended_by=exc)
+        raise
+    else:
+        history.record_end(out, result, push_url, log)
     finally:
         lock.release()
     return result

@@ -21,8 +21,10 @@ def version_changes(old_dir: str | Path, new_dir: str | Path) -> dict[str, Any]:
     old, new = Path(old_dir), Path(new_dir)
     try:
         recorded = load_manifest(new).get("changes")
-        if recorded is not None and recorded["against"] == old.name:
+        if isinstance(recorded, dict) and recorded.get("against") == old.name:
             return {key: value for key, value in recorded.items() if key != "against"}
         return diff_versions(old, new).counts()
     except (ZerogrError, OSError, ValueError) as exc:
         return {"not compared": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - a damaged record: the page shows why, never loses itself
+        return {"not compared": f"{type(exc).__name__}: {exc}"}

@@ -129,15 +129,22 @@ def out_versions(out: str | Path, last: int) -> list[VersionFacts]:
 
 
 def version_facts(version_dir: Path, *, latest: bool = False) -> VersionFacts:
-    """The facts of one version dir; a version that fails to open has only `error` set."""
-    from ..bundle import open_bundle
+    """The facts of one version dir; a version that fails to open, or whose files break any rule while
+    they are read (whatever the exception), has only `error` set."""
     from ..bundle.format import parse_version_dir
 
     number = parse_version_dir(version_dir.name)
     try:
-        bundle = open_bundle(version_dir, verify_checksums=False)
-    except (ZerogrError, OSError, ValueError) as exc:
-        return VersionFacts(version_dir.name, number or 0, latest, error=str(exc))
+        return _read_version(version_dir, latest)
+    except Exception as exc:  # noqa: BLE001 - untrusted files: one version's error, never the page's
+        why = str(exc) if isinstance(exc, (ZerogrError, OSError)) else f"{type(exc).__name__}: {exc}"
+        return VersionFacts(version_dir.name, number or 0, latest, error=why[:500])
+
+
+def _read_version(version_dir: Path, latest: bool) -> VersionFacts:
+    from ..bundle import open_bundle
+
+    bundle = open_bundle(version_dir, verify_checksums=False)
     manifest = bundle.manifest
     return VersionFacts(
         name=version_dir.name,
@@ -173,7 +180,9 @@ def plan_facts(bundle: Any, device_key: str) -> PlanFacts:
     return PlanFacts(
         device_key,
         tune_seconds=None if source is not None else _number(plan.data.get("tune_seconds")),
-        reused_from=source if isinstance(source, int) and not isinstance(source, bool) else None,
+        reused_from=source
+        if isinstance(source, int) and not isinstance(source, bool) and 0 < source < 10**9
+        else None,
     )
 
 
@@ -212,6 +221,11 @@ def guard_facts(recorded: Any) -> tuple[GuardFacts, ...]:
     return tuple(facts)
 
 
+def _version_number(value: Any) -> bool:
+    """A version number as docs/bundle-format.md bounds them: an int of 1 to 9 digits."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 10**9
+
+
 def _accepted(recorded: Any) -> str | None:
     """The reason given with --accept-change, when the manifest records one."""
     if isinstance(recorded, Mapping):
@@ -226,10 +240,15 @@ def _text(value: Any) -> str | None:
 
 
 def _number(value: Any) -> float | None:
-    """A finite real number from an informational field, else None."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return value
-    return None
+    """A finite real number from an informational field (as a float), else None: whatever its type or size
+    (an int past ~1.8e308 overflows a float: None)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _seconds(value: Any) -> dict[str, float]:

@@ -12,6 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from .facts import VersionFacts
+from .runs import FleetFacts, RunFacts, duration_s, expired
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem auto;
@@ -179,6 +180,67 @@ def guards_section(versions: Sequence[VersionFacts]) -> str:
         return "<h2>Catalog guards</h2><p>No version records the catalog guards' measurements.</p>"
     head = ["version", "guard", "", "value", "threshold"]
     return "<h2>Catalog guards</h2>" + table(head, rows, text=(0, 1, 2))
+
+
+def _exit_cell(run: RunFacts) -> str:
+    if run.status == "killed":
+        return '<span class="bad">killed</span> <span class="muted">(never ended)</span>'
+    if run.status == "running":
+        return '<span class="muted">running, or killed (no end yet)</span>'
+    if run.exit_code is None:
+        return '<span class="muted">unknown</span>'
+    meaning = f' <span class="muted">{esc(run.meaning)}</span>' if run.meaning else ""
+    code = f"{run.exit_code}" if run.exit_code == 0 else f'<span class="bad">{run.exit_code}</span>'
+    return code + meaning
+
+
+def _push_cell(run: RunFacts) -> str:
+    if run.push_outcome is None:
+        return '<span class="muted">—</span>'
+    text = esc(run.push_outcome)
+    return f'<span class="bad">{text}</span>' if run.push_outcome == "failed" else text
+
+
+def runs_section(runs: Sequence[RunFacts]) -> str:
+    """The last rebuild runs, newest first: outcome, stage and reason, version, guards, push."""
+    title = "<h2>Rebuild runs</h2>"
+    if not runs:
+        return title + "<p>No run history in this OUT dir (zerogr rebuild records its runs).</p>"
+    head = ["run", "started", "took", "exit", "failed stage", "reason", "version", "guards fired", "push"]
+    rows, classes = [], []
+    for run in reversed(runs):
+        took = duration_s(run.start, run.end)
+        version = esc(run.version or "—") + (' <span class="muted">unchanged</span>' if run.unchanged else "")
+        fired = esc(", ".join(run.guards_fired)) if run.guards_fired else '<span class="muted">none</span>'
+        rows.append([
+            esc(run.run_id), esc(_when(run.start)), fmt(took, 1), _exit_cell(run), esc(run.stage or ""),
+            esc(run.reason or ""), version, fired, _push_cell(run),
+        ])  # fmt: skip
+        classes.append("")
+    return title + table(head, rows, text=(0, 1, 3, 4, 5, 6, 7, 8), row_classes=classes)
+
+
+def fleet_section(fleet: FleetFacts | None, now: float) -> str:
+    """The fleet as the newest push (or renewal) saw it: remote LATEST and the signed metadata's expiry."""
+    import datetime as _dt
+
+    title = "<h2>Fleet</h2>"
+    if fleet is None:
+        return title + "<p>No run in the history pushed to a fleet (zerogr rebuild --push).</p>"
+    latest = f"v{fleet.latest:06d}" if fleet.latest is not None else "unknown"
+    if fleet.expires is None:
+        expires = "unknown"
+    else:
+        try:
+            when = _dt.datetime.fromtimestamp(fleet.expires, _dt.timezone.utc).strftime(
+                "%Y-%m-%d %H:%M:%S UTC"
+            )
+        except (OverflowError, OSError, ValueError):
+            when = "unknown"
+        expires = f'<span class="bad">{when} (expired)</span>' if expired(fleet.expires, now) else esc(when)
+    head = ["remote OUT", "remote LATEST", "signed metadata expires", "seen by run", "at"]
+    row = [esc(fleet.url or "unknown"), esc(latest), expires, esc(fleet.run_id), esc(_when(fleet.seen))]
+    return title + table(head, [row], text=(0, 1, 2, 3, 4))
 
 
 def diff_section(names: Sequence[str], diff: Mapping[str, Any] | None) -> str:
