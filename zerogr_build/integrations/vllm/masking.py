@@ -15,8 +15,10 @@ allowed item); from step L on only EOS is left (the SID map's eos_token_id, else
 grouped by (version, SID map, item filter, step) and each group is masked with a few tensor ops (VocabMasks,
 or the Decoder's slot filters for constrained requests), with no Python loop over the vocabulary. A row
 with no allowed SID left (every item excluded or unavailable) gets only EOS: an empty answer, never a token
-the mask forbids. A request that fails in the engine (logged) gets only the model's EOS: an engine hook
-cannot fail one request, and an error escaping it would stop the engine for every request.
+the mask forbids. A request that fails in the engine (logged), when it enters the batch or while its rows
+are masked, gets only the model's EOS from then on: an engine hook cannot fail one request, and an error
+escaping it would stop the engine for every request. Nothing here opens, hashes or masks a bundle version:
+the masks were built when the engine opened the version (catalogs.py, on its watcher thread).
 """
 
 from __future__ import annotations
@@ -103,7 +105,14 @@ class SidMasking:
         for (*_, t), positions in groups.items():
             rows_at = torch.as_tensor([rows[i] for i in positions], device=logits.device)
             chosen = [requests[i] for i in positions]
-            masked = self._mask_group(logits.index_select(0, rows_at), chosen, t, prefix(positions, t))
+            try:
+                masked = self._mask_group(logits.index_select(0, rows_at), chosen, t, prefix(positions, t))
+            except Exception:  # noqa: BLE001 - a failure here ends these requests, never the engine
+                logger.exception("zerogr: masking failed; ending %d request(s) with EOS", len(chosen))
+                for request in chosen:
+                    request.plan = None  # from now on only EOS, at every step
+                failed += [rows[i] for i in positions]
+                continue
             logits.index_copy_(0, rows_at, masked)
         if failed and self.model_eos is not None:
             rows_at = torch.as_tensor(failed, device=logits.device)
@@ -118,8 +127,9 @@ class SidMasking:
         generated int64 [n, t] their SID tokens so far. A row with no allowed continuation keeps only EOS."""
         plan = group[0].plan
         assert plan is not None
-        catalog = plan.catalog
-        masks = catalog.masks(plan.sid_map, plan.sid_key, scores.shape[1], self.device)
+        catalog, masks = plan.catalog, plan.masks
+        if scores.shape[1] != masks.vocab_size:
+            raise InputError(f"logits of width {scores.shape[1]}, masks built for {masks.vocab_size} tokens")
         rows = masks.rows(generated.to(self.device))
         eos = plan.sid_map.eos_token_id if plan.sid_map.eos_token_id is not None else self.model_eos
         if t == catalog.index.num_steps:
