@@ -91,8 +91,9 @@ class SidMasking:
         prefix: Callable[[list[int], int], torch.Tensor],
     ) -> torch.Tensor:
         """Mask rows `rows` of logits [num_rows, vocab] in place. requests[i] is row rows[i]'s request,
-        steps[i] how many tokens it has generated; prefix(positions, t) gives int64 [len(positions), t], the
-        first t generated tokens of the rows at those positions of `rows`."""
+        steps[i] how many tokens it has generated; prefix(positions, t) gives int [len(positions), t], the
+        first t generated tokens of the rows at those positions of `rows` (anything past a row's own count:
+        it is called once per apply, with t the largest SID step of the batch)."""
         groups: dict[tuple, list[int]] = {}
         failed: list[int] = []
         for i, request in enumerate(requests):
@@ -102,11 +103,26 @@ class SidMasking:
                 continue
             t = min(max(int(steps[i]), 0), plan.catalog.index.num_steps)
             groups.setdefault((plan.catalog, plan.sid_key, plan.resident, t), []).append(i)
+        # Every grouped row's first t_max tokens in one gather, in group order: a group's rows are a slice.
+        grouped = [i for positions in groups.values() for i in positions]
+        t_max = max((key[-1] for key in groups), default=0)
+        tokens: torch.Tensor | None = None
+        try:
+            tokens = prefix(grouped, t_max) if grouped else None
+        except Exception:  # noqa: BLE001 - ends these requests, never the engine
+            logger.exception(
+                "zerogr: reading the generated tokens failed; ending the batch's requests with EOS"
+            )
+        end = 0
         for (*_, t), positions in groups.items():
             rows_at = torch.as_tensor([rows[i] for i in positions], device=logits.device)
             chosen = [requests[i] for i in positions]
+            first, end = end, end + len(positions)
             try:
-                masked = self._mask_group(logits.index_select(0, rows_at), chosen, t, prefix(positions, t))
+                if tokens is None:
+                    raise InputError("no generated tokens")
+                generated = tokens[first:end, :t]
+                masked = self._mask_group(logits.index_select(0, rows_at), chosen, t, generated)
             except Exception:  # noqa: BLE001 - a failure here ends these requests, never the engine
                 logger.exception("zerogr: masking failed; ending %d request(s) with EOS", len(chosen))
                 for request in chosen:

@@ -8,9 +8,10 @@ The V2 interface differs from V1's in where things are, not in what the processo
 persistent slot (add_request; slots are recycled, so every field of the slot is set again), and each step's
 apply(logits, ctx) gets rows in the step's own order, ctx.idx_mapping_np telling the slot of each row. A
 request's generated tokens are read on the device from the runner's token buffer (all_token_ids from
-prompt_len on); how many it has is the host-side seq_lens_upper_bound_np minus prompt_len, exact without
-speculative decoding. Under speculative decoding a request owns one row per draft token, whose tokens are
-not committed yet: this processor refuses to start there rather than mask them approximately.
+prompt_len on; every row's in one gather, its flat indices made on the host); how many it has is the
+host-side seq_lens_upper_bound_np minus prompt_len, exact without speculative decoding. Under speculative
+decoding a request owns one row per draft token, whose tokens are not committed yet: this processor
+refuses to start there rather than mask them approximately.
 
 The request state and the masking are masking.py's, shared with the V1 processor (processor.py);
 admission (validate_params) is admission.py's.
@@ -63,12 +64,12 @@ class SidLogitsProcessorV2(LogitsProcessor):
         prompt_len = self.req_states.prompt_len.np[slots].astype(np.int64)
         steps = (np.asarray(ctx.seq_lens_upper_bound_np)[rows] - prompt_len).tolist()
         tokens = self.req_states.all_token_ids.gpu
+        start = slots.astype(np.int64) * tokens.shape[1] + prompt_len  # flat index of each row's output
 
         def prefix(positions: list[int], t: int) -> torch.Tensor:
-            at = torch.as_tensor(slots[positions], device=tokens.device)
-            start = torch.as_tensor(prompt_len[positions], device=tokens.device)
-            cols = start[:, None] + torch.arange(t, device=tokens.device)
-            return tokens[at[:, None], cols].long()
+            flat = np.minimum(start[positions, None] + np.arange(t), tokens.numel() - 1).reshape(-1)
+            at = torch.from_numpy(flat).to(tokens.device)  # (a row's padding past its buffer: never read)
+            return tokens.reshape(-1).index_select(0, at).view(len(positions), t)
 
         requests = [self._slots[slot] for slot in slots.tolist()]
         return self.masking.apply(logits, rows, requests, steps, prefix)  # type: ignore[arg-type]
