@@ -4,7 +4,9 @@ scripts/vllm_env.sh makes; a benchmark, not a test). Four tables:
   1. apply: the V1 and V2 processors' apply() on the same batches (sizes --batches; rows at every SID step,
      a quarter with exclusions, a quarter with an availability list, the V2 rows in another order): the
      median µs per call of --repeats timed runs, the two processors' runs interleaved (their order
-     alternating), side by side with their ratio, and whether both masked every row the same. Only the
+     alternating), side by side with the median of each round's V2 / V1 ratio (a round's two runs are
+     back to back, so a change of the machine's load hits both), and whether both masked every row the
+     same. Only the
      processors' apply is timed: the batch state each runner hands them (V1's batch update, V2's
      LogitsContext) is made once, as the runner makes it for all its processors. V2 runs on vLLM's real V2
      interface objects (integrations/vllm/v2_batch.py): Model Runner V2 itself needs Triton, which has no
@@ -76,7 +78,8 @@ def _ints(text: str) -> list[int]:
 
 
 def apply_rows(config, sids, batches, repeats):
-    """Table 1: (case, V1 µs per apply, V2 µs per apply, same masks) on the same batches (medians)."""
+    """Table 1: (case, V1 µs per apply, V2 µs per apply, V2 / V1, same masks) on the same batches: medians
+    of the runs, and the median of each round's V2 / V1 (its two runs back to back)."""
     import numpy as np
     import torch
     from vllm import SamplingParams
@@ -121,16 +124,18 @@ def apply_rows(config, sids, batches, repeats):
             for _ in range(calls):
                 v2.apply(logits.clone(), ctx)
 
-        one, two = (np.median(t) / calls * 1e6 for t in _times([run_v1, run_v2], repeats))
+        times = np.asarray(_times([run_v1, run_v2], repeats))
+        one, two = np.median(times, axis=1) / calls * 1e6
+        ratio = np.median(times[1] / times[0])  # paired rounds: a load change hits both runs of a round
         same = torch.equal(v1.apply(logits.clone())[order], v2.apply(names, logits[order].clone()))
-        rows.append((f"apply, batch {batch}", one, two, "yes" if same else "NO"))
+        rows.append((f"apply, batch {batch}", one, two, ratio, "yes" if same else "NO"))
     return rows
 
 
 def print_apply(applied) -> None:
     print(f"\n{'case':<24} {'V1 µs/apply':>12} {'V2 µs/apply':>12} {'V2 / V1':>8} {'same masks':>11}")
-    for case, one, two, same in applied:
-        print(f"{case:<24} {one:>12.1f} {two:>12.1f} {two / one:>8.2f} {same:>11}")
+    for case, one, two, ratio, same in applied:
+        print(f"{case:<24} {one:>12.1f} {two:>12.1f} {ratio:>8.2f} {same:>11}")
 
 
 def engine_rows(llm, root, sids, args):

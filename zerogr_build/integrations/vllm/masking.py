@@ -108,7 +108,10 @@ class SidMasking:
         t_max = max((key[-1] for key in groups), default=0)
         tokens: torch.Tensor | None = None
         try:
-            tokens = prefix(grouped, t_max) if grouped else None
+            if t_max == 0:  # every row at its first SID step: no tokens to read
+                tokens = torch.zeros((len(grouped), 0), dtype=torch.int64)
+            elif grouped:
+                tokens = prefix(grouped, t_max)
         except Exception:  # noqa: BLE001 - ends these requests, never the engine
             logger.exception(
                 "zerogr: reading the generated tokens failed; ending the batch's requests with EOS"

@@ -19,7 +19,6 @@ admission (validate_params) is admission.py's.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcessor, LogitsProcRequestState
 
@@ -54,24 +53,28 @@ class SidLogitsProcessorV2(LogitsProcessor):
 
     def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
         """Mask the rows of zerogr requests of logits [num_rows, vocab] (in place); other rows untouched."""
-        slot_of = np.asarray(ctx.idx_mapping_np)
-        rows = [row for row, slot in enumerate(slot_of.tolist()) if self._slots[slot] is not None]
+        # Host-side bookkeeping in plain Python: a batch has at most a few hundred rows, and each numpy or
+        # torch call costs more than a row of this loop (this is what kept V2's apply near V1's).
+        slot_of = ctx.idx_mapping_np.tolist()
+        held = self._slots
+        rows = [row for row, slot in enumerate(slot_of) if held[slot] is not None]
         if not rows:
             return logits
-        if logits.shape[0] != slot_of.shape[0]:
-            raise RuntimeError(f"zerogr: {logits.shape[0]} logits rows for {slot_of.shape[0]} requests")
-        slots = slot_of[rows]
-        prompt_len = self.req_states.prompt_len.np[slots].astype(np.int64)
-        steps = (np.asarray(ctx.seq_lens_upper_bound_np)[rows] - prompt_len).tolist()
+        if logits.shape[0] != len(slot_of):
+            raise RuntimeError(f"zerogr: {logits.shape[0]} logits rows for {len(slot_of)} requests")
+        prompt_len, seq_len = self.req_states.prompt_len.np, ctx.seq_lens_upper_bound_np.tolist()
+        slots = [slot_of[row] for row in rows]
+        first = [int(prompt_len[slot]) for slot in slots]  # the token index of each row's first output
+        steps = [seq_len[row] - start for row, start in zip(rows, first, strict=True)]
         tokens = self.req_states.all_token_ids.gpu
-        start = slots.astype(np.int64) * tokens.shape[1] + prompt_len  # flat index of each row's output
+        width, last = tokens.shape[1], tokens.numel() - 1
 
         def prefix(positions: list[int], t: int) -> torch.Tensor:
-            flat = np.minimum(start[positions, None] + np.arange(t), tokens.numel() - 1).reshape(-1)
-            at = torch.from_numpy(flat).to(tokens.device)  # (a row's padding past its buffer: never read)
-            return tokens.reshape(-1).index_select(0, at).view(len(positions), t)
+            at = [[min(slots[i] * width + first[i] + k, last) for k in range(t)] for i in positions]
+            # take: flat indices into the buffer, in at's shape (a row's padding past its buffer: never read)
+            return tokens.take(torch.tensor(at, dtype=torch.int64, device=tokens.device))
 
-        requests = [self._slots[slot] for slot in slots.tolist()]
+        requests = [held[slot] for slot in slots]
         return self.masking.apply(logits, rows, requests, steps, prefix)  # type: ignore[arg-type]
 
 
