@@ -112,9 +112,12 @@ class EngineBoard:
                 logger.error("zerogr: cannot write the engine's version record %s: %s", self.path, exc)
 
     def close(self) -> None:
-        """Remove the record (the front end ignores a dead writer's record anyway)."""
+        """Remove the record, and the directory once no process of this server has one (the front end
+        ignores a dead writer's record anyway)."""
         with contextlib.suppress(OSError):
             self.path.unlink()
+        with contextlib.suppress(OSError):
+            self.dir.rmdir()  # fails while another record is there
 
 
 def _alive(pid: int) -> bool:
