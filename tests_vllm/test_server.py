@@ -168,6 +168,8 @@ def test_follow_swaps_under_load_without_a_gap(server):
         after = list(pool.map(lambda i: one(i, range(1000, 1100)), range(48, 60)))
     assert all(sid in second for sid in after)
     server["serving"] = server["sids"][100:]
+    log = server["log"].read_text(errors="replace")
+    assert "new requests decode v000002" in log  # the front end pinned it once the engine announced it
 
 
 def health_seconds(server) -> float:
@@ -202,7 +204,7 @@ def test_a_version_past_the_vocabulary_never_takes_the_server_down(server):
         with ThreadPoolExecutor(4) as pool:
             before = list(pool.map(one, range(8)))
             index = build_index(wide, [8, 8, 32])
-            publish_bundle(index, pa.array(7000 + np.arange(50), pa.int64()), server["root"] / "live")
+            bad = publish_bundle(index, pa.array(7000 + np.arange(50), pa.int64()), server["root"] / "live")
             log = server["log"]
             deadline = time.monotonic() + 30
             while "keeps" not in log.read_text(errors="replace"):  # the engine read and refused it
@@ -216,6 +218,8 @@ def test_a_version_past_the_vocabulary_never_takes_the_server_down(server):
     assert health and max(health) < 1.0, max(health)
     text = server["log"].read_text(errors="replace")
     assert "beyond the model's vocabulary" in text and "EngineDeadError" not in text
+    assert "new requests decode v000001" in text  # the front end pins what the engine announced
+    assert f"new requests decode {bad.path.name}" not in text and f"now serves {bad.path.name}" not in text
     assert server["server"].proc.poll() is None
 
 

@@ -3,11 +3,12 @@
     admit(sampling_params)   # VLLMValidationError with one line, or the request may run
 
 It checks a request's zerogr arguments against the registry (registry.py) and writes the version the request
-will decode into the request (PIN_KEY in its extra_args; any value the client put there is replaced), so the
-engine, every one of its workers and a preempted request all decode the version the request was checked
-against. The version is one the engine has opened and accepted: the engine announces those (announce.py),
-and the front end pins the newest one every engine process holds, or none (the engine then decodes its own
-serving version) before the engine has announced any; a version the engine refused is never pinned.
+will decode into the request (PIN_KEY in its extra_args; any value the client put there is replaced or
+removed), so the engine, every one of its workers and a preempted request all decode the version the
+request was checked against. The version is one the engine has opened and accepted: the engine announces
+those (announce.py), and the front end pins the newest one every engine process holds, or none (the engine
+then decodes its own serving version) before the engine has announced any; a version the engine refused is
+never pinned.
 Nothing is read from disk per request: the front end's view of the registry (catalog names, item set
 names, the kind of item ids, the engine's versions, kept current by FrontBoard's thread) is built the
 first time a process admits a zerogr request and rebuilt only when ZEROGR_VLLM_CATALOGS names another file.
