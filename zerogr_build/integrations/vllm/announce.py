@@ -89,6 +89,8 @@ class EngineBoard:
         self.path = self.dir / f"{os.getpid()}.json"
         self._lock = threading.Lock()
         self._usable = _own_dir(self.dir, create=True)
+        if self._usable:
+            _sweep(self.dir.parent, keep=self.dir)
 
     def write(self, catalogs: dict[str, Announced]) -> None:
         """Publish what this process holds now (atomically; a failure is logged: the front end then keeps
@@ -104,6 +106,8 @@ class EngineBoard:
         }
         with self._lock:
             try:
+                if not _own_dir(self.dir, create=True):  # (another server's sweep may have removed it)
+                    return
                 fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.dir)
                 with os.fdopen(fd, "w") as f:
                     json.dump(body, f)
@@ -118,6 +122,30 @@ class EngineBoard:
             self.path.unlink()
         with contextlib.suppress(OSError):
             self.dir.rmdir()  # fails while another record is there
+
+
+def _sweep(root: Path, keep: Path) -> None:
+    """Remove the records of processes that no longer exist (a server stopped by SIGKILL leaves its own),
+    and the directories that leaves empty, but `keep`."""
+    for directory in root.glob("pg*-*"):
+        for record in directory.glob("*.json"):
+            stem = record.name.removesuffix(".json")
+            if stem.isdigit() and not _exists(int(stem)):
+                with contextlib.suppress(OSError):
+                    record.unlink()
+        if directory != keep:
+            with contextlib.suppress(OSError):
+                directory.rmdir()  # fails while a record is there
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _alive(pid: int) -> bool:
