@@ -12,7 +12,8 @@ vLLM runs its front end (the API server, or LLM's process) and its engine core a
 processes, all started from one process and sharing its process group (a DP supervisor gives each server
 its own group). So the record lives in a directory named by the process group and the registry's real
 path: `$ZEROGR_VLLM_STATE_DIR` (default /dev/shm, else the temp dir, in `zerogr-vllm-<uid>/`), one JSON
-file per engine process (named by its pid, written atomically, removed when it ends). The front end reads
+file per engine process (named by its pid, written atomically, removed when it ends; records of processes
+that no longer exist are swept when an engine process starts). The front end reads
 them every poll_seconds on its own thread and pins, per catalog, the newest version that every live
 writer holds: under tensor or data parallelism a version is pinned once all workers have it.
 
