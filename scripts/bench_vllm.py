@@ -2,9 +2,15 @@
 scripts/vllm_env.sh makes; a benchmark, not a test). Four tables:
 
   1. apply: the V1 and V2 processors' apply() on the same batches (sizes --batches; rows at every SID step,
-     a quarter with exclusions, a quarter with an availability list, the V2 rows in another order): µs per
-     call, and whether both masked every row the same. V2 runs on vLLM's real V2 interface objects
-     (integrations/vllm/v2_batch.py): Model Runner V2 itself needs Triton, which has no CPU backend.
+     a quarter with exclusions, a quarter with an availability list, the V2 rows in another order): the
+     median µs per call of --repeats timed runs, the two processors' runs interleaved (their order
+     alternating), side by side with the median of each round's V2 / V1 ratio (a round's two runs are
+     back to back, so a change of the machine's load hits both), and whether both masked every row the
+     same. Only the
+     processors' apply is timed: the batch state each runner hands them (V1's batch update, V2's
+     LogitsContext) is made once, as the runner makes it for all its processors. V2 runs on vLLM's real V2
+     interface objects (integrations/vllm/v2_batch.py): Model Runner V2 itself needs Triton, which has no
+     CPU backend. `--only apply` prints this table alone (no engine, no server: about a minute).
   2. LLM.generate requests/s with and without the processor, batches of --batches (greedy, a 3-token SID +
      EOS each): the processor's overhead. "without" are plain requests on the same engine.
   3. zerogr's beam_search against vLLM's LLM.beam_search at beam widths --beams: requests/s and the
@@ -14,6 +20,7 @@ scripts/vllm_env.sh makes; a benchmark, not a test). Four tables:
      requests at each of --concurrency concurrent clients.
 
     .venv-vllm/bin/python scripts/bench_vllm.py [--catalog 150] [--requests 256] [--concurrency 1,8,32]
+    .venv-vllm/bin/python scripts/bench_vllm.py --only apply --repeats 21
 
 The processor is the one for the model runner vLLM picks here (V1 on CPU). The model, tokenizer, catalog and
 registry are made in a temporary dir (nothing is downloaded).
@@ -42,22 +49,28 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--beams", default="8,32", help="beam widths")
     parser.add_argument("--concurrency", default="1,8,32", help="concurrent clients of the server")
     parser.add_argument("--server-requests", type=int, default=128, help="server requests per row")
+    parser.add_argument("--only", choices=("apply",), help="print table 1 (apply) alone")
     return parser.parse_args()
 
 
-def _best(fns, repeats: int) -> list[float]:
-    """Smallest wall time of each of fns over `repeats` rounds (after one warm-up run each); the rounds
-    alternate their order, so a busy moment of a shared machine does not fall on one of them only."""
+def _times(fns, repeats: int) -> list[list[float]]:
+    """Wall times of each of fns over `repeats` rounds (after one warm-up run each); the rounds alternate
+    their order, so a busy moment of a shared machine does not fall on one of them only."""
     for fn in fns:
         fn()
-    times = [[] for _ in fns]
+    times: list[list[float]] = [[] for _ in fns]
     for r in range(repeats):
         order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
         for i in order:
             start = time.perf_counter()
             fns[i]()
             times[i].append(time.perf_counter() - start)
-    return [min(t) for t in times]
+    return times
+
+
+def _best(fns, repeats: int) -> list[float]:
+    """Smallest wall time of each of fns over `repeats` interleaved rounds (_times)."""
+    return [min(t) for t in _times(fns, repeats)]
 
 
 def _ints(text: str) -> list[int]:
@@ -65,7 +78,8 @@ def _ints(text: str) -> list[int]:
 
 
 def apply_rows(config, sids, batches, repeats):
-    """Table 1: (case, run, µs per apply, same masks) of the V1 and V2 processors on the same batches."""
+    """Table 1: (case, V1 µs per apply, V2 µs per apply, V2 / V1, same masks) on the same batches: medians
+    of the runs, and the median of each round's V2 / V1 (its two runs back to back)."""
     import numpy as np
     import torch
     from vllm import SamplingParams
@@ -100,20 +114,28 @@ def apply_rows(config, sids, batches, repeats):
         logits = torch.randn(batch, tiny.VOCAB, generator=torch.Generator().manual_seed(batch))
         names = [str(i) for i in order]
         calls = max(4, 256 // batch)
+        ctx = v2.context(names)  # the runner's step context, made once per step for every processor
 
         def run_v1(logits=logits, v1=v1, calls=calls):
             for _ in range(calls):
                 v1.apply(logits.clone())
 
-        def run_v2(logits=logits[order], v2=v2, names=names, calls=calls):
+        def run_v2(logits=logits[order], v2=v2.processor, ctx=ctx, calls=calls):
             for _ in range(calls):
-                v2.apply(names, logits.clone())
+                v2.apply(logits.clone(), ctx)
 
-        seconds = _best([run_v1, run_v2], repeats)
+        times = np.asarray(_times([run_v1, run_v2], repeats))
+        one, two = np.median(times, axis=1) / calls * 1e6
+        ratio = np.median(times[1] / times[0])  # paired rounds: a load change hits both runs of a round
         same = torch.equal(v1.apply(logits.clone())[order], v2.apply(names, logits[order].clone()))
-        for name, s in zip(("V1 processor", "V2 processor"), seconds, strict=True):
-            rows.append((f"apply, batch {batch}", name, s / calls * 1e6, "yes" if same else "NO"))
+        rows.append((f"apply, batch {batch}", one, two, ratio, "yes" if same else "NO"))
     return rows
+
+
+def print_apply(applied) -> None:
+    print(f"\n{'case':<24} {'V1 µs/apply':>12} {'V2 µs/apply':>12} {'V2 / V1':>8} {'same masks':>11}")
+    for case, one, two, ratio, same in applied:
+        print(f"{case:<24} {one:>12.1f} {two:>12.1f} {ratio:>8.2f} {same:>11}")
 
 
 def engine_rows(llm, root, sids, args):
@@ -246,17 +268,19 @@ def main() -> None:
     )
     config = EngineArgs(**common, max_num_seqs=max(_ints(args.batches))).create_engine_config()
     applied = apply_rows(config, sids, _ints(args.batches), args.repeats)
+    what = f"catalog {len(sids)} of 512 SIDs, CPU, {processor.split(':')[1]}"
+    if args.only == "apply":
+        print(f"\ntiny Llama (vocab {tiny.VOCAB}), {what}; median of {args.repeats} interleaved runs")
+        print_apply(applied)
+        return
     llm = LLM(**common, max_num_seqs=256, seed=0, logits_processors=[processor], max_logprobs=2 * max(widths))
     engine = engine_rows(llm, root, sids, args)
     del llm
     gc.collect()  # the offline engine's processes end before the server starts its own
     with LocalServer(model, registry, processor, root / "server.log", ("--max-num-seqs", "256")) as server:
         served = server_rows(server, sids, args)
-    what = f"catalog {len(sids)} of 512 SIDs, CPU, {processor.split(':')[1]}"
     print(f"\ntiny Llama (2 layers, hidden 128, vocab {tiny.VOCAB}), {what}")
-    print(f"\n{'case':<24} {'run':<20} {'µs per apply':>13} {'same masks':>11}")
-    for case, name, micros, same in applied:
-        print(f"{case:<24} {name:<20} {micros:>13.1f} {same:>11}")
+    print_apply(applied)
     print(f"\n{'case':<24} {'run':<20} {'requests/s':>11} {'valid SIDs':>11}")
     for case, name, rate, valid in engine:
         print(f"{case:<24} {name:<20} {rate:>11.1f} {valid:>10.1%}")

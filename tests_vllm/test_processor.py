@@ -191,10 +191,11 @@ def test_item_constraints_equal_the_rebuilt_subset(world):
 
 
 def wait_for_version(name: str, version: str) -> None:
-    """Until the front end's view serves `version` of catalog `name` (it reads LATEST every 0.2 s)."""
+    """Until the front end pins `version` of catalog `name` (the engine reads LATEST every 0.2 s, opens and
+    announces the new version; the front end reads the engine's record every 0.2 s)."""
     deadline = time.monotonic() + 20
-    while front_view().live.current(name).name != version:
-        assert time.monotonic() < deadline, f"{name} still serves {front_view().live.current(name).name}"
+    while front_view().live.pin(name) != version:
+        assert time.monotonic() < deadline, f"{name} still pins {front_view().live.pin(name)}"
         time.sleep(0.05)
 
 

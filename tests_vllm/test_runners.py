@@ -48,11 +48,12 @@ def test_v1_loader_takes_processor_and_refuses_the_v2_class(registry, engine_con
 
 
 def test_v2_admission_refuses_bad_requests_and_pins_good_ones(registry, engine_config):
-    engine_config(registry)
+    config = engine_config(registry)
+    build_custom_logits_processors(config, request_state(config, 4), False, [PROCESSOR_V2])  # an engine
     validate = build_custom_logits_processors_params_validator([PROCESSOR_V2])
     good = SamplingParams(extra_args={"zerogr": {"catalog": "c"}, PIN_KEY: "v000099"})
     validate(good)
-    assert good.extra_args[PIN_KEY] == "v000001"  # the client's pin replaced by the live version
+    assert good.extra_args[PIN_KEY] == "v000001"  # the client's pin replaced by the engine's version
     with pytest.raises(VLLMValidationError, match="unknown catalog 'nope'"):
         validate(SamplingParams(extra_args={"zerogr": {"catalog": "nope"}}))
     plain = SamplingParams(extra_args={"other": 1})

@@ -2,12 +2,15 @@
 with a catalog registry: completions decode catalog SIDs, every refusal is one line that answers nothing
 about the server's files (the hostile-input reproducer: paths, JSON and Parquet files outside the allowed
 root, symlinks out of it, a file over the cap, another tenant's bundle), plain and zerogr requests still work
-after the bad ones, and a follow catalog swaps versions under load with every answer a whole SID."""
+after the bad ones, a follow catalog swaps versions under load with every answer a whole SID, and a
+published version the model's vocabulary cannot spell leaves the last good one serving."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -16,6 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests_vllm.conftest import RUNNER_PROCESSOR
+from zerogr_build.bundle import publish_bundle
+from zerogr_build.index import build_index
 from zerogr_build.integrations.vllm import PROCESSOR_V2
 from zerogr_build.integrations.vllm import tiny_model as tiny
 from zerogr_build.integrations.vllm.admission import NO_FILE
@@ -48,7 +53,7 @@ def server(tmp_path_factory, tiny_model_dir):
     assert (requests / "big.parquet").stat().st_size > 4096 > (requests / "avail.parquet").stat().st_size
     args = ("--max-num-seqs", "32", "--gpu-memory-utilization", "0.5")
     with LocalServer(tiny_model_dir, registry, RUNNER_PROCESSOR, root / "server.log", args) as running:
-        yield dict(server=running, root=root, sids=sids, log=root / "server.log")
+        yield dict(server=running, root=root, sids=sids, log=root / "server.log", serving=sids[:100])
 
 
 def complete(server, zerogr: dict | None = None, *, seed: int = 0, n: int = 1, max_tokens: int = L + 1):
@@ -162,6 +167,60 @@ def test_follow_swaps_under_load_without_a_gap(server):
     ) as pool:  # excluding every item of the old version: ignored, as Decoder.search does
         after = list(pool.map(lambda i: one(i, range(1000, 1100)), range(48, 60)))
     assert all(sid in second for sid in after)
+    server["serving"] = server["sids"][100:]
+    log = server["log"].read_text(errors="replace")
+    assert "new requests decode v000002" in log  # the front end pinned it once the engine announced it
+
+
+def health_seconds(server) -> float:
+    start = time.perf_counter()
+    with urllib.request.urlopen(f"{server['server'].url}/health", timeout=30) as reply:
+        assert reply.status == 200
+    return time.perf_counter() - start
+
+
+def test_a_version_past_the_vocabulary_never_takes_the_server_down(server):
+    """A follow version whose last codebook the SID map spells past the model's vocabulary (tokens up to 79
+    of 64) is published under load: the engine refuses it, the front end never pins it, every request
+    answers 200 with a SID of the last good version, and /health answers within 1 s throughout."""
+    good = catalog(server["serving"])
+    wide = server["sids"][:50].copy()
+    wide[:, 2] += 8 * (np.arange(50) % 4)  # codes up to 31 of a 32-code last codebook
+    stop, health = threading.Event(), []
+
+    def probe():
+        while not stop.is_set():
+            health.append(health_seconds(server))
+            time.sleep(0.1)
+
+    def one(i: int):
+        status, reply = complete(server, {"catalog": "live"}, seed=300 + i)
+        assert status == 200, reply
+        return sids_of(reply)[0]
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            before = list(pool.map(one, range(8)))
+            index = build_index(wide, [8, 8, 32])
+            bad = publish_bundle(index, pa.array(7000 + np.arange(50), pa.int64()), server["root"] / "live")
+            log = server["log"]
+            deadline = time.monotonic() + 30
+            while "keeps" not in log.read_text(errors="replace"):  # the engine read and refused it
+                assert time.monotonic() < deadline, "the engine never read the new LATEST"
+                time.sleep(0.1)
+            after = list(pool.map(one, range(8, 40)))  # the front end reads the engine's record every 0.2 s
+    finally:
+        stop.set()
+        prober.join()
+    assert all(sid in good for sid in before + after)
+    assert health and max(health) < 1.0, max(health)
+    text = server["log"].read_text(errors="replace")
+    assert "beyond the model's vocabulary" in text and "EngineDeadError" not in text
+    assert "new requests decode v000001" in text  # the front end pins what the engine announced
+    assert f"new requests decode {bad.path.name}" not in text and f"now serves {bad.path.name}" not in text
+    assert server["server"].proc.poll() is None
 
 
 def test_the_runner_is_the_one_its_processor_is_for(server):

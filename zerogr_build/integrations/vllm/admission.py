@@ -3,10 +3,14 @@
     admit(sampling_params)   # VLLMValidationError with one line, or the request may run
 
 It checks a request's zerogr arguments against the registry (registry.py) and writes the version the request
-will decode into the request (PIN_KEY in its extra_args; any value the client put there is replaced), so the
-engine, every one of its workers and a preempted request all decode the version the request was checked
-against. Nothing is read from disk per request: the front end's view of the registry (catalog names, item
-set names, the kind of item ids, the live versions, kept current by LiveVersions' thread) is built the
+will decode into the request (PIN_KEY in its extra_args; any value the client put there is replaced or
+removed), so the engine, every one of its workers and a preempted request all decode the version the
+request was checked against. The version is one the engine has opened and accepted: the engine announces
+those (announce.py), and the front end pins the newest one every engine process holds, or none (the engine
+then decodes its own serving version) before the engine has announced any; a version the engine refused is
+never pinned.
+Nothing is read from disk per request: the front end's view of the registry (catalog names, item set
+names, the kind of item ids, the engine's versions, kept current by FrontBoard's thread) is built the
 first time a process admits a zerogr request and rebuilt only when ZEROGR_VLLM_CATALOGS names another file.
 A path in a request ("available") costs a realpath and a stat, never a read.
 
@@ -30,7 +34,7 @@ from vllm.exceptions import VLLMValidationError
 from ...base.errors import InputError, ZerogrError, one_line
 from ...bundle.reader import load_manifest
 from ...runtime.items.files import read_columns
-from .live import LiveVersions
+from .announce import FrontBoard
 from .registry import ENV_VAR, FileRefusal, Registry, load_registry
 from .spec import RequestSpec, spec_of
 
@@ -46,21 +50,19 @@ class FrontView:
     """The front end's in-memory view of the registry: everything admit() checks a request against."""
 
     registry: Registry
-    live: LiveVersions
+    live: FrontBoard  # the versions the engine announced
     set_names: dict[str, frozenset[str] | None]  # catalog -> its item set names (None: no item_sets)
     id_kinds: dict[str, str | None]  # catalog -> the live version's item id kind ("int", "str", "bytes")
 
     @classmethod
     def load(cls, registry: Registry) -> FrontView:
-        """Resolve every catalog's version and read its item set names (once per process)."""
+        """Read the engine's versions and every catalog's item set names (once per process)."""
         kinds: dict[str, str | None] = {}
 
         def on_change(name: str, version: Path) -> None:
             kinds[name] = id_kind(version)
 
-        live = LiveVersions(registry, on_change)
-        for name in registry.catalogs:
-            kinds[name] = id_kind(live.current(name))
+        live = FrontBoard(registry, on_change)
         sets = {
             name: None if entry.item_sets is None else _set_names(entry.item_sets)
             for name, entry in registry.catalogs.items()
@@ -133,7 +135,10 @@ def admit(params) -> None:
         if isinstance(found, FileRefusal):
             logger.warning("zerogr: refused a request's available file: %s", found.reason)
             raise VLLMValidationError(NO_FILE, parameter="extra_args")
-    params.extra_args = {**extra, PIN_KEY: view.live.current(spec.catalog).name}
+    pin = view.live.pin(spec.catalog)  # None: the engine has announced none yet; it decodes its own
+    params.extra_args = {k: v for k, v in extra.items() if k != PIN_KEY} | (
+        {} if pin is None else {PIN_KEY: pin}
+    )
 
 
 def _check(spec: RequestSpec, view: FrontView) -> None:

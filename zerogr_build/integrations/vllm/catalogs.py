@@ -1,24 +1,28 @@
 """The engine's side of the registry: every catalog opened at start, then what requests derive from it.
 
     catalogs = EngineCatalogs(registry, device, vocab_size)   # opens every registered catalog now
-    plan = catalogs.plan(spec, pin)       # a request's version, SID map and item filter, every rule checked
-    plan.catalog.masks(plan.sid_map, plan.sid_key, vocab, device)   # VocabMasks of that version
+    plan = catalogs.plan(spec, pin)       # a request's version, SID map, masks and item filter, all checked
+    plan.masks                            # VocabMasks of that version, built when the version was opened
 
 At start each catalog's live version is opened (memory-mapped, checked) with its SID map (checked against
 the model's vocabulary), its item sets and its availability; the engine fails to start, naming the file,
-if one is broken. A request decodes the version admission pinned (admission.PIN_KEY; a version of the
-catalog's own OUT dir, nothing else), else the live one. When a follow catalog's LATEST moves, LiveVersions'
-thread opens the new version here before requests are pinned to it, off the engine's step loop.
+if one is broken. When a follow catalog's LATEST moves, LiveVersions' thread opens the new version here
+(prepare: checksums, the SID map against the version and the vocabulary, the masks, the device tables),
+and only then announces it to the front end (announce.py); a version that fails is refused, logged, and
+the last good one keeps serving. Nothing is opened, hashed or masked on the engine's step loop: a request
+decodes the version admission pinned (admission.PIN_KEY) only if this engine holds it open and accepted,
+else its live one when there is no pin; any other pin fails that request alone.
 
 Every cache is bounded (lru.Lru) and keyed by what the bytes are, never by how a request spelled a path:
-versions by real path and manifest identity (limits.open_versions, plus those live requests hold), per
-version its vocabulary masks and item filters (limits.filters_per_version), files by (st_dev, st_ino, size,
-mtime_ns). The catalog's availability file is read again when it changes; its SID map and item sets are
-read once, at start.
+versions by real path and manifest identity (limits.open_versions, plus the serving ones and those live
+requests hold), per version its vocabulary masks and item filters (limits.filters_per_version), files by
+(st_dev, st_ino, size, mtime_ns). The catalog's availability file is read again when it changes; its SID
+map and item sets are read once, at start.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -34,7 +38,7 @@ import torch
 
 from ...base.errors import InputError
 from ...bundle import open_bundle
-from ...bundle.format import MANIFEST_NAME, parse_version_dir
+from ...bundle.format import MANIFEST_NAME
 from ...runtime.device_tables import DeviceStep, index_to_device
 from ...runtime.items.constraints import ItemMask, ItemSets, item_ids
 from ...runtime.items.files import read_available_ids, read_set_memberships
@@ -42,6 +46,7 @@ from ...runtime.items.requests import RequestConstraints, request_constraints
 from ...runtime.items.space import ItemSpace, Resident, SetBits, make_resident
 from ..sid_map import SidMap, catalog_token_table
 from ..vocab_masks import VocabMasks
+from .announce import Announced, EngineBoard
 from .live import LiveVersions
 from .lru import Lru
 from .registry import CatalogEntry, Limits, Registry, file_identity
@@ -66,7 +71,8 @@ class Catalog:
     """One opened bundle version and what requests derive from it (device tables, vocabulary masks, item
     filters), each built on first use and kept in a bounded cache."""
 
-    def __init__(self, version_dir: Path, limits: Limits) -> None:
+    def __init__(self, version_dir: Path, limits: Limits, key: tuple = ()) -> None:
+        self.key = key  # EngineCatalogs' cache key: (real path, manifest identity)
         self.bundle = open_bundle(version_dir)
         self.index = self.bundle.index
         self.path = self.bundle.path
@@ -100,6 +106,21 @@ class Catalog:
 
         return self._masks.get_or_make((key, int(vocab_size), device), make)
 
+    def built_masks(self, key: tuple, vocab_size: int, device: torch.device) -> VocabMasks:
+        """The VocabMasks masks() built for this SID map key (InputError if none: they are built when the
+        version is opened, never for a request)."""
+        masks = self._masks.get((key, int(vocab_size), device))
+        if masks is None:
+            raise InputError(f"{self.path.name}: no vocabulary masks built for this SID map and vocabulary")
+        return masks
+
+    def space(self, device: torch.device) -> ItemSpace:
+        """The Decoder's item space of this version on `device` (its step tables there)."""
+        with self._lock:
+            if device not in self._spaces:
+                self._spaces[device] = ItemSpace(self.bundle, self.steps(device), device)
+            return self._spaces[device]
+
     def item_filter(
         self, key: tuple, mask: Callable[[], ItemMask | None], sets: Callable[[], ItemSets | None], device
     ) -> Resident:
@@ -107,13 +128,11 @@ class Catalog:
         under `key` (what they are made from)."""
 
         def make() -> Resident:
-            with self._lock:
-                if device not in self._spaces:
-                    self._spaces[device] = ItemSpace(self.bundle, self.steps(device), device)
+            space = self.space(device)
             with logged_warnings():
                 item_sets = sets()
                 bits = None if item_sets is None else SetBits.build(item_sets)
-                return make_resident(self._spaces[device], mask(), bits)
+                return make_resident(space, mask(), bits)
 
         return self._filters.get_or_make((key, device), make)
 
@@ -127,6 +146,7 @@ class RequestPlan:
     catalog: Catalog
     sid_map: SidMap
     sid_key: tuple
+    masks: VocabMasks
     resident: Resident | None
 
     def constraints(self, plans: list[RequestPlan]) -> RequestConstraints:
@@ -152,6 +172,8 @@ class EngineCatalogs:
         self._set_rows: dict[str, tuple[np.ndarray, Any, str, tuple]] = {}
         self._availability: dict[str, tuple[tuple, Any]] = {}
         self._request_files: Lru[Any] = Lru(REQUEST_FILES)
+        self._serving: dict[str, Catalog] = {}  # catalog -> the version new requests without a pin decode
+        self._held: dict[str, dict[str, tuple]] = {}  # catalog -> {version dir name: key in _versions}
         for name, entry in registry.catalogs.items():
             sid_map = SidMap.load(entry.sid_map)
             self._sid_maps[name] = (sid_map, ("sid_map", *file_identity(os.stat(entry.sid_map))))
@@ -160,39 +182,69 @@ class EngineCatalogs:
                 self._set_rows[name] = (names, ids, what, file_identity(os.stat(entry.item_sets)))
             if entry.availability is not None:
                 self._registered_availability(entry)
+        self.board = EngineBoard(registry)
         self.live = LiveVersions(registry, on_change=self.prepare)
         for name in registry.catalogs:
             self.prepare(name, self.live.current(name))
+        atexit.register(self.close)
 
     def close(self) -> None:
+        """Stop following LATEST and withdraw this process's record."""
         self.live.close()
+        self.board.close()
 
     def prepare(self, name: str, version_dir: Path) -> Catalog:
-        """Open `version_dir` of catalog `name` and build its vocabulary masks (the SID map checked against
-        the version and the model's vocabulary), so its first request finds them ready."""
+        """Open `version_dir` of catalog `name`, check it and build what its requests use (its vocabulary
+        masks, with the SID map checked against the version and the model's vocabulary; its device tables
+        and item space; the catalog's availability filter), then serve it and announce it to the front
+        end. Runs at start and on LiveVersions' thread, never on the step loop; InputError / BundleError
+        when the version is refused (the last good one stays)."""
         sid_map, sid_key = self._sid_maps[name]
         catalog = self.version(version_dir)
         sid_map.check_vocabulary(catalog.index.codebook_sizes, self.vocab_size)
         catalog.masks(sid_map, sid_key, self.vocab_size, self.device)
+        catalog.space(self.device)
+        entry = self.registry.catalogs[name]
+        if entry.availability is not None:
+            self._filter(entry, RequestSpec(catalog=name), catalog)
+        with self._lock:
+            self._serving[name] = catalog
+            held = self._held.setdefault(name, {})
+            held[catalog.path.name] = catalog.key
+            for old, key in list(held.items()):
+                if old != catalog.path.name and key not in self._versions:
+                    del held[old]
+            self.board.write({n: self._announced(n) for n in self._serving})
         return catalog
+
+    def _announced(self, name: str) -> Announced:
+        """What this engine holds of catalog `name`: its serving version, and the accepted ones still open."""
+        serving = self._serving[name].path
+        held = [key[0] for key in self._held[name].values() if key in self._versions]
+        return Announced(serving, tuple(dict.fromkeys([*held, serving])))
 
     def version(self, version_dir: Path) -> Catalog:
         """The Catalog of a version dir (real path), opened once while it stays cached (keyed by the path and
         its manifest's identity: a version dir made again under the same name is opened again)."""
         key = (version_dir, *file_identity(os.stat(version_dir / MANIFEST_NAME)))
-        return self._versions.get_or_make(key, lambda: Catalog(version_dir, self.registry.limits))
+        return self._versions.get_or_make(key, lambda: Catalog(version_dir, self.registry.limits, key))
 
-    def version_dir(self, name: str, pin: str | None) -> Path:
-        """The version dir a request of catalog `name` decodes: `pin` (a version dir name admission chose,
-        which must be a version of the catalog's own OUT dir), else the live version."""
-        live = self.live.current(name)
-        if pin is None or pin == live.name:
-            return live
-        entry = self.registry.catalogs[name]
-        out = entry.bundle
-        if parse_version_dir(pin) is None or live.parent != out or (out / pin).resolve().parent != out:
-            raise InputError(f"catalog {name!r}: {pin[:80]!r} is not one of its versions")
-        return (out / pin).resolve()
+    def held(self, name: str, pin: str | None) -> Catalog:
+        """The opened version a request of catalog `name` decodes: `pin` (a version dir name admission
+        chose) when this engine holds it open and accepted, the serving version when there is no pin;
+        InputError otherwise (nothing is opened here)."""
+        serving = self._serving[name]
+        if pin is None or pin == serving.path.name:
+            return serving
+        with self._lock:
+            key = self._held.get(name, {}).get(pin)
+            catalog = None if key is None else self._versions.peek(key)
+        if catalog is None:
+            raise InputError(
+                f"catalog {name!r}: version {pin[:80]!r} is not open in this engine (it serves "
+                f"{serving.path.name}); the request ends"
+            )
+        return catalog
 
     def plan(self, spec: RequestSpec, pin: str | None) -> RequestPlan:
         """Everything a request needs, every rule checked: InputError / BundleError naming the first broken
@@ -200,16 +252,16 @@ class EngineCatalogs:
         entry = self.registry.catalogs.get(spec.catalog)
         if entry is None:
             raise InputError(f"unknown catalog {spec.catalog!r}")
-        catalog = self.version(self.version_dir(spec.catalog, pin))
+        catalog = self.held(spec.catalog, pin)
         sid_map, sid_key = self._sid_maps[spec.catalog]
-        catalog.token_table(sid_map, sid_key)  # every code spelt, EOS distinct
+        masks = catalog.built_masks(sid_key, self.vocab_size, self.device)
         resident = None
         if spec.constrained or entry.availability is not None:
             resident = self._filter(entry, spec, catalog)
             if spec.include:
                 assert resident.set_bits is not None
                 resident.set_bits.sets.lookup(list(spec.include))  # unknown set names
-        return RequestPlan(spec, catalog, sid_map, sid_key, resident)
+        return RequestPlan(spec, catalog, sid_map, sid_key, masks, resident)
 
     def _filter(self, entry: CatalogEntry, spec: RequestSpec, catalog: Catalog) -> Resident:
         """The resident item filter of a request: the catalog's availability AND the request's, the

@@ -31,6 +31,15 @@ class Lru(Generic[V]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def peek(self, key: Hashable) -> V | None:
+        """The value of `key`, or None, leaving the order alone."""
+        with self._lock:
+            return self._items.get(key)
+
     def get(self, key: Hashable) -> V | None:
         """The value of `key` (now the most recently used), or None."""
         with self._lock:

@@ -15,8 +15,10 @@ allowed item); from step L on only EOS is left (the SID map's eos_token_id, else
 grouped by (version, SID map, item filter, step) and each group is masked with a few tensor ops (VocabMasks,
 or the Decoder's slot filters for constrained requests), with no Python loop over the vocabulary. A row
 with no allowed SID left (every item excluded or unavailable) gets only EOS: an empty answer, never a token
-the mask forbids. A request that fails in the engine (logged) gets only the model's EOS: an engine hook
-cannot fail one request, and an error escaping it would stop the engine for every request.
+the mask forbids. A request that fails in the engine (logged), when it enters the batch or while its rows
+are masked, gets only the model's EOS from then on: an engine hook cannot fail one request, and an error
+escaping it would stop the engine for every request. Nothing here opens, hashes or masks a bundle version:
+the masks were built when the engine opened the version (catalogs.py, on its watcher thread).
 """
 
 from __future__ import annotations
@@ -89,8 +91,9 @@ class SidMasking:
         prefix: Callable[[list[int], int], torch.Tensor],
     ) -> torch.Tensor:
         """Mask rows `rows` of logits [num_rows, vocab] in place. requests[i] is row rows[i]'s request,
-        steps[i] how many tokens it has generated; prefix(positions, t) gives int64 [len(positions), t], the
-        first t generated tokens of the rows at those positions of `rows`."""
+        steps[i] how many tokens it has generated; prefix(positions, t) gives int [len(positions), t], the
+        first t generated tokens of the rows at those positions of `rows` (anything past a row's own count:
+        it is called once per apply, with t the largest SID step of the batch)."""
         groups: dict[tuple, list[int]] = {}
         failed: list[int] = []
         for i, request in enumerate(requests):
@@ -100,10 +103,35 @@ class SidMasking:
                 continue
             t = min(max(int(steps[i]), 0), plan.catalog.index.num_steps)
             groups.setdefault((plan.catalog, plan.sid_key, plan.resident, t), []).append(i)
+        # Every grouped row's first t_max tokens in one gather, in group order: a group's rows are a slice.
+        grouped = [i for positions in groups.values() for i in positions]
+        t_max = max((key[-1] for key in groups), default=0)
+        tokens: torch.Tensor | None = None
+        try:
+            if t_max == 0:  # every row at its first SID step: no tokens to read
+                tokens = torch.zeros((len(grouped), 0), dtype=torch.int64)
+            elif grouped:
+                tokens = prefix(grouped, t_max)
+        except Exception:  # noqa: BLE001 - ends these requests, never the engine
+            logger.exception(
+                "zerogr: reading the generated tokens failed; ending the batch's requests with EOS"
+            )
+        end = 0
         for (*_, t), positions in groups.items():
             rows_at = torch.as_tensor([rows[i] for i in positions], device=logits.device)
             chosen = [requests[i] for i in positions]
-            masked = self._mask_group(logits.index_select(0, rows_at), chosen, t, prefix(positions, t))
+            first, end = end, end + len(positions)
+            try:
+                if tokens is None:
+                    raise InputError("no generated tokens")
+                generated = tokens[first:end, :t]
+                masked = self._mask_group(logits.index_select(0, rows_at), chosen, t, generated)
+            except Exception:  # noqa: BLE001 - a failure here ends these requests, never the engine
+                logger.exception("zerogr: masking failed; ending %d request(s) with EOS", len(chosen))
+                for request in chosen:
+                    request.plan = None  # from now on only EOS, at every step
+                failed += [rows[i] for i in positions]
+                continue
             logits.index_copy_(0, rows_at, masked)
         if failed and self.model_eos is not None:
             rows_at = torch.as_tensor(failed, device=logits.device)
@@ -118,8 +146,9 @@ class SidMasking:
         generated int64 [n, t] their SID tokens so far. A row with no allowed continuation keeps only EOS."""
         plan = group[0].plan
         assert plan is not None
-        catalog = plan.catalog
-        masks = catalog.masks(plan.sid_map, plan.sid_key, scores.shape[1], self.device)
+        catalog, masks = plan.catalog, plan.masks
+        if scores.shape[1] != masks.vocab_size:
+            raise InputError(f"logits of width {scores.shape[1]}, masks built for {masks.vocab_size} tokens")
         rows = masks.rows(generated.to(self.device))
         eos = plan.sid_map.eos_token_id if plan.sid_map.eos_token_id is not None else self.model_eos
         if t == catalog.index.num_steps:

@@ -65,7 +65,8 @@ class SidLogitsProcessor(LogitsProcessor):
         steps = [len(output) for output in outputs]
 
         def prefix(positions: list[int], t: int) -> torch.Tensor:
-            tokens = [outputs[i][:t] for i in positions]
+            pad = [0] * t  # rows at an earlier step have fewer than t tokens: padded (never read)
+            tokens = [(outputs[i][:t] + pad)[:t] for i in positions]
             return torch.tensor(tokens, dtype=torch.int64).view(len(positions), t)
 
         rows = [index for index, _ in live]

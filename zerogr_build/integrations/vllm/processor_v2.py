@@ -8,9 +8,10 @@ The V2 interface differs from V1's in where things are, not in what the processo
 persistent slot (add_request; slots are recycled, so every field of the slot is set again), and each step's
 apply(logits, ctx) gets rows in the step's own order, ctx.idx_mapping_np telling the slot of each row. A
 request's generated tokens are read on the device from the runner's token buffer (all_token_ids from
-prompt_len on); how many it has is the host-side seq_lens_upper_bound_np minus prompt_len, exact without
-speculative decoding. Under speculative decoding a request owns one row per draft token, whose tokens are
-not committed yet: this processor refuses to start there rather than mask them approximately.
+prompt_len on; every row's in one gather, its flat indices made on the host); how many it has is the
+host-side seq_lens_upper_bound_np minus prompt_len, exact without speculative decoding. Under speculative
+decoding a request owns one row per draft token, whose tokens are not committed yet: this processor
+refuses to start there rather than mask them approximately.
 
 The request state and the masking are masking.py's, shared with the V1 processor (processor.py);
 admission (validate_params) is admission.py's.
@@ -18,7 +19,6 @@ admission (validate_params) is admission.py's.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcessor, LogitsProcRequestState
 
@@ -53,24 +53,28 @@ class SidLogitsProcessorV2(LogitsProcessor):
 
     def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
         """Mask the rows of zerogr requests of logits [num_rows, vocab] (in place); other rows untouched."""
-        slot_of = np.asarray(ctx.idx_mapping_np)
-        rows = [row for row, slot in enumerate(slot_of.tolist()) if self._slots[slot] is not None]
+        # Host-side bookkeeping in plain Python: a batch has at most a few hundred rows, and each numpy or
+        # torch call costs more than a row of this loop (this is what kept V2's apply near V1's).
+        slot_of = ctx.idx_mapping_np.tolist()
+        held = self._slots
+        rows = [row for row, slot in enumerate(slot_of) if held[slot] is not None]
         if not rows:
             return logits
-        if logits.shape[0] != slot_of.shape[0]:
-            raise RuntimeError(f"zerogr: {logits.shape[0]} logits rows for {slot_of.shape[0]} requests")
-        slots = slot_of[rows]
-        prompt_len = self.req_states.prompt_len.np[slots].astype(np.int64)
-        steps = (np.asarray(ctx.seq_lens_upper_bound_np)[rows] - prompt_len).tolist()
+        if logits.shape[0] != len(slot_of):
+            raise RuntimeError(f"zerogr: {logits.shape[0]} logits rows for {len(slot_of)} requests")
+        prompt_len, seq_len = self.req_states.prompt_len.np, ctx.seq_lens_upper_bound_np.tolist()
+        slots = [slot_of[row] for row in rows]
+        first = [int(prompt_len[slot]) for slot in slots]  # the token index of each row's first output
+        steps = [seq_len[row] - start for row, start in zip(rows, first, strict=True)]
         tokens = self.req_states.all_token_ids.gpu
+        width, last = tokens.shape[1], tokens.numel() - 1
 
         def prefix(positions: list[int], t: int) -> torch.Tensor:
-            at = torch.as_tensor(slots[positions], device=tokens.device)
-            start = torch.as_tensor(prompt_len[positions], device=tokens.device)
-            cols = start[:, None] + torch.arange(t, device=tokens.device)
-            return tokens[at[:, None], cols].long()
+            at = [[min(slots[i] * width + first[i] + k, last) for k in range(t)] for i in positions]
+            # take: flat indices into the buffer, in at's shape (a row's padding past its buffer: never read)
+            return tokens.take(torch.tensor(at, dtype=torch.int64, device=tokens.device))
 
-        requests = [self._slots[slot] for slot in slots.tolist()]
+        requests = [held[slot] for slot in slots]
         return self.masking.apply(logits, rows, requests, steps, prefix)  # type: ignore[arg-type]
 
 

@@ -6,6 +6,7 @@ tests and scripts/bench_vllm.py, not for production).
     batch = V2Batch(vllm_config, max_num_reqs=64)     # builds PROCESSOR_V2 with vLLM's V2 loader
     batch.add("r1", params, prompt=[1, 5, 9], output=[])   # a slot from vLLM's free list (recycled)
     masked = batch.apply(["r1", ...], logits)         # rows in any order: LogitsContext maps them to slots
+    batch.processor.apply(logits, batch.context([...]))   # the same, with the step's context made once
     batch.append("r1", token); batch.remove("r1")
 """
 
@@ -65,6 +66,11 @@ class V2Batch:
 
     def apply(self, order: list[str], logits: torch.Tensor) -> torch.Tensor:
         """The processor's apply on logits [len(order), vocab], row i being request order[i]."""
+        return self.processor.apply(logits, self.context(order))
+
+    def context(self, order: list[str]) -> LogitsContext:
+        """The step's LogitsContext for rows `order` (the runner builds it once per step, for every
+        processor)."""
         slots = np.asarray([self.states.req_id_to_index[r] for r in order], dtype=np.int32)
         mapping = torch.from_numpy(slots)
         lengths = np.asarray([self._length[r] for r in order], dtype=np.int32)
@@ -74,7 +80,7 @@ class V2Batch:
             input_ids=torch.zeros(len(order), dtype=torch.int32),
             pos=torch.from_numpy(lengths.astype(np.int64) - 1), seq_lens_upper_bound_np=lengths,
         )  # fmt: skip
-        return self.processor.apply(logits, ctx)
+        return ctx
 
 
 __all__ = ["V2Batch", "request_state"]
