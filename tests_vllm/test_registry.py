@@ -286,3 +286,48 @@ def test_client_scopes_by_api_key(root):
     for clients, message in bad:
         with pytest.raises(InputError, match=message):
             load_registry(registry_text(root, clients=clients))
+
+
+def test_admission_refuses_forcing_params_and_requests_that_skipped_the_gate(root, engine_config):
+    """Through admission as vLLM calls it: the parameters that could force a forbidden token are refused
+    (also those the server test cannot send to this tokenizer), min_tokens up to L is not; in a process that
+    built vLLM's server, a request without the gate's ticket is refused, one with a ticket is admitted."""
+    import sys
+
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from zerogr_build.integrations.vllm import admission
+
+    path = tiny.write_registry(root / "admit.toml", {"c": {"bundle": "out", "sid_map": "sid_map.json"}})
+    engine_config(path)
+
+    def params(**kwargs):
+        return SamplingParams(max_tokens=4, extra_args={"zerogr": {"catalog": "c"}}, **kwargs)
+
+    refused = [
+        (dict(allowed_token_ids=[5, 6]), '"allowed_token_ids" cannot'),
+        (dict(structured_outputs=StructuredOutputsParams(choice=["a", "b"])), '"structured_outputs" cannot'),
+        (dict(thinking_token_budget=0), '"thinking_token_budget" cannot'),
+        (dict(min_tokens=4), '"min_tokens" is 4, more than the 3 tokens'),
+        (dict(min_tokens=2, stop_token_ids=[9]), '"stop_token_ids" with "min_tokens"'),
+    ]
+    for kwargs, message in refused:
+        with pytest.raises(VLLMValidationError, match=message):
+            admission.admit(params(**kwargs))
+    admitted = params(min_tokens=3, logit_bias={5: -100.0})
+    admission.admit(admitted)
+    assert admitted.extra_args[admission.PIN_KEY] == "v000001"
+    import vllm.entrypoints.serve.middleware.register  # noqa: F401 - what a process serving vLLM's app loads
+
+    try:
+        with pytest.raises(VLLMValidationError, match="only through its gate"):
+            admission.admit(params())
+        token = admission.TICKET.set(admission.Ticket(api_key=None))
+        try:
+            admission.admit(params())
+        finally:
+            admission.TICKET.reset(token)
+    finally:
+        del sys.modules[admission.SERVER_MODULE]
