@@ -165,8 +165,10 @@ def test_hostile_paths_and_files_never_stall_the_server(server):
     assert health.polls >= 3 and health.worst < 1.0, (health.polls, health.worst)
     log = server["log"].read_text(errors="replace")
     assert "50000 rows, more than limits.request_ids = 1000" in log and "not a regular file" in log
-    status, reply = complete(server, {"catalog": "live", "available": "avail.parquet"}, seed=2)
-    assert status == 200 and sids_of(reply)[0] in catalog(server["sids"][:30])
+    for prompt in (None, "w1 w2 w3"):  # token ids, and text (tokenized first)
+        extra = {} if prompt is None else {"prompt": prompt}
+        status, reply = complete(server, {"catalog": "live", "available": "avail.parquet"}, seed=2, **extra)
+        assert status == 200 and sids_of(reply)[0] in catalog(server["sids"][:30]), reply
 
 
 def test_beam_search_naming_zerogr_is_refused(server):
