@@ -234,7 +234,7 @@ def test_a_new_latest_reaches_the_running_engine(world):
         ({"exclude": [1000, "x"]}, "integers or strings"),
         ({"exclude": ["1000"]}, "item ids are strings, catalog 'main' has integers"),
         ({"exclude": list(range(1001))}, "1001 ids, more than 1000"),
-        ({"include": ["a"]}, "catalog 'main' has no item sets"),
+        ({"include": ["a"]}, "unknown item set 'a' in catalog 'main'"),  # as for an unknown set
         ({"catalog": "shared", "include": ["nope"]}, "unknown item set 'nope'"),
         ({"available": "/etc/passwd"}, NO_FILE.removeprefix("zerogr: ")),
     ],

@@ -17,7 +17,11 @@ Every cache is bounded (lru.Lru) and keyed by what the bytes are, never by how a
 versions by real path and manifest identity (limits.open_versions, plus the serving ones and those live
 requests hold), per version its vocabulary masks and item filters (limits.filters_per_version), files by
 (st_dev, st_ino, size, mtime_ns). The catalog's availability file is read again when it changes; its SID
-map and item sets are read once, at start.
+map and item sets are read once, at start. A request's own file is the one admission opened and checked
+(registry.RequestFile: its root, name and identity): found in the cache by that identity without a
+filesystem call, else opened again by the same name and read only if it is still that file, within
+limits.request_ids rows and limits.request_file_bytes decoded; the cache holds at most
+limits.request_file_cache_bytes of ids.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from ..vocab_masks import VocabMasks
 from .announce import Announced, EngineBoard
 from .live import LiveVersions
 from .lru import Lru
-from .registry import CatalogEntry, Limits, Registry, file_identity
+from .registry import CatalogEntry, FileRefusal, Limits, Registry, RequestFile, file_identity
 from .spec import RequestSpec
 
 logger = logging.getLogger("vllm.zerogr")
@@ -171,7 +175,9 @@ class EngineCatalogs:
         self._sid_maps: dict[str, tuple[SidMap, tuple]] = {}
         self._set_rows: dict[str, tuple[np.ndarray, Any, str, tuple]] = {}
         self._availability: dict[str, tuple[tuple, Any]] = {}
-        self._request_files: Lru[Any] = Lru(REQUEST_FILES)
+        self._request_files: Lru[Any] = Lru(
+            REQUEST_FILES, registry.limits.request_file_cache_bytes, weight=lambda ids: ids.nbytes
+        )
         self._serving: dict[str, Catalog] = {}  # catalog -> the version new requests without a pin decode
         self._held: dict[str, dict[str, tuple]] = {}  # catalog -> {version dir name: key in _versions}
         for name, entry in registry.catalogs.items():
@@ -246,9 +252,9 @@ class EngineCatalogs:
             )
         return catalog
 
-    def plan(self, spec: RequestSpec, pin: str | None) -> RequestPlan:
+    def plan(self, spec: RequestSpec, pin: str | None, file: str | None = None) -> RequestPlan:
         """Everything a request needs, every rule checked: InputError / BundleError naming the first broken
-        one (for the server log)."""
+        one (for the server log). `file`: the RequestFile token admission wrote for a request's file."""
         entry = self.registry.catalogs.get(spec.catalog)
         if entry is None:
             raise InputError(f"unknown catalog {spec.catalog!r}")
@@ -257,19 +263,19 @@ class EngineCatalogs:
         masks = catalog.built_masks(sid_key, self.vocab_size, self.device)
         resident = None
         if spec.constrained or entry.availability is not None:
-            resident = self._filter(entry, spec, catalog)
+            resident = self._filter(entry, spec, catalog, file)
             if spec.include:
                 assert resident.set_bits is not None
                 resident.set_bits.sets.lookup(list(spec.include))  # unknown set names
         return RequestPlan(spec, catalog, sid_map, sid_key, masks, resident)
 
-    def _filter(self, entry: CatalogEntry, spec: RequestSpec, catalog: Catalog) -> Resident:
+    def _filter(self, entry: CatalogEntry, spec: RequestSpec, catalog: Catalog, file: str | None) -> Resident:
         """The resident item filter of a request: the catalog's availability AND the request's, the
         catalog's item sets when the request names sets."""
         registered = self._registered_availability(entry) if entry.availability is not None else None
         requested: tuple[tuple, Any] | None = None
         if isinstance(spec.available, str):
-            requested = self._request_file(spec.available)
+            requested = self._request_file(spec.available, file)
         elif spec.available is not None:
             requested = (("ids", spec.available), list(spec.available))
         rows = self._set_rows.get(entry.name) if spec.include else None
@@ -304,14 +310,37 @@ class EngineCatalogs:
                 held = self._availability[entry.name] = (identity, ids)
             return held
 
-    def _request_file(self, text: str) -> tuple[tuple, Any]:
-        """(identity, ids) of an availability file a request names (checked again here: a file admission
-        allowed may have been replaced since)."""
-        found = self.registry.request_file(text)
-        if not isinstance(found, tuple):
-            raise InputError(f"request file refused: {found.reason}")
-        identity = ("file", *found[1])
-        return identity, self._request_files.get_or_make(identity, lambda: read_available_ids(found[0])[0])
+    def _request_file(self, text: str, token: str | None) -> tuple[tuple, Any]:
+        """(identity, ids) of the availability file a request names: the one admission found (`token`),
+        else (no admission in between) the name opened here with admission's checks."""
+        if token is None:
+            found = self.registry.open_request_file(text)
+            if isinstance(found, FileRefusal):
+                raise InputError(f"request file refused: {found.reason}")
+            fd, file = found
+        else:
+            try:
+                file = RequestFile.from_token(token)
+            except ValueError:
+                raise InputError("a request file token that admission did not write") from None
+            fd = None
+        identity = ("file", *file.identity)
+        cached = self._request_files.get(identity)
+        if cached is not None:
+            if fd is not None:
+                os.close(fd)
+            return identity, cached
+        if fd is None:
+            fd = self.registry.reopen_request_file(file)
+        limits = self.registry.limits
+        try:
+            where = self.registry.allow_paths_under[file.root] / file.name
+            ids, _what = read_available_ids(
+                where, fd=fd, max_rows=limits.request_ids, max_bytes=limits.request_file_bytes
+            )
+        finally:
+            os.close(fd)
+        return identity, self._request_files.put(identity, ids)
 
 
 __all__ = ["Catalog", "EngineCatalogs", "RequestPlan", "logged_warnings"]

@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .admission import GATE
 from .registry import ENV_VAR
 
 MODEL_NAME = "tiny"
@@ -41,7 +42,7 @@ class LocalServer:
             sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "float32", "--enforce-eager", "--max-model-len", "64", "--seed", "0",
-            "--logits-processors", processor, *args,
+            "--logits-processors", processor, "--middleware", GATE, *args,
         ]  # fmt: skip
         self.env = dict(os.environ, **{ENV_VAR: str(registry)})
         self.proc: subprocess.Popen | None = None
@@ -78,17 +79,33 @@ class LocalServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
-    def complete(self, body: dict[str, Any], timeout: float = 120) -> tuple[int, Any]:
-        """(HTTP status, the reply's JSON) of one POST /v1/completions (the model name filled in)."""
+    def complete(
+        self,
+        body: dict[str, Any],
+        timeout: float = 120,
+        api_key: str | None = None,
+        path: str = "completions",
+    ) -> tuple[int, Any]:
+        """(HTTP status, the reply's JSON) of one POST /v1/<path> (the model name filled in), with
+        `Authorization: Bearer api_key` when one is given."""
         data = json.dumps({"model": MODEL_NAME, **body}).encode()
-        request = urllib.request.Request(
-            f"{self.url}/v1/completions", data, {"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json"}
+        if api_key is not None:
+            headers["Authorization"] = f"Bearer {api_key}"
+        request = urllib.request.Request(f"{self.url}/v1/{path}", data, headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as reply:
                 return reply.status, json.loads(reply.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())
+
+    def health_seconds(self, timeout: float = 30) -> float:
+        """How long GET /health takes to answer 200 (RuntimeError for any other answer)."""
+        start = time.monotonic()
+        with urllib.request.urlopen(f"{self.url}/health", timeout=timeout) as reply:
+            if reply.status != 200:
+                raise RuntimeError(f"/health answered {reply.status}")
+        return time.monotonic() - start
 
     def _healthy(self) -> bool:
         try:

@@ -32,7 +32,7 @@ import torch
 from ...base.errors import InputError, ZerogrError, one_line
 from ...runtime.items.filter import dense_next, mask_children, mask_slots, slot_source
 from ...runtime.slots import fill_slots, row_extent
-from .admission import PIN_KEY
+from .admission import FILE_KEY, PIN_KEY
 from .catalogs import EngineCatalogs, RequestPlan
 from .lru import Lru
 from .registry import ENV_VAR, registry_from_env
@@ -70,8 +70,10 @@ class SidMasking:
             spec = spec_of(params.extra_args, self.catalogs.registry.limits)
             if spec is None:
                 return None
-            pin = params.extra_args.get(PIN_KEY)
-            plan = self.catalogs.plan(spec, pin if isinstance(pin, str) else None)
+            pin, file = params.extra_args.get(PIN_KEY), params.extra_args.get(FILE_KEY)
+            plan = self.catalogs.plan(
+                spec, pin if isinstance(pin, str) else None, file if isinstance(file, str) else None
+            )
             if pin != plan.catalog.path.name:
                 params.extra_args = {**params.extra_args, PIN_KEY: plan.catalog.path.name}
             return SidRequest(plan)
