@@ -29,6 +29,7 @@ kills.py, where counts are needed.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -93,22 +94,26 @@ class ItemSpace:
         # The buffers of masked tables (per step table), each with a weak reference to the tensor over it:
         # a swap writes into one whose tensor is gone (its Resident retired and no search holds it) rather
         # than faulting in fresh pages, which costs a VM as much as the masking itself. At most one unused
-        # buffer per table is kept. Swaps are serialised by the decoder's setter lock.
+        # buffer per table is kept. The lock: residents of one space may be built in several threads at
+        # once (a decoder's swaps are serialised, but the vLLM integration builds one per filter key).
         self._buffers: dict[int, list[tuple[np.ndarray, weakref.ref]]] = {}
+        self._buffers_lock = threading.Lock()
 
     def masked_buffer(self, table: int, like: np.ndarray) -> np.ndarray:
         """An array shaped like `like` for step table `table`'s masked children: a retired one, or new."""
-        for i, (array, tensor) in enumerate(self._buffers.get(table, [])):
-            if tensor() is None and array.shape == like.shape and array.dtype == like.dtype:
-                return self._buffers[table].pop(i)[0]
+        with self._buffers_lock:
+            for i, (array, tensor) in enumerate(self._buffers.get(table, [])):
+                if tensor() is None and array.shape == like.shape and array.dtype == like.dtype:
+                    return self._buffers[table].pop(i)[0]
         return np.empty_like(like)
 
     def keep_buffer(self, table: int, array: np.ndarray, tensor: torch.Tensor) -> None:
         """Remember `array` (the memory of `tensor`) for a later swap once `tensor` is gone; beyond the live
         ones, one unused buffer per table is kept."""
-        kept = [(a, t) for a, t in self._buffers.get(table, []) if t() is not None]
-        unused = [(a, t) for a, t in self._buffers.get(table, []) if t() is None]
-        self._buffers[table] = [*kept, *unused[:1], (array, weakref.ref(tensor))]
+        with self._buffers_lock:
+            kept = [(a, t) for a, t in self._buffers.get(table, []) if t() is not None]
+            unused = [(a, t) for a, t in self._buffers.get(table, []) if t() is None]
+            self._buffers[table] = [*kept, *unused[:1], (array, weakref.ref(tensor))]
 
     def leaf_of(self, positions: np.ndarray) -> np.ndarray:
         """int64 [k]: the leaf holding each item position int64 [k]."""
