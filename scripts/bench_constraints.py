@@ -17,7 +17,9 @@ iterations of (the row's time / the baseline's time in the same iteration): the 
 back to back, so a neighbour's burst inflates both and the ratio holds up on a busy machine.
 Target: the last search row <= 1.3x the baseline on CPU (paired). Then set_availability on the same
 decoder (sets attached: their per-row words are recomputed too), the device bytes of one mask + sets
-(O(rows)), and set_availability on a bundle of --swap-items items without sets (target <= 100 ms on CPU).
+(O(rows)), and set_availability on a bundle of --swap-items items without sets (target <= 60 ms on CPU).
+Every iteration's times and ratios are printed too (--quiet: only the medians), so a shared machine's
+bursts show instead of hiding in a median.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         "--threads", type=int, default=0, help="torch intra-op threads (0: torch's default); 1 on a busy box"
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quiet", action="store_true", help="print only the medians, not every iteration")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -126,10 +129,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# bench_constraints: {n:,} items, L={len(sizes)}, V={sizes}, d={args.dim}, batch {args.batch} x "
           f"beam {args.beam}, {args.order}, mode={args.mode or 'auto'}, device {args.device}, "
           f"torch threads {torch.get_num_threads()}, index build {build_s:.1f} s")  # fmt: skip
-    paired = {
-        name: statistics.median(t / b for t, b in zip(v, times["no item constraints"], strict=True))
-        for name, v in times.items()
-    }
+    baseline = times["no item constraints"]
+    ratios = {name: [t / b for t, b in zip(v, baseline, strict=True)] for name, v in times.items()}
+    paired = {name: statistics.median(v) for name, v in ratios.items()}
+    if not args.quiet:
+        print("every iteration, ms (x the baseline of the same iteration):")
+        for name, v in times.items():
+            runs = " ".join(f"{t:.1f}({r:.2f}x)" for t, r in zip(v, ratios[name], strict=True))
+            print(f"  {name:<32} {runs}")
     print(f"{'search':<34} {'median ms':>10} {'x baseline':>11} {'min ms':>10} {'x baseline':>11} "
           f"{'paired x':>9}")  # fmt: skip
     for name, ms in med.items():
@@ -159,11 +166,13 @@ def main(argv: list[str] | None = None) -> None:
             masks[0]
         )  # the first call also lays out the item geometry (once per decoder)
         # each swap to a mask other than the one in place (setting the current mask again is a no-op)
-        swap = [time_ms(lambda m=m: big_dec.set_availability(m)) for m in (masks[1:] + masks[:1]) * 2]
+        swap = [time_ms(lambda m=m: big_dec.set_availability(m)) for m in (masks[1:] + masks[:1]) * 3]
         ms = statistics.median(swap)
         held = big_dec._resident.device_bytes()
+        if not args.quiet:
+            print(f"every swap, ms: {' '.join(f'{t:.1f}' for t in swap)}")
         print(f"{'set_availability, ' + f'{big.num_items:,} items':<34} {ms:>10.2f} ms   "
-              f"(min {min(swap):.2f}) target <= 100 ms: {'PASS' if ms <= 100 else 'FAIL'}; on the device "
+              f"(min {min(swap):.2f}) target <= 60 ms: {'PASS' if ms <= 60 else 'FAIL'}; on the device "
               f"{held / 2**20:.1f} MiB (rows {sum(big_dec._resident.space.rows):,}), "
               f"build {big_build:.1f} s")  # fmt: skip
 

@@ -24,6 +24,10 @@ filter_first/full; the last step >= 30x faster than score_first/full; the whole 
 >= 3x faster than the STATIC torch search and than score_first/full; naive slower than filter_first/auto.
 Each number is the median of `--repeats` interleaved rounds (round 0 warms up, incl. numba's compile).
 
+Tails (--tails N, default 1000; 0 skips): N more searches of filter_first/auto and score_first/full,
+interleaved, each step timed inside its search; per step and per whole search the p50, p99 and p99.9 in ms
+(mask-latency style, as grammar engines report it). p99.9 means something only from about 1000 searches.
+
 --neighbour N: instead of the tables above, whole-search latency (p50 and p99 over --neighbour-searches
 searches per row and condition) of filter_first/auto, filter_first/full and score_first/full, quiet and with
 a neighbour: another process running N CPU-bound threads (sha256 over 1 MiB, which releases the GIL) for the
@@ -260,6 +264,72 @@ def target_lines(results: dict, num_steps: int) -> list[str]:
     return lines
 
 
+TAIL_ROWS = (
+    ("filter_first/auto", "filter_first", None),
+    ("score_first/full", "score_first", "full"),
+)
+TAIL_PERCENTILES = (50.0, 99.0, 99.9)
+
+
+def timed_search(dec: Decoder, step_fn, args, order: str, mode, clock) -> tuple[list[float], float]:
+    """One search as Decoder.search runs it (step_fn, then the step, L times; finish), with each step's
+    ms (the decoder's step alone) and the whole search's ms (step_fn and finish included)."""
+    t_start = clock()
+    state = dec.start(args.batch, args.beam, order)
+    steps = []
+    for t in range(dec.num_steps):
+        hidden = step_fn(t, state.prefixes, state.batch)
+        t0 = clock()
+        state = dec.step(state, hidden, mode=mode)
+        steps.append((clock() - t0) * 1e3)
+    dec.finish(state)
+    return steps, (clock() - t_start) * 1e3
+
+
+def tail_lines(samples: dict[str, dict], num_steps: int) -> list[str]:
+    """The tails table: one line per row and per step / whole search, with p50, p99 and p99.9 in ms."""
+    names = "".join(f"{'p' + format(p, 'g'):>10}" for p in TAIL_PERCENTILES)
+    lines = [f"{'order/mode':<22}{'what':<10}{names}{'max':>10}"]
+    for label, r in samples.items():
+        rows = [*((f"step {t}", r["steps"][t]) for t in range(num_steps)), ("search", r["search"])]
+        for what, values in rows:
+            cells = "".join(f"{float(np.percentile(values, p)):>10.2f}" for p in TAIL_PERCENTILES)
+            lines.append(f"{label:<22}{what:<10}{cells}{max(values):>10.2f}")
+    return lines
+
+
+def bench_tails(index, sizes, args, device) -> list[str]:
+    """Lines of the tails table: `args.tails` searches per row of TAIL_ROWS, interleaved (one of each row
+    in turn, so load on a shared machine hits both alike), after one untimed warm-up search per row."""
+    model = SeededModel(
+        sizes, args.seed, args.batch, dim=args.dim, scale=args.dim**-0.5, emb_scale=0.3, req_scale=0.3
+    )
+    step_fn = model.to(device).step_fn
+    dec = Decoder(index, model.layers(torch_dtype(args.dtype)), device=device)
+    if device.type == "cuda":
+
+        def clock() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+    else:
+        clock = time.perf_counter
+    samples = {label: {"steps": [[] for _ in range(dec.num_steps)], "search": []} for label, *_ in TAIL_ROWS}
+    with torch.no_grad():
+        for _, order, mode in TAIL_ROWS:
+            timed_search(dec, step_fn, args, order, mode, clock)
+        for _ in range(args.tails):
+            for label, order, mode in TAIL_ROWS:
+                steps, search = timed_search(dec, step_fn, args, order, mode, clock)
+                for t, ms in enumerate(steps):
+                    samples[label]["steps"][t].append(ms)
+                samples[label]["search"].append(search)
+    head = (
+        f"# tails: {args.tails} searches per row, interleaved; ms per step (the decoder's step alone) and "
+        "per whole search (step function and finish included)"
+    )
+    return [head, *tail_lines(samples, dec.num_steps)]
+
+
 NEIGHBOUR_CODE = """
 import hashlib, sys, threading
 block = bytes(1 << 20)
@@ -365,6 +435,12 @@ def main(argv=None) -> int:
     parser.add_argument("--stat", choices=("median", "min"), default="median", help="per-round reduction")
     parser.add_argument("--no-static", action="store_true", help="skip the STATIC torch search baseline")
     parser.add_argument(
+        "--tails",
+        type=int,
+        default=1000,
+        help="searches per row for the p50 / p99 / p99.9 table (0 skips it; p99.9 needs about 1000)",
+    )
+    parser.add_argument(
         "--neighbour",
         type=int,
         default=0,
@@ -414,6 +490,9 @@ def main(argv=None) -> int:
         print(f"{label:<30}{cells}{r['search']:>12.2f}{base['search'] / r['search']:>15.2f}x")
     print()
     print("\n".join(target_lines(results, num_steps)))
+    if args.tails > 0:
+        print()
+        print("\n".join(bench_tails(index, sizes, args, device)))
 
     sweep = [int(v) for v in args.sweep.split(",") if v.strip()]
     if sweep:

@@ -105,7 +105,7 @@ def test_hot_swap_orders_the_load_before_serving(built):
 
 
 def test_nan_int64_and_padded_views_match_torch_on_the_device(monkeypatch):
-    from zerogr_build.runtime.scoring import selective_torch
+    from zerogr_build.base import selective_torch
 
     _fresh(monkeypatch)
     kernels = sc.default_kernels(0)

@@ -207,3 +207,70 @@ def test_item_ids_lookup_compares_values_in_the_catalogs_domain(unsigned, dense,
     else:
         arr = queries
     assert lookup.lookup(arr).tolist() == [table.get(q, -1) for q in queries]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    items=st.integers(1, 400),
+    density=st.floats(0.0, 1.0),
+    row_share=st.floats(0.01, 1.0),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_swap_kernels_match_a_prefix_sum(items, density, row_share, seed):
+    """The swap's rank structure and its one-pass kernels against np.cumsum over the mask: counts of
+    arbitrary runs, and per row (runs that start anywhere in a word, span several words, or share one)
+    the masked token and the validity. Row runs are random cuts of 1..400 items, so words end mid-row."""
+    from zerogr_build.runtime.items._mask_kernels import masked_children, valid_rows
+    from zerogr_build.runtime.items.space import AvailabilityRank, run_starts
+
+    rng = np.random.default_rng(seed)
+    available = rng.random(items) < density
+    cum = np.concatenate([[0], np.cumsum(available)])
+    rank = AvailabilityRank.of(available)
+    lo = rng.integers(0, items + 1, size=50)
+    hi = np.maximum(lo, rng.integers(0, items + 1, size=50))
+    np.testing.assert_array_equal(rank.count(lo, hi), cum[hi] - cum[lo])
+    cuts = np.flatnonzero(rng.random(items - 1) < row_share) + 1
+    bounds = np.concatenate([[0], cuts, [items]]).astype(np.int64)
+    rows = bounds.shape[0] - 1
+    tokens = rng.integers(0, 2**31 - 1, size=rows).astype(np.int32)
+    has = cum[bounds[1:]] > cum[bounds[:-1]]
+    out = np.full(rows, 7, dtype=np.int32)
+    masked_children(run_starts(bounds, items), rank.words, tokens, out)
+    np.testing.assert_array_equal(out, np.where(has, tokens, -1))
+    valid = np.zeros(rows, dtype=bool)
+    valid_rows(run_starts(bounds, items), rank.words, valid)
+    np.testing.assert_array_equal(valid, has)
+
+
+def test_swaps_reuse_retired_tables_but_never_a_held_snapshot():
+    """A swap writes into the buffers of a retired mask's tables only once nothing holds them: a search
+    started before several swaps keeps its own tables bit for bit, and once it ends a swap writes into
+    buffers it had before instead of new ones - with the right contents."""
+    dec, index, sids, *_ = decoder_for(5, 3, 3, "sparse")
+    rng = np.random.default_rng(0)
+    masks = [ItemMask.from_bool(index, rng.random(len(sids)) < 0.5) for _ in range(4)]
+    sparse = [t for t, table in enumerate(dec.steps) if table.next is None]
+    assert sparse
+
+    def pointers() -> set[int]:
+        return {dec._resident.tables[t].data_ptr() for t in sparse}
+
+    dec.set_availability(masks[0])
+    held = dec.start(BATCH, 4)  # holds the first mask's snapshot
+    snapshot = [dec._resident.tables[t].clone() for t in sparse]
+    first, seen = pointers(), pointers()
+    for mask in masks[1:] * 2:
+        dec.set_availability(mask)
+        assert not first & pointers()
+        seen |= pointers()
+    for kept, t in zip(snapshot, sparse, strict=True):
+        assert torch.equal(kept, held.constraints.resident.tables[t])
+    del held
+    dec.set_availability(masks[0])
+    assert pointers() <= seen
+    valid = rows_meeting(index, np.flatnonzero(masks[0].available))  # the mask is in leaf order
+    for t in sparse:
+        tokens = dec.steps[t].tokens.numpy()
+        expect = np.where(np.isin(np.arange(tokens.shape[0]), sorted(valid[t])), tokens, -1)
+        np.testing.assert_array_equal(dec._resident.tables[t].numpy(), expect)

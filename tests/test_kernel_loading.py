@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from zerogr_build.base import selective_torch
 from zerogr_build.bundle import add_bundle_files, open_bundle
 from zerogr_build.cuda import bundle_kernels as bk
 from zerogr_build.cuda import selective as sc
-from zerogr_build.runtime.scoring import selective_torch
 from zerogr_build.testing import FakeDriverError, FakeKernelLoader, publish_catalog, random_catalog
 
 FILES = {

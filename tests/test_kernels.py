@@ -297,7 +297,7 @@ def _poisoned(rows: int, slots: int) -> torch.Tensor:
 
 
 def _check_scores(got: torch.Tensor, hidden, weight, bias, tokens) -> None:
-    from zerogr_build.runtime.scoring import selective_torch
+    from zerogr_build.base import selective_torch
 
     want = selective_torch.selective_scores(hidden, weight, bias, tokens.long())
     valid = (tokens >= 0) & (tokens < weight.shape[0])
@@ -309,7 +309,7 @@ def _check_scores(got: torch.Tensor, hidden, weight, bias, tokens) -> None:
 
 
 def _check_log_softmax(got: torch.Tensor, hidden, weight, bias, tokens) -> None:
-    from zerogr_build.runtime.scoring import selective_torch
+    from zerogr_build.base import selective_torch
 
     want = selective_torch.selective_log_softmax(hidden, weight, bias, tokens.long())
     valid = (tokens >= 0) & (tokens < weight.shape[0])

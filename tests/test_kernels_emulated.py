@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import torch
 
+from zerogr_build.base import selective_torch as st
 from zerogr_build.cuda import compile as kc
 from zerogr_build.cuda import launch as cl
-from zerogr_build.runtime.scoring import selective_torch as st
 from zerogr_build.testing import make_case
 
 SHIM = r"""

@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.reference import selective_reference
+from zerogr_build.base import selective_torch
 from zerogr_build.base.dtypes import DTYPE_NAMES, DTYPES, dtype_name, torch_dtype
 from zerogr_build.base.errors import InputError
 from zerogr_build.index import build_index
-from zerogr_build.runtime.scoring import MODE_NAMES, available_modes, full_torch, get_mode, selective_torch
+from zerogr_build.runtime.scoring import MODE_NAMES, available_modes, full_torch, get_mode
 from zerogr_build.runtime.slots import MIN_CAP, default_slot_cap, lane_count, lane_width
 
 IMPLS = {"selective": selective_torch, "full": full_torch}

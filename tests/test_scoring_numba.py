@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.reference import selective_reference
+from zerogr_build.base import selective_torch
 from zerogr_build.base.errors import InputError
 from zerogr_build.runtime.plan import heuristic_mode
-from zerogr_build.runtime.scoring import available_modes, get_mode, selective_numba, selective_torch
+from zerogr_build.runtime.scoring import available_modes, get_mode, selective_numba
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -53,11 +53,11 @@ SMOKE: dict[str, tuple[Smoke, ...] | str] = {
     ),
     "bench_decode.py": (
         Smoke(("--items", "3000", "--codebook", "64", "--dim", "16", "--batch", "2", "--beam", "4",
-               "--repeats", "2", "--sweep", ""), "filter_first/auto"),
+               "--repeats", "2", "--sweep", "", "--tails", "20"), "p99.9"),
         Smoke(("--items", "3000", "--codebook", "64", "--dim", "16", "--batch", "2", "--beam", "4",
                "--neighbour", "1", "--neighbour-searches", "4", "--neighbour-phases", "2"), "p99 busy/quiet"),
         Smoke(("--device", "cuda:0", "--items", "20000", "--codebook", "256", "--repeats", "2",
-               "--sweep", ""), "filter_first/auto", gpu=True),
+               "--sweep", "", "--tails", "50"), "p99.9", gpu=True),
     ),
     "bench_distributed.py": (
         Smoke(("--items", "20000", "--partitions", "2", "--warmup-items", "2000", "--object-store-gb", "0.2",

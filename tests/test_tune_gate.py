@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from zerogr_build.runtime.scoring import selective_torch
+from zerogr_build.base import selective_torch
 from zerogr_build.tune.check import check_mode_against_reference
 
 

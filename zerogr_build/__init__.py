@@ -24,6 +24,7 @@ The Decoder's step state (BeamState) and everything else is reached through its 
 from typing import TYPE_CHECKING
 
 from .base.errors import BundleError, InputError, ZerogrError
+from .base.version import __version__ as __version__
 
 if TYPE_CHECKING:  # for type checkers and the API docs; at run time these load on first use (_LAZY)
     from .bundle import Bundle, open_bundle, promote_bundle, publish_bundle, verify_bundle
@@ -36,8 +37,6 @@ if TYPE_CHECKING:  # for type checkers and the API docs; at run time these load 
     from .runtime.serving.follow import Follower, follow
     from .runtime.serving.hotswap import HotSwap
     from .tune import tune_bundle
-
-__version__ = "0.1.0"
 
 #: Every other public name loads on first use, so `import zerogr_build` (and the `zerogr` command's start,
 #: before its signal handlers are installed) stays light.

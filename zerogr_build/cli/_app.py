@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .. import __version__
+from ..base.version import __version__
 from ._usage import UsageGroup
 from .build import build, promote
 from .bundle import inspect, verify

@@ -328,7 +328,7 @@ def probe_kernels(kernels: Any) -> None:
     """Launch the kernels once on a tiny case (one row: a valid slot, an empty one and an out-of-range one,
     d = 5 so the scalar path runs) and compare with the torch reference; raises with the cause otherwise.
     This, not importing CuPy, is what decides that selective_cuda runs on a device."""
-    from ..runtime.scoring import selective_torch
+    from ..base import selective_torch
 
     dev = torch.device("cuda", kernels.device_index)
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -384,7 +384,7 @@ def failure_cause(exc: BaseException) -> str:
 def _launch_or_fallback(method: str, hidden: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
     """Run a kernel launch on the device's kernels; any failure other than a bad operand drops the mode on
     that device (one warning) and the torch reference answers instead, so a search never fails on it."""
-    from ..runtime.scoring import selective_torch
+    from ..base import selective_torch
 
     index = hidden.device.index if hidden.device.index is not None else 0  # CUDA tensors carry one
     if index not in _FAILED:

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..base.errors import InputError
+from ..base.selective_torch import masked_log_softmax
 from ..cuda.bundle_kernels import load_bundle_kernels
 from ..index import SidIndex
 from .beams import BeamState, SearchResult
@@ -46,7 +47,6 @@ from .order import auto_order
 from .plan import ModeChooser, load_plan, resolve_auto_plan
 from .scoring import available_modes, get_mode
 from .scoring.full_torch import full_logits, read_slots
-from .scoring.selective_torch import masked_log_softmax
 from .slots import fill_slots, row_extent
 from .stream import load_marker
 from .weights import normalize_weights

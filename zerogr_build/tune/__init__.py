@@ -31,11 +31,11 @@ from typing import Any
 
 import torch
 
-from .. import __version__
 from ..base.device import device_info, device_key
 from ..base.dtypes import DTYPE_NAMES, torch_dtype
 from ..base.errors import InputError
 from ..base.progress import NULL_PROGRESS, Progress
+from ..base.version import __version__
 from ..bundle import add_bundle_files, open_bundle
 from ..config import TuneSettings
 from ..cuda.compile import KernelCompileError, compile_kernels

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..base.device import device_info, device_key
 from ..base.errors import BundleError, InputError, ZerogrError, one_line
+from ..base.version import __version__
 from ..bundle import add_bundle_files, load_manifest, open_bundle, resolve_bundle
 from ..config import TuneSettings
 from ..runtime.plan import load_plan

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ._mask_kernels import rank
+
 
 @njit(cache=True, nogil=True)
 def first_at_least(sorted_keys: np.ndarray, value: int) -> int:
@@ -37,13 +39,14 @@ def _pair_order(req: np.ndarray, row: np.ndarray, rows: int) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def plain_step_kills(req, row, rows, bounds, cum, with_cum):
+def plain_step_kills(req, row, rows, bounds, words, before, with_mask):
     """Requests without sets at one step: (killed keys request * rows + row int64 ascending, keep bool [k]).
 
     Args:
         req, row: int64 [k], one entry per excluded available item carried to this step (its row).
         rows: rows of the step; bounds: int64 [rows + 1], each row's leaf-ordered item run.
-        cum: int32 [items + 1], the availability prefix sum (with_cum False: every item available).
+        words, before: the availability's rank structure (space.AvailabilityRank; with_mask False: every
+            item available).
     A pair is killed iff its entries (distinct excluded items) are all the row's available items; keep
     marks the entries of killed pairs (carried up).
     """
@@ -59,7 +62,7 @@ def plain_step_kills(req, row, rows, bounds, cum, with_cum):
         while j < k and req[order[j]] == b and row[order[j]] == r:
             j += 1
         lo, hi = bounds[r], bounds[r + 1]
-        available = np.int64(cum[hi]) - np.int64(cum[lo]) if with_cum else hi - lo
+        available = rank(words, before, hi) - rank(words, before, lo) if with_mask else hi - lo
         if available == j - i:
             killed[found] = b * rows + r
             found += 1

@@ -6,7 +6,7 @@ excluded items E_b. Row R is valid for b iff A_b meets R. Without E_b that is th
 (space.masked_tables) and, with sets, (row_bits[R] & word(S_b)) != 0. An exclusion can only turn a
 valid row invalid, and only a row that holds one of b's excluded available items. For such a row:
 
-  - no sets: A_b misses R iff avail(R) == |E_b ∩ avail ∩ R| (avail(R) from the mask's prefix sum);
+  - no sets: A_b misses R iff avail(R) == |E_b ∩ avail ∩ R| (avail(R) from the mask's rank);
   - sets S_b: A_b ∩ R = U_{i in S_b} (avail ∩ set_i ∩ R) minus E_b, which is empty iff *every* set's part
     lies inside E_b, i.e. for every i in S_b: cnt_i(R) == |E_b ∩ avail ∩ set_i ∩ R|, with cnt_i(R) =
     |avail ∩ set_i ∩ R| from two binary searches in Resident.set_keys. Each set is compared with its own
@@ -68,7 +68,8 @@ def killed_rows(resident: Resident, req: np.ndarray, pos: np.ndarray, set_req: n
 
     space = resident.space
     steps = len(space.bounds)
-    cum = _NO_CUM if resident.cum is None else resident.cum
+    rank = resident.rank
+    words, before = (_NO_WORDS, _NO_BEFORE) if rank is None else (rank.words, rank.before)
     if set_req.size:
         assert resident.set_bits is not None and resident.set_keys is not None
     row, set_row = space.leaf_of(pos), space.leaf_of(set_pos)
@@ -77,7 +78,7 @@ def killed_rows(resident: Resident, req: np.ndarray, pos: np.ndarray, set_req: n
         rows, bounds = space.rows[step - 1], space.bounds[step - 1]
         keys = []
         if req.size:  # without sets: killed iff every available item of the row is excluded
-            killed, keep = plain_step_kills(req, row, rows, bounds, cum, resident.cum is not None)
+            killed, keep = plain_step_kills(req, row, rows, bounds, words, before, resident.rank is not None)
             keys.append(killed)
             req, row = req[keep], row[keep]  # carried up: the items of killed rows only (exact, see above)
         if set_req.size:
@@ -94,6 +95,7 @@ def killed_rows(resident: Resident, req: np.ndarray, pos: np.ndarray, set_req: n
     return out
 
 
-_NO_CUM = np.zeros(1, dtype=np.int32)
+_NO_WORDS = np.zeros(1, dtype=np.uint64)
+_NO_BEFORE = np.zeros(2, dtype=np.int64)
 
 __all__ = ["expand_sets", "killed_rows", "unique_counts"]

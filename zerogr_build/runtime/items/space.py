@@ -8,11 +8,13 @@ distinct length-s prefix in lexicographic order, so it covers the contiguous run
 bounds[s-1][j+1]) of the leaf-ordered items (row_item_bounds). A child row of step s is a flat child
 position of step table s-1 (sparse: tokens[f] is its last token; dense: next[p, k] = its row).
 
-Availability (per mask). cum = the mask's prefix sum, so row j of step s has cum[hi] - cum[lo] available
-items; it is valid iff that is > 0. For every step table t the children of *unavailable* rows of step t+1 are
-written as -1 into a copy of its tokens (sparse) / next (dense): `masked_tables`. A search then fills its
-slots from that copy and a slot is in the catalog *and* has an available item in one read - no step-time
-cost at all. cum stays on the host for the per-request exclusion counts (kills.py).
+Availability (per mask). rank(x) = the available items before position x (AvailabilityRank: the mask as
+bits plus a count per 64 items, items / 8 + items / 8 bytes), so row j of step s has rank(hi) - rank(lo)
+available items; it is valid iff that is > 0. For every step table t the children of *unavailable* rows of
+step t+1 are written as -1 into a copy of its tokens (sparse) / next (dense): `masked_tables`, one pass per
+table. A search then fills its slots from that copy and a slot is in the catalog *and* has an available item
+in one read - no step-time cost at all. The rank stays on the host for the per-request exclusion counts
+(kills.py).
 
 Item sets (per sets, then per mask). Set i is bit i of a word (uint8/16/32/64, or W uint64 words past 63
 sets), plus one bit ANY that every item has. item_bits[p] = ANY and the sets item p belongs to (once per
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,18 +88,32 @@ class ItemSpace:
             last[nxt[parent, token]] = token  # next[p, k] is the child row: its last token is k
             tokens.append(last)
         self.child_token = tuple(tokens)
-        # Scratch for a swap's row edges (int32, the largest step's rows + 1), reused so a swap does not
-        # fault in fresh pages for its temporaries; the lock serialises concurrent swaps.
-        self.swap_lock = threading.Lock()
-        self._edges: np.ndarray | None = None
+        # starts[s-1]: uint64 [items // 64 + 1], bit p set where a row of step s begins (bounds[s-1][:-1]):
+        # the bounds of every step as items / 8 bytes, what an availability swap reads (_mask_kernels)
+        self.starts = tuple(run_starts(b, self.num_items) for b in self.bounds)
+        # The buffers of masked tables (per step table), each with a weak reference to the tensor over it:
+        # a swap writes into one whose tensor is gone (its Resident retired and no search holds it) rather
+        # than faulting in fresh pages, which costs a VM as much as the masking itself. At most one unused
+        # buffer per table is kept. The lock: residents of one space may be built in several threads at
+        # once (a decoder's swaps are serialised, but the vLLM integration builds one per filter key).
+        self._buffers: dict[int, list[tuple[np.ndarray, weakref.ref]]] = {}
+        self._buffers_lock = threading.Lock()
 
-    def edges(self, cum: np.ndarray, step: int) -> np.ndarray:
-        """int32 [rows_s + 1]: cum at the bounds of step `step`, in the reused scratch (hold swap_lock)."""
-        bounds = self.bounds[step - 1]
-        if self._edges is None:
-            self._edges = np.empty(max(b.shape[0] for b in self.bounds), dtype=np.int32)
-        # mode="clip": the bounds are in range anyway, and take's default mode buffers an out= result
-        return np.take(cum, bounds, out=self._edges[: bounds.shape[0]], mode="clip")
+    def masked_buffer(self, table: int, like: np.ndarray) -> np.ndarray:
+        """An array shaped like `like` for step table `table`'s masked children: a retired one, or new."""
+        with self._buffers_lock:
+            for i, (array, tensor) in enumerate(self._buffers.get(table, [])):
+                if tensor() is None and array.shape == like.shape and array.dtype == like.dtype:
+                    return self._buffers[table].pop(i)[0]
+        return np.empty_like(like)
+
+    def keep_buffer(self, table: int, array: np.ndarray, tensor: torch.Tensor) -> None:
+        """Remember `array` (the memory of `tensor`) for a later swap once `tensor` is gone; beyond the live
+        ones, one unused buffer per table is kept."""
+        with self._buffers_lock:
+            kept = [(a, t) for a, t in self._buffers.get(table, []) if t() is not None]
+            unused = [(a, t) for a, t in self._buffers.get(table, []) if t() is None]
+            self._buffers[table] = [*kept, *unused[:1], (array, weakref.ref(tensor))]
 
     def leaf_of(self, positions: np.ndarray) -> np.ndarray:
         """int64 [k]: the leaf holding each item position int64 [k]."""
@@ -185,6 +202,47 @@ class SetBits:
         return out
 
 
+def item_bits(flags: np.ndarray) -> np.ndarray:
+    """uint64 [items // 64 + 1]: bool [items] as bits, bit i of word w = item 64 w + i (the rest 0)."""
+    n = int(flags.shape[0])
+    packed = np.zeros(8 * (n // 64 + 1), dtype=np.uint8)
+    packed[: -(-n // 8)] = np.packbits(flags, bitorder="little")
+    return packed.view("<u8").astype(np.uint64, copy=False)  # a view on little-endian machines
+
+
+def run_starts(bounds: np.ndarray, num_items: int) -> np.ndarray:
+    """uint64 [items // 64 + 1]: bit p set iff some row's item run begins at p (bounds int64 [rows + 1],
+    ascending, every row non-empty)."""
+    flags = np.zeros(num_items, dtype=bool)
+    flags[bounds[:-1]] = True
+    return item_bits(flags)
+
+
+@dataclass(frozen=True, eq=False)
+class AvailabilityRank:
+    """An availability mask as a rank structure: words uint64 [items // 64 + 1], bit i of word w = item
+    64 w + i is available (bits past the last item 0); before int64 [items // 64 + 2], the available items
+    in the words before word w. rank(x) = before[x >> 6] + the set bits of word x >> 6 below bit x & 63
+    (_mask_kernels.rank). Built in three vectorised passes over items / 8 bytes (pack, count, prefix sum)."""
+
+    words: np.ndarray
+    before: np.ndarray
+
+    @classmethod
+    def of(cls, available: np.ndarray) -> AvailabilityRank:
+        """The rank of available bool [items]."""
+        words = item_bits(available)
+        before = np.zeros(words.shape[0] + 1, dtype=np.int64)
+        np.cumsum(np.bitwise_count(words), out=before[1:])
+        return cls(words, before)
+
+    def count(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """int64 [k]: the available items of the leaf-ordered runs lo[i] .. hi[i] - 1 (int64 [k] each)."""
+        from ._mask_kernels import count_rows
+
+        return count_rows(self.words, self.before, np.asarray(lo, np.int64), np.asarray(hi, np.int64))
+
+
 def physical_memory_bytes() -> int | None:
     """This machine's physical memory in bytes (None when the OS does not say)."""
     try:
@@ -214,8 +272,8 @@ def signed_words(array: np.ndarray) -> np.ndarray:
 class Resident:
     """The Decoder's current availability and item sets (replaced as a whole, never mutated).
 
-    available: bool [items] host or None (all available); cum: int32 [items + 1] host, its prefix sum (None
-    when all are available); tables[t]: step table t's tokens (int32 [nnz]) or next (int32 [rows, V]) with
+    available: bool [items] host or None (all available); rank: its AvailabilityRank on the host (None when
+    all are available); tables[t]: step table t's tokens (int32 [nnz]) or next (int32 [rows, V]) with
     the children of unavailable rows set to -1, on the device (None: the table itself); set_bits: the sets
     (None: none); row_bits[s-1]: per row of step s the sets with an available item there, on the device
     (torch view of SetBits' word type, [rows_s + pad] or [rows_s + pad, words]; pad = max_slots of step
@@ -228,7 +286,7 @@ class Resident:
 
     space: ItemSpace
     available: np.ndarray | None
-    cum: np.ndarray | None
+    rank: AvailabilityRank | None
     tables: tuple[torch.Tensor | None, ...]
     set_bits: SetBits | None
     row_bits: tuple[torch.Tensor, ...]
@@ -248,42 +306,47 @@ class Resident:
     def available_in(self, step: int, rows: np.ndarray) -> np.ndarray:
         """int64 like rows: available items of rows `rows` of step `step` (1..L)."""
         b = self.space.bounds[step - 1]
-        if self.cum is None:
+        if self.rank is None:
             return b[rows + 1] - b[rows]
-        return self.cum[b[rows + 1]].astype(np.int64) - self.cum[b[rows]]
+        return self.rank.count(b[rows], b[rows + 1])
 
 
-def row_validity(space: ItemSpace, cum: np.ndarray, step: int) -> np.ndarray:
-    """bool [rows_s]: row j of step `step` (1..L) has an available item (cum[hi] > cum[lo], cum the int32
-    [items + 1] prefix sum of the mask). O(rows_s)."""
-    edges = cum[space.bounds[step - 1]]
-    return edges[1:] > edges[:-1]
+def row_validity(space: ItemSpace, rank: AvailabilityRank, step: int) -> np.ndarray:
+    """bool [rows_s]: row j of step `step` (1..L) has an available item (rank(hi) > rank(lo)). O(rows_s)."""
+    from ._mask_kernels import valid_rows
+
+    out = np.empty(space.rows[step - 1], dtype=bool)
+    valid_rows(space.starts[step - 1], rank.words, out)
+    return out
 
 
-def masked_tables(space: ItemSpace, cum: np.ndarray) -> tuple[torch.Tensor, ...]:
+def masked_tables(space: ItemSpace, rank: AvailabilityRank) -> tuple[torch.Tensor, ...]:
     """Per step table t: its children (rows of step t+1) that have no available item set to -1.
 
-    Sparse: int32 [nnz], child f is row f of step t+1 (on the CPU in numpy with integer arithmetic, about
-    5x faster than np.where; elsewhere the validity goes to the device and torch.where keeps the tokens).
-    Dense: int32 [rows, V], next[p, k] where next[p, k] >= 0 and its row is valid, else -1. O(rows) per
-    table."""
+    Sparse: int32 [nnz], child f is row f of step t+1 (on the CPU one numba pass over the mask's bits and
+    the run starts of step t+1 that reads each token and writes it or -1; elsewhere the validity goes to
+    the device and torch.where keeps the tokens). Dense: int32 [rows, V], next[p, k] where next[p, k] >= 0
+    and its row is valid, else -1. O(rows) per table."""
+    from ._mask_kernels import masked_children
+
     out = []
     for t, table in enumerate(space.steps):
-        if table.next is not None:
+        if table.next is not None and table.next.device.type == "cpu":  # numpy: no wait on torch's pool
+            nxt = table.next.numpy()
+            valid = row_validity(space, rank, t + 1)
+            out.append(torch.from_numpy(np.where(valid[np.maximum(nxt, 0)] & (nxt >= 0), nxt, np.int32(-1))))
+        elif table.next is not None:
             nxt = table.next
-            valid = torch.as_tensor(row_validity(space, cum, t + 1)).to(nxt.device)
+            valid = torch.as_tensor(row_validity(space, rank, t + 1)).to(nxt.device)
             out.append(torch.where(valid[nxt.clamp(min=0).long()] & (nxt >= 0), nxt, -1))
         elif table.tokens.device.type == "cpu":
-            # count - 1 >> 31 is -1 where a child has no available item (count 0) and 0 where it has some
-            # (count >= 1), and token | 0 = token, token | -1 = -1: no branch, no bool temporary.
-            with space.swap_lock:
-                edges = space.edges(cum, t + 1)
-                masked = np.subtract(edges[1:], edges[:-1])
-            masked -= 1
-            masked >>= 31
-            out.append(torch.from_numpy(np.bitwise_or(masked, table.tokens.numpy(), out=masked)))
+            tokens = table.tokens.numpy()
+            masked = space.masked_buffer(t, tokens)
+            masked_children(space.starts[t], rank.words, tokens, masked)
+            out.append(torch.from_numpy(masked))
+            space.keep_buffer(t, masked, out[-1])
         else:
-            valid = torch.as_tensor(row_validity(space, cum, t + 1)).to(table.tokens.device)
+            valid = torch.as_tensor(row_validity(space, rank, t + 1)).to(table.tokens.device)
             out.append(torch.where(valid, table.tokens, -1))
     return tuple(out)
 
@@ -337,15 +400,14 @@ def make_resident(space: ItemSpace, mask: ItemMask | None, set_bits: SetBits | N
     Resident whose availability part is taken as is when it has the same mask array (new sets only)."""
     check_binding(space, mask, "availability mask")
     check_binding(space, None if set_bits is None else set_bits.sets, "item sets")
-    available = cum = None
+    available = rank = None
     tables: tuple[torch.Tensor | None, ...] = (None,) * len(space.steps)
     if reuse is not None and mask is not None and reuse.mask is mask:
-        available, cum, tables = reuse.available, reuse.cum, reuse.tables
+        available, rank, tables = reuse.available, reuse.rank, reuse.tables
     elif mask is not None:
         available = mask.available
-        cum = np.zeros(available.shape[0] + 1, dtype=np.int32)
-        np.cumsum(available, dtype=np.int32, out=cum[1:])
-        tables = masked_tables(space, cum)
+        rank = AvailabilityRank.of(available)
+        tables = masked_tables(space, rank)
     row_bits: tuple[torch.Tensor, ...] = ()
     set_keys = None
     if set_bits is not None:
@@ -360,18 +422,21 @@ def make_resident(space: ItemSpace, mask: ItemMask | None, set_bits: SetBits | N
         child = table.next.long()
         words = row_bits[t][child.clamp(min=0)]
         dense_bits.append(torch.where(child >= 0, words, torch.zeros_like(words)))
-    return Resident(space, available, cum, tables, set_bits, row_bits, set_keys, tuple(dense_bits), mask)
+    return Resident(space, available, rank, tables, set_bits, row_bits, set_keys, tuple(dense_bits), mask)
 
 
 __all__ = [
+    "AvailabilityRank",
     "ItemSpace",
     "Resident",
     "SetBits",
     "check_binding",
     "check_set_memory",
+    "item_bits",
     "make_resident",
     "masked_tables",
     "row_validity",
+    "run_starts",
     "set_row_bits",
     "signed_words",
 ]

@@ -1,16 +1,16 @@
 """Scoring modes: a registry from mode name to implementation (xgrammar's kernels/__init__.py pattern).
 
-    full            full_torch.py       one GEMM over all V_t, then read the slots       every device
-    selective       selective_torch.py  score only the slots' tokens, torch reference    every device
-    selective_cuda  cuda/selective.py   the same contract as a CUDA kernel (CuPy)        CUDA, where it runs
-    selective_numba selective_numba.py  the same contract as a numba kernel (lazy import) CPU
+    full            full_torch.py            one GEMM over all V_t, then read the slots    every device
+    selective       base/selective_torch.py  score only the slots' tokens, torch reference every device
+    selective_cuda  cuda/selective.py        the same contract as a CUDA kernel (CuPy)     CUDA, where it runs
+    selective_numba selective_numba.py       the same contract as a numba kernel (lazy)    CPU
 
 Every mode implements the selective-scoring contract (`selective_scores`, `selective_log_softmax`; see
-selective_torch.py). Optional backends are probed lazily - on the first `available_modes` / `get_mode`
-call for a CUDA device - never at import, so importing this package needs neither CUDA nor CuPy. A backend
-counts on a device only when its `usable(device)` says so: for selective_cuda that is a real load and a tiny
-launch checked against the torch reference, once per device (a failure warns once and leaves it out). Adding a
-backend is one file plus one entry in `_OPTIONAL`.
+base/selective_torch.py, kept low so that cuda/ checks its kernels against it). Optional backends are probed
+lazily - on the first `available_modes` / `get_mode` call for a CUDA device - never at import, so importing
+this package needs neither CUDA nor CuPy. A backend counts on a device only when its `usable(device)` says so:
+for selective_cuda that is a real load and a tiny launch checked against the torch reference, once per device
+(a failure warns once and leaves it out). Adding a backend is one file plus one entry in `_OPTIONAL`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ...base import selective_torch
 from ...base.errors import InputError
-from . import full_torch, selective_numba, selective_torch
+from . import full_torch, selective_numba
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .selective_torch import masked_log_softmax, slot_validity
+from ...base.selective_torch import masked_log_softmax, slot_validity
 
 
 def full_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Selective scoring in torch: the reference of the selective-scoring contract, and the CPU path.
 
-Contract (shared with the CUDA kernel in cuda/selective.py / cuda/selective.cu):
+Contract (shared with the CUDA kernel in cuda/selective.py / cuda/selective.cu; this module lives in base/
+so that cuda/, which runtime/ imports, can check its kernels against it without importing runtime/):
 
     selective_scores(hidden [R, d], weight [V, d], bias [V] | None, slot_tokens int32|int64 [R, K])
         -> fp32 [R, K]; out[r, k] = hidden[r] . weight[tok] + bias[tok] with tok = slot_tokens[r, k],
