@@ -99,6 +99,9 @@ class HealthWatch:
         return self
 
     def __exit__(self, *exc) -> None:
+        deadline = time.monotonic() + 10  # a block faster than three polls: the server is polled after it
+        while self.polls < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
         self._stop.set()
         self._thread.join()
 
