@@ -13,6 +13,7 @@ import numpy as np
 
 from ..base.errors import BundleError
 from ..index.formats import bits_for
+from .files import HashCache
 from .format import JOURNAL_NAME, MANIFEST_NAME, SIGNATURE_NAME
 from .kernel_files import KERNEL_HEAD_BYTES, kernel_problem
 from .quality import QUALITY_DIR, load_quality, quality_key
@@ -21,18 +22,26 @@ from .reader import Bundle, open_bundle
 _KERNEL_NAME = re.compile(r"^kernels/(sm_\d{2,3}[af]?)/[A-Za-z0-9_]+\.(cubin|ptx)$")
 
 
-def verify_bundle(path: str | Path | None = None, catalog: Any = None, *, checksums: bool = True) -> dict:
+def verify_bundle(
+    path: str | Path | None = None,
+    catalog: Any = None,
+    *,
+    checksums: bool = True,
+    hash_cache: HashCache | None = None,
+) -> dict:
     """Verify a bundle version completely (a version dir, or an OUT dir via LATEST).
 
     checksums: False skips hashing the files (sizes are still checked), for a caller that has just
     checked every sha256 itself (`pull` hashes each file as it streams it in).
+    hash_cache: the run's HashCache (bundle/files.py): a file this run hashed before and that has not
+    changed since (same inode, size, mtime and ctime) is not hashed again. Every other check still runs.
     catalog: a zerogr_build.catalog.Catalog (.sids [N, L] ints, .item_ids pyarrow Array in catalog row
     order, .codebook_sizes) to compare against, or None.
     Returns {"bundle", "version", "ok": True, "files", "bytes", "steps": [...], "leaves", "items",
     "catalog": None | {...}, "unlisted_files": [...]}.
     """
     # Through open_bundle, so an OUT dir whose LATEST moves on (and prunes) meanwhile is resolved again.
-    bundle = open_bundle(path, verify_checksums=checksums)
+    bundle = open_bundle(path, verify_checksums=checksums, hash_cache=hash_cache)
     version_dir = bundle.path
     manifest = bundle.manifest
     steps_report = []
