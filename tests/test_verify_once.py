@@ -1,7 +1,8 @@
 """Verify hashes each file once per rebuild: bundle/files.HashCache keeps the sha256 of a file only while
 its device, inode, size, mtime and ctime stay the same, so a file changed in any way (in place with its
 size and mtime put back, or replaced by a rename) is hashed again and a wrong byte is still caught; a
-rebuild passes one cache to its verifications after build, tune and the gate."""
+rebuild passes one cache to its verifications after build, tune and the gate. The catalog comparison's
+sort (a radix sort) is numpy's stable argsort exactly."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import zerogr_build.bundle.files as files
 from zerogr_build.base.errors import BundleError
@@ -129,3 +132,18 @@ def test_a_file_changed_after_the_first_verification_fails_the_rebuild(catalog, 
     assert done.exit_code == 4, done.stderr
     assert "verify after tune failed" in done.stderr and "sha256 mismatch" in done.stderr
     assert not (out / "LATEST").exists() and (out / "v000001").is_dir()
+
+
+@settings(deadline=None, max_examples=150)
+@given(st.integers(1, 64), st.data())
+def test_the_radix_argsort_is_numpys_stable_argsort(bits, data):
+    """verify's catalog sort: the same order as np.argsort(kind="stable") (equal keys in input order)."""
+    from zerogr_build.bundle.verify_math import stable_argsort_keys
+
+    values = data.draw(st.lists(st.integers(0, 2**bits - 1), max_size=300))
+    if values and data.draw(st.booleans()):  # many repeats
+        values = [values[i % min(len(values), 3)] for i in range(len(values))]
+    keys = np.array(values, dtype=np.uint64)
+    order, ordered = stable_argsort_keys(keys, bits)
+    want = np.argsort(keys, kind="stable")
+    assert order.tolist() == want.tolist() and ordered.tolist() == keys[want].tolist()

@@ -18,6 +18,7 @@ from .format import JOURNAL_NAME, MANIFEST_NAME, SIGNATURE_NAME
 from .kernel_files import KERNEL_HEAD_BYTES, kernel_problem
 from .quality import QUALITY_DIR, load_quality, quality_key
 from .reader import Bundle, open_bundle
+from .verify_math import stable_argsort_keys
 
 _KERNEL_NAME = re.compile(r"^kernels/(sm_\d{2,3}[af]?)/[A-Za-z0-9_]+\.(cubin|ptx)$")
 
@@ -311,8 +312,11 @@ def check_against_catalog(bundle: Bundle, catalog: Any) -> dict:
             )
 
     catalog_keys = sid_sort_keys(sids, sizes)
-    order = np.argsort(catalog_keys, kind="stable")
-    sorted_keys = catalog_keys[order]
+    if catalog_keys.dtype == np.uint64:  # linear-time radix sort, the same order as a stable argsort
+        order, sorted_keys = stable_argsort_keys(catalog_keys, sum(_key_field_bits(sizes)))
+    else:
+        order = np.argsort(catalog_keys, kind="stable")
+        sorted_keys = catalog_keys[order]
     del catalog_keys
     starts = np.ones(sorted_keys.shape[0], dtype=bool)
     starts[1:] = sorted_keys[1:] != sorted_keys[:-1]
@@ -349,7 +353,7 @@ def check_against_catalog(bundle: Bundle, catalog: Any) -> dict:
     items = bundle.items()
     if items.type != item_ids.type:
         raise BundleError(f"{items_path}: item_id type {items.type}, catalog {item_ids.type}")
-    expected = item_ids.take(pa.array(order, type=pa.int64()))
+    expected = item_ids.take(pa.array(order))
     in_order = expected.equals(items)
     if not in_order:
         leaf_sorted = pa.array(np.cumsum(starts) - 1)
