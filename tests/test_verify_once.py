@@ -79,6 +79,30 @@ def test_verify_with_a_warm_cache_still_catches_a_changed_file(tmp_path):
         verify_bundle(vdir, hash_cache=cache)
 
 
+def test_the_structural_checks_run_again_only_when_a_file_they_read_changed(tmp_path, monkeypatch):
+    import zerogr_build.bundle.verify as verify
+    from zerogr_build.bundle import publish_bundle
+    from zerogr_build.index import build_index
+
+    checked = []
+    real = verify.check_unique_items
+    monkeypatch.setattr(
+        verify, "check_unique_items", lambda items, path: checked.append(path) or real(items, path)
+    )
+    index = build_index(np.random.default_rng(1).integers(0, 8, (300, 3)), (8, 8, 8), workers=1)
+    vdir = publish_bundle(index, pa.array(np.arange(300)), tmp_path / "out").path
+    cache = HashCache()
+    verify_bundle(vdir, hash_cache=cache)
+    verify_bundle(vdir, hash_cache=cache)
+    assert len(checked) == 1
+    verify_bundle(vdir)  # without the run's cache: every check
+    assert len(checked) == 2
+    items = vdir / "items.parquet"
+    os.utime(items, ns=(items.stat().st_atime_ns, items.stat().st_mtime_ns + 1))  # touched: checked again
+    verify_bundle(vdir, hash_cache=cache)
+    assert len(checked) == 3
+
+
 @pytest.fixture
 def catalog(tmp_path):
     rng = np.random.default_rng(0)
