@@ -273,15 +273,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="runs of every size (all rows printed)")
     parser.add_argument("--tune-args", default="", help="zerogr tune options for the rebuilds")
     parser.add_argument("--workdir", type=Path, default=None, help="where the catalogs go (default: tmp)")
+    parser.add_argument("--skip-warmup", action="store_true", help="no warm-up rebuilds (numba cache cold?)")
     args = parser.parse_args(argv)
     workdir = (args.workdir or Path(tempfile.gettempdir()) / "zerogr_bench_rebuild").resolve()
     workdir.mkdir(parents=True, exist_ok=True)  # kept: catalogs this size are worth reusing
-    warm = workdir / "warmup"
-    warm.mkdir(exist_ok=True)
-    a, b = write_catalogs(20_000, warm)
-    for catalog in (a, b):
-        _rebuild(catalog, warm / "bundles", warm / "spans.json", args.tune_args)
-    shutil.rmtree(warm, ignore_errors=True)
+    if not args.skip_warmup:
+        warm = workdir / "warmup"
+        warm.mkdir(exist_ok=True)
+        a, b = write_catalogs(20_000, warm)
+        for catalog in (a, b):
+            _rebuild(catalog, warm / "bundles", warm / "spans.json", args.tune_args)
+        shutil.rmtree(warm, ignore_errors=True)
     rows = []
     for items in (int(x) for x in args.items.split(",")):
         for k in range(args.repeats):

@@ -41,7 +41,7 @@ SMOKE: dict[str, tuple[Smoke, ...] | str] = {
     "bench_build.py": (Smoke(("--scale", "0.0002", "--workdir", "work"), "end to end"),),
     "bench_diff.py": (Smoke(("--items", "3000", "--workdir", "work"), "diff/build anon"),),
     "bench_rebuild.py": (
-        Smoke(("--items", "3000", "--workdir", "work", "--tune-args",
+        Smoke(("--items", "3000", "--workdir", "work", "--skip-warmup", "--tune-args",
                "--batch-sizes 2 --beam-width 4 --warmup 0 --iters 1 --hidden-dim 8"), "churn: run/build"),
     ),
     "bench_constraints.py": (
