@@ -168,6 +168,7 @@ def test_the_radix_argsort_is_numpys_stable_argsort(bits, data):
     if values and data.draw(st.booleans()):  # many repeats
         values = [values[i % min(len(values), 3)] for i in range(len(values))]
     keys = np.array(values, dtype=np.uint64)
-    order, ordered = stable_argsort_keys(keys, bits)
     want = np.argsort(keys, kind="stable")
-    assert order.tolist() == want.tolist() and ordered.tolist() == keys[want].tolist()
+    for overwrite in (False, True):
+        order, ordered = stable_argsort_keys(keys.copy(), bits, overwrite=overwrite)
+        assert order.tolist() == want.tolist() and ordered.tolist() == keys[want].tolist()

@@ -330,7 +330,8 @@ def check_against_catalog(bundle: Bundle, catalog: Any) -> dict:
 
     catalog_keys = sid_sort_keys(sids, sizes)
     if catalog_keys.dtype == np.uint64:  # linear-time radix sort, the same order as a stable argsort
-        order, sorted_keys = stable_argsort_keys(catalog_keys, sum(_key_field_bits(sizes)))
+        bits = sum(_key_field_bits(sizes))
+        order, sorted_keys = stable_argsort_keys(catalog_keys, bits, overwrite=True)
     else:
         order = np.argsort(catalog_keys, kind="stable")
         sorted_keys = catalog_keys[order]

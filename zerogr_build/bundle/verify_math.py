@@ -37,10 +37,13 @@ def _radix_pass(src_keys, src_order, dst_keys, dst_order, shift, digit_bits, fir
     return True
 
 
-def stable_argsort_keys(keys: np.ndarray, key_bits: int) -> tuple[np.ndarray, np.ndarray]:
+def stable_argsort_keys(
+    keys: np.ndarray, key_bits: int, *, overwrite: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """(order, sorted keys) of uint64 keys [n] whose values fit `key_bits` bits: exactly
     np.argsort(keys, kind="stable") and keys[order] (equal keys keep their input order), by an LSD radix
-    sort of DIGIT_BITS-bit digits (linear time). order is int32 when n < 2^31, else int64."""
+    sort of DIGIT_BITS-bit digits (linear time). order is int32 when n < 2^31, else int64.
+    overwrite: `keys` (uint64, contiguous) may be used as scratch (8 bytes per key less at the peak)."""
     keys = np.ascontiguousarray(keys, dtype=np.uint64)
     n = keys.shape[0]
     index_type = np.int32 if n < 2**31 else np.int64
@@ -53,8 +56,9 @@ def stable_argsort_keys(keys: np.ndarray, key_bits: int) -> tuple[np.ndarray, np
         moved = _radix_pass(src_keys, src_order, dst_keys, dst_order, np.uint64(p * digit), digit, first)
         if not moved:
             continue
-        if first:  # the input keys stay the caller's; from here on two buffers of our own take turns
-            src_keys, dst_keys = dst_keys, np.empty_like(keys)
+        if first:  # from here on two key buffers take turns: the input's too, when it may be overwritten
+            spare = keys if overwrite and keys.dtype == np.uint64 else np.empty_like(keys)
+            src_keys, dst_keys = dst_keys, spare
             src_order, dst_order = dst_order, np.empty(n, dtype=index_type)
             first = False
         else:
