@@ -1,7 +1,7 @@
 """`zerogr diff` / bundle.diff.diff_versions against a brute-force reference (Python dicts and sets over the
 catalogs the two versions were built from), for every number it reports: items added, removed, whose SID
 changed, common; per version items, distinct SIDs, items in shared SIDs, fan-out per step, the first
-token's items. Small batches and a tiny memory budget force many batches and matching rounds."""
+token's items. Small batches and a tiny memory budget force many batches and spilled parts."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pyarrow as pa
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from zerogr_build.bundle import diff_math as dm
 from zerogr_build.bundle import publish_bundle
 from zerogr_build.bundle.diff import diff_versions
 from zerogr_build.bundle.diff_math import fanout, rank_right
@@ -193,3 +194,118 @@ def test_zerogr_diff_compares_an_out_dirs_latest_with_a_version(tmp_path):
     assert table.exit_code == 0 and "items whose SID changed" in table.stdout and "m2" in table.stdout
     missing = invoke("diff", out, tmp_path / "nope")
     assert missing.exit_code == 2 and "nope" in missing.stderr
+
+
+def _as_strings(ids: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.concatenate([[0], np.cumsum([len(i) for i in ids])]).astype(np.int64)
+    return offsets, np.frombuffer(b"".join(ids), dtype=np.uint8)
+
+
+@st.composite
+def two_sides(draw, strings: bool):
+    """Ids unique within each side, some in both (integers, or their decimal text as bytes), and the
+    number of key words (0 to 2)."""
+    pool = draw(st.lists(st.integers(-(2**63), 2**63 - 1), unique=True, max_size=120))
+    a_ids = [i for i in pool if draw(st.booleans())]
+    b_ids = [i for i in pool if draw(st.booleans())]
+    if strings:
+        a_ids, b_ids = [str(i).encode() for i in a_ids], [str(i).encode() for i in b_ids]
+    return a_ids, b_ids, draw(st.integers(0, 2))
+
+
+def _reference(a_ids, b_ids, a_keys, b_keys):
+    a = {i: tuple(k) for i, k in zip(a_ids, a_keys, strict=True)}
+    b = {i: tuple(k) for i, k in zip(b_ids, b_keys, strict=True)}
+    common = a.keys() & b.keys()
+    return len(common), sum(a[i] != b[i] for i in common)
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    data=st.data(),
+    strings=st.booleans(),
+    seed=st.integers(0, 2**64 - 1),
+    bits=st.integers(0, 6),
+    pairs_limit=st.sampled_from([0, 1, 4096]),
+)
+def test_join_slots_counts_common_and_changed_ids_exactly(data, strings, seed, bits, pairs_limit):
+    """join_slots (slot tables of seeded hashes; any slot count, pair loops or sorted runs) and match_part
+    (the same in groups) against Python dicts: the ids in both, and those whose key differs."""
+    a_ids, b_ids, words = data.draw(two_sides(strings))
+    rng = np.random.default_rng(seed % 2**32)
+    a_keys = rng.integers(0, 3, size=(len(a_ids), words)).astype(np.uint64)
+    b_keys = rng.integers(0, 3, size=(len(b_ids), words)).astype(np.uint64)
+    shared = {i: k for i, k in zip(a_ids, a_keys, strict=True)}
+    for row, i in enumerate(b_ids):  # half the shared ids keep their key
+        if i in shared and rng.random() < 0.5:
+            b_keys[row] = shared[i]
+    if strings:
+        a_bytes, b_bytes = _as_strings(a_ids), _as_strings(b_ids)
+        a_hash, b_hash = dm.hash_byte_ids(*a_bytes, seed), dm.hash_byte_ids(*b_bytes, seed)
+    else:
+        a_bytes = b_bytes = None
+        a_hash = dm.hash_int_ids(np.array(a_ids, dtype=np.int64), seed)
+        b_hash = dm.hash_int_ids(np.array(b_ids, dtype=np.int64), seed)
+    a = dm.slot_table(a_hash, a_keys, bits, with_index=strings)
+    b = dm.slot_table(b_hash, b_keys, bits, with_index=strings)
+    got = dm.join_slots(a, b, a_bytes=a_bytes, b_bytes=b_bytes, pairs_limit=pairs_limit)
+    want = _reference(a_ids, b_ids, a_keys, b_keys)
+    assert (got.common, got.changed) == want
+    grouped = dm.match_part(a_hash, a_keys, b_hash, b_keys, a_bytes=a_bytes, b_bytes=b_bytes)
+    assert (grouped.common, grouped.changed) == want
+
+
+@settings(deadline=None, max_examples=80)
+@given(
+    st.lists(st.binary(max_size=3), unique=True, max_size=40),
+    st.lists(st.binary(max_size=3), unique=True, max_size=40),
+    st.integers(1, 3),
+    st.sampled_from([0, 4096]),
+)
+def test_join_slots_compares_colliding_string_ids_byte_for_byte(a_ids, b_ids, buckets, pairs_limit):
+    """Hashes that collide on purpose (a string's length mod `buckets`): only equal bytes match."""
+    a_bytes, b_bytes = _as_strings(a_ids), _as_strings(b_ids)
+    a_hash = np.array([len(i) % buckets for i in a_ids], dtype=np.uint64)
+    b_hash = np.array([len(i) % buckets for i in b_ids], dtype=np.uint64)
+    a_keys = np.array([[len(i) % 2] for i in a_ids], dtype=np.uint64).reshape(-1, 1)
+    b_keys = np.array([[i.count(b"a") % 2] for i in b_ids], dtype=np.uint64).reshape(-1, 1)
+    a = dm.slot_table(a_hash, a_keys, 1, with_index=True)
+    b = dm.slot_table(b_hash, b_keys, 1, with_index=True)
+    got = dm.join_slots(a, b, a_bytes=a_bytes, b_bytes=b_bytes, pairs_limit=pairs_limit)
+    assert (got.common, got.changed) == _reference(a_ids, b_ids, a_keys, b_keys)
+
+
+@settings(deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), unique=True, max_size=200), st.integers(0, 2**64 - 1))
+def test_hash_int_ids_is_one_to_one_and_parts_split_by_its_top_bits(ids, seed):
+    """Distinct ids keep distinct hashes under any seed (the matching of integer ids relies on it), and
+    part_of is the hash's top bits."""
+    hashes = dm.hash_int_ids(np.array(ids, dtype=np.int64), seed)
+    assert len(set(hashes.tolist())) == len(ids)
+    for bits in (0, 1, 7, 16):
+        want = [h >> (64 - bits) if bits else 0 for h in hashes.tolist()]
+        assert dm.part_of(hashes, bits).tolist() == want
+
+
+def test_a_diff_spills_each_version_once_into_parts(tmp_path, monkeypatch):
+    """Above its memory budget the diff reads each version's items once (not once per part) and spills
+    them into parts under spill_dir, which it leaves empty."""
+    from zerogr_build.bundle import diff as diff_module
+
+    rng = np.random.default_rng(3)
+    old = publish(tmp_path / "out", list(range(400)), rng.integers(0, 4, (400, 2)), (4, 4), "m")
+    new = publish(tmp_path / "out", list(range(100, 500)), rng.integers(0, 4, (400, 2)), (4, 4), "m")
+    reads = []
+    batches = diff_module._Version.item_batches
+
+    def counted(self, rows):
+        reads.append(self.bundle.path.name)
+        yield from batches(self, rows)
+
+    monkeypatch.setattr(diff_module._Version, "item_batches", counted)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    got = diff_versions(old, new, memory_bytes=2000, batch_rows=64, spill_dir=spill)
+    assert sorted(reads) == ["v000001", "v000002"]
+    assert (got.items_common, got.items_added, got.items_removed) == (300, 100, 100)
+    assert list(spill.iterdir()) == []

@@ -25,6 +25,7 @@ from .config import INFER_CODEBOOK_SIZES, BuildSettings, load_settings
 from .cuda.cache import bundle_kernel_files
 
 if TYPE_CHECKING:
+    from .bundle.files import HashCache
     from .catalog import Catalog
     from .index import SidIndex
 
@@ -385,8 +386,10 @@ def verify_with_catalog(
     config_file: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     progress: Progress = NULL_PROGRESS,
+    hash_cache: HashCache | None = None,
 ) -> dict[str, Any]:
-    """`zerogr verify`: bundle.verify_bundle of a version dir (or an OUT dir via LATEST), and with
+    """`zerogr verify`: bundle.verify_bundle of a version dir (or an OUT dir via LATEST; `hash_cache`: a
+    run's HashCache, passed on), and with
     `catalog_path` exact equality with that catalog, read with the bundle's own codebook sizes and the
     catalog columns the bundle was built with (its manifest's settings), unless `config_file`'s [build]
     table or `overrides` name others (config.load_settings with `recorded`). Returns verify_bundle's
@@ -403,4 +406,4 @@ def verify_with_catalog(
         )
         catalog = _read_catalog(catalog_path, settings, manifest["codebook_sizes"], progress)
         progress.stage("verify")
-    return verify_bundle(version_dir, catalog=catalog)
+    return verify_bundle(version_dir, catalog=catalog, hash_cache=hash_cache)

@@ -2,16 +2,23 @@
 changed (matched by item id), and each version's shape (items, distinct SIDs, items in shared SIDs,
 fan-out per step, the first token's largest share, model tag).
 
-Streaming: the item files are read in batches, never whole. Items are matched by id in `passes` rounds;
-round k keeps only the ids whose hash falls in share k (the same share in both versions), with their
-packed SIDs, then sorts and merges them; the number of rounds is chosen so that one round's arrays fit
-`memory_bytes`. The step tables and leaf offsets are memory-mapped, and the SIDs of a batch's items are
-rebuilt from the rows above its leaves only. The arithmetic is diff_math's.
+Streaming, each version's items read once: the item files are read in batches, never whole; each item's
+id is hashed (with a seed drawn per comparison) and its SID rebuilt from the rows above its leaves only
+(the step tables and leaf offsets are memory-mapped). When both versions' hashes and packed SIDs fit the
+matching budget (`memory_bytes`; by default half of what a build of the larger version holds at its
+peak), they are matched in memory. Otherwise each batch is split into 2^k parts by the top bits of the
+hash and appended to that part's spill files (a temporary dir, removed at the end), and then the parts
+are matched one at a time: the same id lands in the same part in both versions. Matching a part groups
+each side into slots by the hash's low bits and walks the two sides' slots in step (linear time). The
+arithmetic is diff_math's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import secrets
+import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,11 +33,14 @@ from . import diff_math as dm
 from .format import ITEM_COLUMN
 from .reader import Bundle, open_bundle
 
-#: What one round of matching may hold (both versions' ids and packed SIDs of the round, and the sort's
-#: scratch); more items take more rounds, each reading both item files once more.
-DEFAULT_MEMORY_BYTES = 512 << 20
-#: At most this many rounds (a budget far too small for the items is not a reason to read them forever).
-MAX_PASSES = 64
+#: What an in-memory build holds at its peak per item (docs/scaling.md: 26-27 B/item at 100M items, L=4).
+#: The matching takes half of that for the larger version (matching_budget), so a diff or the guards never
+#: need more memory than the build that made the version.
+BUILD_PEAK_BYTES_PER_ITEM = 26
+#: The smallest matching budget (below it, the interpreter and one batch dominate anyway).
+MIN_MEMORY_BYTES = 256 << 20
+#: At most 2^this parts (each part takes up to 4 open files per version while spilling).
+MAX_PART_BITS = 7
 #: Items read per batch of items.parquet.
 DEFAULT_BATCH_ROWS = 1 << 20
 
@@ -206,29 +216,53 @@ def version_stats(version: str | Path | _Version) -> VersionStats:
     )
 
 
+def matching_budget(items: int) -> int:
+    """The matching's memory for versions of up to `items` items: half of what an in-memory build of
+    that many items holds at its peak (BUILD_PEAK_BYTES_PER_ITEM), at least MIN_MEMORY_BYTES."""
+    return max(MIN_MEMORY_BYTES, BUILD_PEAK_BYTES_PER_ITEM * int(items) // 2)
+
+
 def diff_versions(
     old_dir: str | Path,
     new_dir: str | Path,
     *,
-    memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    memory_bytes: int | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
+    spill_dir: str | Path | None = None,
     progress: Progress = NULL_PROGRESS,
 ) -> VersionDiff:
     """Compare version `new_dir` with `old_dir` (each a version dir, or an OUT dir: its LATEST). Exact
-    counts; memory stays near `memory_bytes` whatever the item count (module docstring). Raises
-    BundleError for a damaged version, InputError for a path that is not one."""
+    counts, each version's items read once. The matching holds about `memory_bytes` (None:
+    matching_budget of the larger version); more items than that are spilled, split into parts, to a
+    temporary dir in `spill_dir` (None: the system's temporary dir, $TMPDIR), removed before this
+    returns. Raises BundleError for a damaged version, InputError for a path that is not one."""
     old, new = _Version(old_dir), _Version(new_dir)
     layout = dm.KeyLayout.common(old.sizes, new.sizes)
     kind = _id_kind(old.id_type(), new.id_type())
     common = changed = 0
     if kind is not None:
-        passes = _passes(old, new, layout, kind, memory_bytes)
-        for k in range(passes):
-            progress.stage(f"diff {k + 1}/{passes}" if passes > 1 else "diff", old.items + new.items)
-            a = _collect(old, k, passes, layout, kind, batch_rows, progress)
-            b = _collect(new, k, passes, layout, kind, batch_rows, progress)
-            counts = _match(kind, a, b)
-            common, changed = common + counts.common, changed + counts.changed
+        budget = matching_budget(max(old.items, new.items)) if memory_bytes is None else memory_bytes
+        part_bits = _part_bits(old, new, layout, kind, budget)
+        sides = (old, new)
+        match = _Match(layout, kind, part_bits, secrets.randbits(64), batch_rows, progress)
+        if part_bits == 0:
+            progress.stage("diff", old.items + new.items)
+            counts = match.join(*(match.in_memory(side) for side in sides))
+        else:
+            with tempfile.TemporaryDirectory(prefix=".zerogr-diff-", dir=spill_dir) as tmp:
+                progress.stage(f"diff: spill {1 << part_bits} parts", old.items + new.items)
+                spilled = [
+                    match.spill(side, Path(tmp) / name) for side, name in zip(sides, "ab", strict=True)
+                ]
+                progress.stage("diff: match", 1 << part_bits)
+                counts = dm.MatchCounts(0, 0)
+                for k in range(1 << part_bits):
+                    got = match.join(*(match.load(where, k) for where in spilled))
+                    counts = dm.MatchCounts(counts.common + got.common, counts.changed + got.changed)
+                    progress.advance(1)
+        common, changed = counts.common, counts.changed
+        if layout is None:
+            changed = common  # SIDs of different lengths: every common item's SID changed
     return VersionDiff(
         old=version_stats(old),
         new=version_stats(new),
@@ -255,55 +289,131 @@ def _id_kind(old: pa.DataType, new: pa.DataType) -> str | None:
     return None
 
 
-def _passes(old: _Version, new: _Version, layout: dm.KeyLayout | None, kind: str, memory_bytes: int) -> int:
-    """Rounds needed for one round's arrays to fit memory_bytes: per item its id (8 bytes) and packed SID
-    (8 per word), twice while sorted, plus the sort's order (8); string ids their bytes and offsets."""
+def _part_bits(old: _Version, new: _Version, layout: dm.KeyLayout | None, kind: str, budget: int) -> int:
+    """log2 of the parts needed for one part's arrays to fit `budget`: per item its hash (8 bytes) and
+    packed SID (8 per word), twice while grouped into slots, plus the slot starts (8); string ids their
+    bytes, offsets and positions too."""
     words = layout.words if layout is not None else 0
     per_item = 2 * (8 + 8 * words) + 8
     if kind == "bytes":
-        per_item += 2 * max(old.id_bytes(), new.id_bytes()) + 8
+        per_item += 2 * max(old.id_bytes(), new.id_bytes()) + 24
     need = (old.items + new.items) * per_item
-    return min(max(1, math.ceil(need / max(int(memory_bytes), 1))), MAX_PASSES)
+    parts = max(1, math.ceil(need / max(int(budget), 1)))
+    return min((parts - 1).bit_length(), MAX_PART_BITS)
 
 
 @dataclass
-class _Round:
-    """One version's items of one round: ids (int64 [n], or large_binary offsets + data) and packed SIDs
-    uint64 [n, words] (None: SIDs not comparable)."""
+class _Part:
+    """One version's ids of one part: hashes uint64 [n], packed SIDs uint64 [n, W] (W = 0: not
+    compared), and for string ids their (offsets int64 [n+1], data uint8)."""
 
-    ids: Any
-    keys: np.ndarray | None
+    hashes: np.ndarray
+    keys: np.ndarray
+    strings: tuple[np.ndarray, np.ndarray] | None
 
 
-def _collect(
-    side: _Version, k: int, passes: int, layout: dm.KeyLayout | None, kind: str, rows: int, progress: Progress
-) -> _Round:
-    ids_parts: list[Any] = []
-    key_parts: list[np.ndarray] = []
-    for first, ids in side.item_batches(rows):
-        if kind == "bytes":
-            ids = ids.cast(pa.large_binary())
-            offsets, data = _byte_buffers(ids)
-            hashes = dm.hash_byte_ids(offsets, data) if passes > 1 else None
-        else:
-            values = _int_values(ids, kind)
-            hashes = dm.hash_int_ids(values) if passes > 1 else None
-        keep = None if hashes is None else dm.pass_of(hashes, passes) == k
-        if layout is not None:
-            keys = dm.item_keys(side.starts, side.tokens, side.offsets, layout, first, first + len(ids))
-            key_parts.append(keys if keep is None else keys[keep])
-        if kind == "bytes":
-            ids_parts.append(ids if keep is None else ids.filter(pa.array(keep)))
-        else:
-            ids_parts.append(values if keep is None else values[keep])
-        progress.advance(len(ids))
-    keys = None
-    if layout is not None:
-        keys = np.concatenate(key_parts) if key_parts else np.zeros((0, layout.words), dtype=np.uint64)
-    if kind == "bytes":
-        joined = pa.concat_arrays(ids_parts) if ids_parts else pa.array([], type=pa.large_binary())
-        return _Round(_byte_buffers(joined), keys)
-    return _Round(np.concatenate(ids_parts) if ids_parts else np.zeros(0, dtype=np.int64), keys)
+class _Match:
+    """How both versions' ids are hashed, split into parts, spilled and joined (the same for both)."""
+
+    def __init__(
+        self, layout: dm.KeyLayout | None, kind: str, part_bits: int, seed: int, rows: int, progress: Progress
+    ) -> None:
+        self.layout, self.kind, self.part_bits, self.seed = layout, kind, part_bits, seed
+        self.rows, self.progress = rows, progress
+        self.words = layout.words if layout is not None else 0
+
+    def batches(self, side: _Version) -> Iterator[_Part]:
+        """Every batch of `side`'s items as a _Part (ids hashed, SIDs rebuilt from the step tables)."""
+        for first, ids in side.item_batches(self.rows):
+            strings = None
+            if self.kind == "bytes":
+                strings = _byte_buffers(ids.cast(pa.large_binary()))
+                hashes = dm.hash_byte_ids(*strings, self.seed)
+            else:
+                hashes = dm.hash_int_ids(_int_values(ids, self.kind), self.seed)
+            if self.layout is not None:
+                keys = dm.item_keys(
+                    side.starts, side.tokens, side.offsets, self.layout, first, first + len(ids)
+                )
+            else:
+                keys = np.zeros((len(ids), 0), dtype=np.uint64)
+            yield _Part(hashes, keys, strings)
+            self.progress.advance(len(ids))
+
+    def in_memory(self, side: _Version) -> _Part:
+        """All of `side`'s ids as one part."""
+        return _concat(list(self.batches(side)), self.words)
+
+    def spill(self, side: _Version, where: Path) -> Path:
+        """Write `side`'s ids into one set of files per part under `where` (created): hashes, SIDs, and
+        for string ids their lengths and bytes. Returns `where`."""
+        where.mkdir()
+        parts = 1 << self.part_bits
+        names = ("hashes", "keys", "lengths", "data") if self.kind == "bytes" else ("hashes", "keys")
+        with contextlib.ExitStack() as stack:
+            files = [
+                [stack.enter_context(open(where / f"{k}.{n}", "wb")) for n in names] for k in range(parts)
+            ]
+            for batch in self.batches(side):
+                part = dm.part_of(batch.hashes, self.part_bits)
+                order = np.argsort(part, kind="stable")
+                bounds = np.searchsorted(part[order], np.arange(parts + 1), side="left")
+                hashes, keys = batch.hashes[order], batch.keys[order]
+                if batch.strings is not None:
+                    offsets, data = batch.strings
+                    lengths = np.diff(offsets)[order]
+                    data = _gather_bytes(offsets, data, order)
+                    ends = np.concatenate([[0], np.cumsum(lengths)])
+                for k in range(parts):
+                    lo, hi = bounds[k], bounds[k + 1]
+                    if lo == hi:
+                        continue
+                    files[k][0].write(memoryview(hashes[lo:hi]).cast("B"))
+                    if self.words:
+                        files[k][1].write(memoryview(np.ascontiguousarray(keys[lo:hi])).cast("B"))
+                    if batch.strings is not None:
+                        files[k][2].write(memoryview(lengths[lo:hi]).cast("B"))
+                        files[k][3].write(memoryview(data[ends[lo] : ends[hi]]).cast("B"))
+        return where
+
+    def load(self, where: Path, k: int) -> _Part:
+        """Part k of the ids spilled to `where`."""
+        hashes = np.fromfile(where / f"{k}.hashes", dtype=np.uint64)
+        keys = np.fromfile(where / f"{k}.keys", dtype=np.uint64).reshape(hashes.shape[0], self.words)
+        strings = None
+        if self.kind == "bytes":
+            lengths = np.fromfile(where / f"{k}.lengths", dtype=np.int64)
+            offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
+            strings = (offsets, np.fromfile(where / f"{k}.data", dtype=np.uint8))
+        return _Part(hashes, keys, strings)
+
+    def join(self, a: _Part, b: _Part) -> dm.MatchCounts:
+        """The two versions' ids of one part matched (diff_math.match_part)."""
+        return dm.match_part(a.hashes, a.keys, b.hashes, b.keys, a_bytes=a.strings, b_bytes=b.strings)
+
+
+def _concat(batches: list[_Part], words: int) -> _Part:
+    """One _Part of several (string ids: their offsets joined)."""
+    hashes = np.concatenate([b.hashes for b in batches]) if batches else np.zeros(0, dtype=np.uint64)
+    keys = np.concatenate([b.keys for b in batches]) if batches else np.zeros((0, words), dtype=np.uint64)
+    strings = None
+    if batches and batches[0].strings is not None:
+        lengths = np.concatenate([np.diff(b.strings[0]) for b in batches if b.strings is not None])
+        offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
+        data = np.concatenate(
+            [b.strings[1][b.strings[0][0] : b.strings[0][-1]] for b in batches if b.strings]
+        )
+        strings = (offsets, data)
+    return _Part(hashes, keys, strings)
+
+
+def _gather_bytes(offsets: np.ndarray, data: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """uint8: the strings offsets/data in `order`, end to end."""
+    strings = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), offsets.shape[0] - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
+    taken_offsets, taken_data = _byte_buffers(strings.take(pa.array(order)))
+    return taken_data[taken_offsets[0] : taken_offsets[-1]]
 
 
 def _int_values(ids: pa.Array, kind: str) -> np.ndarray:
@@ -323,9 +433,3 @@ def _byte_buffers(ids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.frombuffer(buffers[1], dtype=np.int64)[ids.offset : ids.offset + len(ids) + 1]
     data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
     return offsets, data
-
-
-def _match(kind: str, a: _Round, b: _Round) -> dm.MatchCounts:
-    if kind == "bytes":
-        return dm.match_byte_ids(*a.ids, a.keys, *b.ids, b.keys)
-    return dm.match_int_ids(a.ids, a.keys, b.ids, b.keys)

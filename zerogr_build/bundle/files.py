@@ -11,6 +11,7 @@ import secrets
 import signal
 import stat
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -172,6 +173,58 @@ def sha256_file(path: Path) -> tuple[int, str]:
             digest.update(view[:n])
             size += n
     return size, digest.hexdigest()
+
+
+class HashCache:
+    """sha256 of files already hashed in one run (a rebuild verifies its version after the build, after
+    tune and after the gate), keyed by what identifies an unchanged file: device, inode, size, mtime_ns
+    and ctime_ns. A file rewritten in place, replaced by a rename or touched changes its key, so it is
+    hashed again; only a file whose every one of these is unchanged is not. It also remembers which
+    checks of unchanged files passed (`passed`, `record_pass`: verify's structural checks of the step
+    and leaf files, keyed by the manifest fields they read and the files' identities). Thread-safe.
+    Meant for one run, not to be kept: a new run starts empty."""
+
+    def __init__(self) -> None:
+        self._digests: dict[tuple[str, int, int, int, int, int], tuple[int, str]] = {}
+        self._passes: set[object] = set()
+        self._lock = threading.Lock()
+        self.hashed = 0
+        """Files hashed through this cache (not found in it)."""
+
+    def identity(self, path: Path) -> tuple[str, int, int, int, int, int]:
+        """What identifies `path`'s contents as unchanged: (absolute path, device, inode, size, mtime_ns,
+        ctime_ns)."""
+        return self._key(path)
+
+    def passed(self, key: object) -> bool:
+        """True when record_pass(key) was called (a check of exactly these inputs passed in this run)."""
+        with self._lock:
+            return key in self._passes
+
+    def record_pass(self, key: object) -> None:
+        """Remember that the check identified by `key` (hashable, naming its inputs) passed."""
+        with self._lock:
+            self._passes.add(key)
+
+    @staticmethod
+    def _key(path: Path) -> tuple[str, int, int, int, int, int]:
+        st = os.stat(path)
+        return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def sha256(self, path: Path) -> tuple[int, str]:
+        """sha256_file(path), from the cache when this file was hashed before and is unchanged. A digest
+        is kept only when the file's key is the same after hashing as before (not written meanwhile)."""
+        before = self._key(path)
+        with self._lock:
+            known = self._digests.get(before)
+        if known is not None:
+            return known
+        digest = sha256_file(path)
+        with self._lock:
+            self.hashed += 1
+            if self._key(path) == before:
+                self._digests[before] = digest
+        return digest
 
 
 def fsync_dir(path: Path) -> None:

@@ -219,7 +219,8 @@ def guard_version(
         return GuardReport(vdir.name, None)
     if latest == vdir.name:
         return GuardReport(vdir.name, latest)
-    diff = diff_versions(vdir.parent / latest, vdir, progress=progress)
+    # Items past the matching's memory spill next to the versions (the disk that holds them), not to /tmp.
+    diff = diff_versions(vdir.parent / latest, vdir, spill_dir=vdir.parent, progress=progress)
     report = GuardReport(vdir.name, latest, evaluate_guards(diff, thresholds), diff=diff)
     record: dict[str, Any] = {
         "guards": [dataclasses.asdict(c) for c in report.checks],

@@ -20,7 +20,7 @@ import numpy as np
 from ..base.errors import BundleError
 from ..index import SidIndex, StepTable
 from ..index.tables import identity_leaf_offsets
-from .files import read_npy_header, read_small_file, sha256_file
+from .files import HashCache, read_npy_header, read_small_file, sha256_file
 from .format import (
     DEFAULT_OUT,
     ITEM_COLUMN,
@@ -79,8 +79,12 @@ def bundle_file(version_dir: Path, name: str) -> Path:
     return path
 
 
-def check_files(version_dir: Path, manifest: dict, verify_checksums: bool = True) -> None:
-    """Every listed file exists inside the dir with the listed size (and sha256). First bad file raises."""
+def check_files(
+    version_dir: Path, manifest: dict, verify_checksums: bool = True, hash_cache: HashCache | None = None
+) -> None:
+    """Every listed file exists inside the dir with the listed size (and sha256, hashed in parallel;
+    through `hash_cache` when given, so a file this run hashed before and that has not changed since is
+    not read again). First bad file raises."""
     entries = manifest["files"]
     paths = {name: bundle_file(version_dir, name) for name in entries}
     for name, path in paths.items():
@@ -90,7 +94,8 @@ def check_files(version_dir: Path, manifest: dict, verify_checksums: bool = True
     if not verify_checksums:
         return
     with ThreadPoolExecutor(max_workers=min(HASH_THREADS, os.cpu_count() or 1)) as pool:
-        digests = dict(zip(paths, pool.map(sha256_file, paths.values()), strict=True))
+        hash_file = sha256_file if hash_cache is None else hash_cache.sha256
+        digests = dict(zip(paths, pool.map(hash_file, paths.values()), strict=True))
     for name, (_, digest) in digests.items():
         if digest != entries[name]["sha256"]:
             raise BundleError(f"{paths[name]}: sha256 mismatch (file changed or corrupt)")
@@ -114,14 +119,14 @@ def map_array(path: Path, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     return mapped.view(np.ndarray)  # plain ndarray (the map stays alive as its base)
 
 
-def _load_checked(version_dir: Path, verify_checksums: bool) -> dict:
+def _load_checked(version_dir: Path, verify_checksums: bool, hash_cache: HashCache | None = None) -> dict:
     """Manifest + file checks, retried while a concurrent add_bundle_files swaps files and manifest."""
     manifest_path = version_dir / MANIFEST_NAME
     for attempt in range(CONCURRENT_UPDATE_RETRIES + 1):
         before = _stat_key(manifest_path)
         manifest = load_manifest(version_dir)
         try:
-            check_files(version_dir, manifest, verify_checksums)
+            check_files(version_dir, manifest, verify_checksums, hash_cache)
             return manifest
         except BundleError:
             updating = (version_dir / JOURNAL_NAME).exists() or _stat_key(manifest_path) != before
@@ -251,14 +256,17 @@ def _map_items(path: Path):
         raise BundleError(f"{path}: cannot read items ({exc})") from None
 
 
-def open_bundle(path: str | Path | None = None, *, verify_checksums: bool = True) -> Bundle:
+def open_bundle(
+    path: str | Path | None = None, *, verify_checksums: bool = True, hash_cache: HashCache | None = None
+) -> Bundle:
     """Open a bundle version (a version dir, or an OUT dir via LATEST; None -> "bundles").
 
     Validates the manifest, refuses file names that leave the version dir, checks every listed file's size
     and, unless verify_checksums=False, its sha256; memory-maps the arrays (and items.parquet) after
     checking each header's dtype and shape against the manifest. Raises BundleError naming the file,
     InputError if `path` is missing or not a bundle. Opened through an OUT dir, a version pruned between
-    resolving LATEST and mapping its files is retried with the new LATEST.
+    resolving LATEST and mapping its files is retried with the new LATEST. `hash_cache`: the run's
+    HashCache (files it already hashed and that are unchanged are not hashed again).
     """
     for attempt in range(PRUNED_RETRIES + 1):
         try:
@@ -269,7 +277,7 @@ def open_bundle(path: str | Path | None = None, *, verify_checksums: bool = True
                 raise
             continue
         try:
-            return _open_version(version_dir, verify_checksums)
+            return _open_version(version_dir, verify_checksums, hash_cache)
         except BundleError:
             if attempt == PRUNED_RETRIES or not _moved_on(path, version_dir):
                 raise
@@ -294,9 +302,9 @@ def _moved_on(path: str | Path | None, version_dir: Path) -> bool:
         return False
 
 
-def _open_version(version_dir: Path, verify_checksums: bool) -> Bundle:
+def _open_version(version_dir: Path, verify_checksums: bool, hash_cache: HashCache | None = None) -> Bundle:
     try:
-        manifest = _load_checked(version_dir, verify_checksums)
+        manifest = _load_checked(version_dir, verify_checksums, hash_cache)
         specs = array_specs(manifest)
         arrays = {name: map_array(bundle_file(version_dir, name), *spec) for name, spec in specs.items()}
         items_source = _map_items(bundle_file(version_dir, manifest["leaves"]["files"]["items"]))

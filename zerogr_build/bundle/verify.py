@@ -4,6 +4,7 @@ file; success returns a report dict."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -13,35 +14,49 @@ import numpy as np
 
 from ..base.errors import BundleError
 from ..index.formats import bits_for
+from .files import HashCache
 from .format import JOURNAL_NAME, MANIFEST_NAME, SIGNATURE_NAME
 from .kernel_files import KERNEL_HEAD_BYTES, kernel_problem
 from .quality import QUALITY_DIR, load_quality, quality_key
 from .reader import Bundle, open_bundle
+from .verify_math import stable_argsort_keys
 
 _KERNEL_NAME = re.compile(r"^kernels/(sm_\d{2,3}[af]?)/[A-Za-z0-9_]+\.(cubin|ptx)$")
 
 
-def verify_bundle(path: str | Path | None = None, catalog: Any = None, *, checksums: bool = True) -> dict:
+def verify_bundle(
+    path: str | Path | None = None,
+    catalog: Any = None,
+    *,
+    checksums: bool = True,
+    hash_cache: HashCache | None = None,
+) -> dict:
     """Verify a bundle version completely (a version dir, or an OUT dir via LATEST).
 
     checksums: False skips hashing the files (sizes are still checked), for a caller that has just
     checked every sha256 itself (`pull` hashes each file as it streams it in).
+    hash_cache: the run's HashCache (bundle/files.py): a file this run hashed before and that has not
+    changed since (same inode, size, mtime and ctime) is not hashed again, and the structural checks of
+    the step and leaf files, once passed, are not run again while those files and the manifest fields
+    they read are unchanged. The catalog comparison, when asked for, always runs.
     catalog: a zerogr_build.catalog.Catalog (.sids [N, L] ints, .item_ids pyarrow Array in catalog row
     order, .codebook_sizes) to compare against, or None.
     Returns {"bundle", "version", "ok": True, "files", "bytes", "steps": [...], "leaves", "items",
     "catalog": None | {...}, "unlisted_files": [...]}.
     """
     # Through open_bundle, so an OUT dir whose LATEST moves on (and prunes) meanwhile is resolved again.
-    bundle = open_bundle(path, verify_checksums=checksums)
+    bundle = open_bundle(path, verify_checksums=checksums, hash_cache=hash_cache)
     version_dir = bundle.path
     manifest = bundle.manifest
+    structure = _structure_key(version_dir, manifest, hash_cache) if hash_cache is not None else None
+    already = hash_cache is not None and hash_cache.passed(structure)
     steps_report = []
     for table, entry in zip(bundle.index.steps, manifest["steps"], strict=True):
-        if table.format == "sparse":
+        if not already and table.format == "sparse":
             check_sparse_step(
                 table, version_dir / entry["files"]["indptr"], version_dir / entry["files"]["tokens"]
             )
-        else:
+        elif not already:
             check_dense_step(table, version_dir / entry["files"]["next"])
         steps_report.append(
             {
@@ -54,12 +69,14 @@ def verify_bundle(path: str | Path | None = None, catalog: Any = None, *, checks
             }
         )
     leaves = manifest["leaves"]
-    # A v2 bundle without an offsets file has identity offsets by construction (count == items, checked
-    # with the manifest); checking them again here costs nothing and keeps one code path for both.
-    offsets_path = leaf_map_path(version_dir, leaves)
-    check_leaf_offsets(np.asarray(bundle.index.leaf_offsets), leaves["items"], offsets_path)
-    items = bundle.items()
-    check_unique_items(items, version_dir / leaves["files"]["items"])
+    if not already:
+        # A v2 bundle without an offsets file has identity offsets by construction (count == items,
+        # checked with the manifest); checking them again here costs nothing and keeps one code path.
+        offsets_path = leaf_map_path(version_dir, leaves)
+        check_leaf_offsets(np.asarray(bundle.index.leaf_offsets), leaves["items"], offsets_path)
+        check_unique_items(bundle.items(), version_dir / leaves["files"]["items"])
+        if hash_cache is not None and _structure_key(version_dir, manifest, hash_cache) == structure:
+            hash_cache.record_pass(structure)  # the files were not changed while they were checked
     catalog_report = None
     if catalog is not None:
         catalog_report = check_against_catalog(bundle, catalog)
@@ -86,6 +103,16 @@ def verify_bundle(path: str | Path | None = None, catalog: Any = None, *, checks
         "kernels": kernels,
         "quality": quality,
     }
+
+
+def _structure_key(version_dir: Path, manifest: dict, hash_cache: HashCache) -> tuple:
+    """What the structural checks of a version read: the manifest fields that describe its step and leaf
+    files, and those files' identities (HashCache.identity)."""
+    fields = {k: manifest.get(k) for k in ("format", "format_version", "codebook_sizes", "steps", "leaves")}
+    names = [name for entry in manifest["steps"] for name in entry["files"].values()]
+    names += list(manifest["leaves"]["files"].values())
+    identities = tuple(hash_cache.identity(version_dir / name) for name in names)
+    return json.dumps(fields, sort_keys=True), identities
 
 
 def check_kernel_files(version_dir: Path, manifest: dict) -> list[str]:
@@ -302,8 +329,12 @@ def check_against_catalog(bundle: Bundle, catalog: Any) -> dict:
             )
 
     catalog_keys = sid_sort_keys(sids, sizes)
-    order = np.argsort(catalog_keys, kind="stable")
-    sorted_keys = catalog_keys[order]
+    if catalog_keys.dtype == np.uint64:  # linear-time radix sort, the same order as a stable argsort
+        bits = sum(_key_field_bits(sizes))
+        order, sorted_keys = stable_argsort_keys(catalog_keys, bits, overwrite=True)
+    else:
+        order = np.argsort(catalog_keys, kind="stable")
+        sorted_keys = catalog_keys[order]
     del catalog_keys
     starts = np.ones(sorted_keys.shape[0], dtype=bool)
     starts[1:] = sorted_keys[1:] != sorted_keys[:-1]
@@ -340,7 +371,7 @@ def check_against_catalog(bundle: Bundle, catalog: Any) -> dict:
     items = bundle.items()
     if items.type != item_ids.type:
         raise BundleError(f"{items_path}: item_id type {items.type}, catalog {item_ids.type}")
-    expected = item_ids.take(pa.array(order, type=pa.int64()))
+    expected = item_ids.take(pa.array(order))
     in_order = expected.equals(items)
     if not in_order:
         leaf_sorted = pa.array(np.cumsum(starts) - 1)

@@ -38,8 +38,11 @@ def diff(
     (matched by item id), and each version's items, distinct SIDs, share of items in shared SIDs, rows and
     fan-out per step (children per prefix: mean, p99, max), the first token's largest share and model tag.
 
-    Both item files are read in batches, and the matching holds about 512 MiB of ids and SIDs however many
-    items there are (more items take more passes over the files). `zerogr diff OUT OUT/v000008` compares a
+    Each version's item file is read once, in batches. The matching holds at most half of what a build of
+    the larger version holds at its peak (26 bytes per item, at least 256 MiB); when both versions' hashed
+    ids and SIDs need more, they are spilled in parts to a temporary dir in $TMPDIR (about 16 bytes per
+    item and version for 4-step SIDs, plus a string id's bytes; removed at the end) and matched one part
+    at a time (the guards spill next to the versions, in OUT). `zerogr diff OUT OUT/v000008` compares a
     new, unpromoted version with the one LATEST names, as the guards of `zerogr rebuild` do. --json prints
     one object whose top-level keys include items_added, items_removed and items_sid_changed.
     """

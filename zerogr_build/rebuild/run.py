@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..base.errors import InputError, ZerogrError
 from ..base.progress import NULL_PROGRESS, Progress
@@ -53,6 +53,9 @@ from .outcome import (
 from .preflight import DiskFull, check_push_target, disk_full_message, is_disk_full, make_room
 from .push import never_pushed, push_stage, renew_stage
 from .request import RebuildRequest, check_request, previous_version
+
+if TYPE_CHECKING:
+    from ..bundle.files import HashCache
 
 Log = Callable[[str], None]
 
@@ -281,19 +284,22 @@ def _after_build(
     progress: Progress,
     log: Log,
 ) -> None:
+    from ..bundle.files import HashCache
     from ..pipeline import verify_with_catalog
 
     vdir = result.version_dir
     assert vdir is not None
+    hashes = HashCache()  # each file hashed once in this run unless it changed (tune and gate add files)
     with stage("verify"):
-        if not _verify(lambda: verify_with_catalog(vdir, request.catalog), "verify", result, log):
+        check = lambda: verify_with_catalog(vdir, request.catalog, hash_cache=hashes)  # noqa: E731
+        if not _verify(check, "verify", result, log):
             return
     if request.guards is not None and not _guards(request, vdir, result, stage, progress, log):
         return
     with stage("tune"):
         tuned = _tune(request, vdir, previous, progress, log)
     with stage("verify"):
-        if not _verify(lambda: _verify_files(vdir), "verify after tune", result, log):
+        if not _verify(lambda: _verify_files(vdir, hashes), "verify after tune", result, log):
             return
     gate_failed = False
     if request.gate is not None:
@@ -312,7 +318,7 @@ def _after_build(
         else:
             log(f"quality gate passed for {gated.model_tag}: filter_first recorded")
         with stage("verify"):
-            if not _verify(lambda: _verify_files(vdir), "verify after the gate", result, log):
+            if not _verify(lambda: _verify_files(vdir, hashes), "verify after the gate", result, log):
                 return
     try:
         with stage("promote"):
@@ -359,10 +365,10 @@ def _guards(
     return True
 
 
-def _verify_files(vdir: Path) -> None:
+def _verify_files(vdir: Path, hashes: HashCache) -> None:
     from ..bundle import verify_bundle
 
-    verify_bundle(vdir)
+    verify_bundle(vdir, hash_cache=hashes)
 
 
 def _verify(check: Callable[[], Any], what: str, result: RebuildResult, log: Log) -> bool:
