@@ -322,8 +322,9 @@ window.addEventListener("load", () => {
 
 @needs_browser
 def test_the_report_renders_in_chromium(rebuilt, tmp_path: Path) -> None:
-    """Headless Chromium lays the page out (its five tables, every plot with a width, nothing wider than the
-    window) and screenshots it (written to the test's temp dir for a human to look at)."""
+    """Headless Chromium lays the page out (its six tables, the rebuild runs' included, every plot with a
+    width, nothing wider than the window) and screenshots it (written to the test's temp dir for a human to
+    look at)."""
     pytest.importorskip("matplotlib")
     page = report_html(rebuilt["out"])
     probed = tmp_path / "probed.html"  # the probe is a script: the page's own policy would block it
@@ -333,7 +334,7 @@ def test_the_report_renders_in_chromium(rebuilt, tmp_path: Path) -> None:
     found = re.search(r'data-probe="([^"]*)"', done.stdout)
     assert found, done.stderr[-2000:]
     probe = json.loads(found.group(1).replace("&quot;", '"'))
-    assert probe["tables"] == 5 and len(probe["svgs"]) == 5 and min(probe["svgs"]) > 200, probe
+    assert probe["tables"] == 6 and len(probe["svgs"]) == 5 and min(probe["svgs"]) > 200, probe
     assert not probe["wide"], "the page is wider than the window"
     (tmp_path / "report.html").write_text(page)
     png = tmp_path / "report.png"

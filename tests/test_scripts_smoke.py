@@ -84,6 +84,10 @@ SMOKE: dict[str, tuple[Smoke, ...] | str] = {
     # The GPU run itself needs a device (gpu_check.sh is the device check); without one: valid bash, and
     # every embedded Python part compiles and imports.
     "gpu_check.sh": "tests/test_gpu_check_script.py::test_gpu_check_python_parts_compile_and_import",
+    # The image build needs podman and minutes: .ci/run runs it after the main suite (marked slow, image).
+    "build_image.sh": (
+        "tests/test_container_image.py::test_the_image_builds_runs_as_non_root_and_passes_its_smoke_test"
+    ),
 }  # fmt: skip
 
 
