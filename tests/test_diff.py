@@ -15,7 +15,7 @@ import pyarrow as pa
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from zerogr_build.bundle import diff_math as dm
+from zerogr_build.bundle import id_match as im
 from zerogr_build.bundle import publish_bundle
 from zerogr_build.bundle.diff import diff_versions
 from zerogr_build.bundle.diff_math import fanout, rank_right
@@ -241,17 +241,17 @@ def test_join_slots_counts_common_and_changed_ids_exactly(data, strings, seed, b
             b_keys[row] = shared[i]
     if strings:
         a_bytes, b_bytes = _as_strings(a_ids), _as_strings(b_ids)
-        a_hash, b_hash = dm.hash_byte_ids(*a_bytes, seed), dm.hash_byte_ids(*b_bytes, seed)
+        a_hash, b_hash = im.hash_byte_ids(*a_bytes, seed), im.hash_byte_ids(*b_bytes, seed)
     else:
         a_bytes = b_bytes = None
-        a_hash = dm.hash_int_ids(np.array(a_ids, dtype=np.int64), seed)
-        b_hash = dm.hash_int_ids(np.array(b_ids, dtype=np.int64), seed)
-    a = dm.slot_table(a_hash, a_keys, bits, with_index=strings)
-    b = dm.slot_table(b_hash, b_keys, bits, with_index=strings)
-    got = dm.join_slots(a, b, a_bytes=a_bytes, b_bytes=b_bytes, pairs_limit=pairs_limit)
+        a_hash = im.hash_int_ids(np.array(a_ids, dtype=np.int64), seed)
+        b_hash = im.hash_int_ids(np.array(b_ids, dtype=np.int64), seed)
+    a = im.slot_table(a_hash, a_keys, bits, with_index=strings)
+    b = im.slot_table(b_hash, b_keys, bits, with_index=strings)
+    got = im.join_slots(a, b, a_bytes=a_bytes, b_bytes=b_bytes, pairs_limit=pairs_limit)
     want = _reference(a_ids, b_ids, a_keys, b_keys)
     assert (got.common, got.changed) == want
-    grouped = dm.match_part(a_hash, a_keys, b_hash, b_keys, a_bytes=a_bytes, b_bytes=b_bytes)
+    grouped = im.match_part(a_hash, a_keys, b_hash, b_keys, a_bytes=a_bytes, b_bytes=b_bytes)
     assert (grouped.common, grouped.changed) == want
 
 
@@ -269,9 +269,9 @@ def test_join_slots_compares_colliding_string_ids_byte_for_byte(a_ids, b_ids, bu
     b_hash = np.array([len(i) % buckets for i in b_ids], dtype=np.uint64)
     a_keys = np.array([[len(i) % 2] for i in a_ids], dtype=np.uint64).reshape(-1, 1)
     b_keys = np.array([[i.count(b"a") % 2] for i in b_ids], dtype=np.uint64).reshape(-1, 1)
-    a = dm.slot_table(a_hash, a_keys, 1, with_index=True)
-    b = dm.slot_table(b_hash, b_keys, 1, with_index=True)
-    got = dm.join_slots(a, b, a_bytes=a_bytes, b_bytes=b_bytes, pairs_limit=pairs_limit)
+    a = im.slot_table(a_hash, a_keys, 1, with_index=True)
+    b = im.slot_table(b_hash, b_keys, 1, with_index=True)
+    got = im.join_slots(a, b, a_bytes=a_bytes, b_bytes=b_bytes, pairs_limit=pairs_limit)
     assert (got.common, got.changed) == _reference(a_ids, b_ids, a_keys, b_keys)
 
 
@@ -280,11 +280,11 @@ def test_join_slots_compares_colliding_string_ids_byte_for_byte(a_ids, b_ids, bu
 def test_hash_int_ids_is_one_to_one_and_parts_split_by_its_top_bits(ids, seed):
     """Distinct ids keep distinct hashes under any seed (the matching of integer ids relies on it), and
     part_of is the hash's top bits."""
-    hashes = dm.hash_int_ids(np.array(ids, dtype=np.int64), seed)
+    hashes = im.hash_int_ids(np.array(ids, dtype=np.int64), seed)
     assert len(set(hashes.tolist())) == len(ids)
     for bits in (0, 1, 7, 16):
         want = [h >> (64 - bits) if bits else 0 for h in hashes.tolist()]
-        assert dm.part_of(hashes, bits).tolist() == want
+        assert im.part_of(hashes, bits).tolist() == want
 
 
 def test_a_diff_spills_each_version_once_into_parts(tmp_path, monkeypatch):

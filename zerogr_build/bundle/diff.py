@@ -10,7 +10,7 @@ peak), they are matched in memory. Otherwise each batch is split into 2^k parts 
 hash and appended to that part's spill files (a temporary dir, removed at the end), and then the parts
 are matched one at a time: the same id lands in the same part in both versions. Matching a part groups
 each side into slots by the hash's low bits and walks the two sides' slots in step (linear time). The
-arithmetic is diff_math's.
+arithmetic is diff_math's and id_match's.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import pyarrow as pa
 from ..base.errors import BundleError
 from ..base.progress import NULL_PROGRESS, Progress
 from . import diff_math as dm
+from . import id_match as im
 from .format import ITEM_COLUMN
 from .reader import Bundle, open_bundle
 
@@ -255,10 +256,10 @@ def diff_versions(
                     match.spill(side, Path(tmp) / name) for side, name in zip(sides, "ab", strict=True)
                 ]
                 progress.stage("diff: match", 1 << part_bits)
-                counts = dm.MatchCounts(0, 0)
+                counts = im.MatchCounts(0, 0)
                 for k in range(1 << part_bits):
                     got = match.join(*(match.load(where, k) for where in spilled))
-                    counts = dm.MatchCounts(counts.common + got.common, counts.changed + got.changed)
+                    counts = im.MatchCounts(counts.common + got.common, counts.changed + got.changed)
                     progress.advance(1)
         common, changed = counts.common, counts.changed
         if layout is None:
@@ -328,9 +329,9 @@ class _Match:
             strings = None
             if self.kind == "bytes":
                 strings = _byte_buffers(ids.cast(pa.large_binary()))
-                hashes = dm.hash_byte_ids(*strings, self.seed)
+                hashes = im.hash_byte_ids(*strings, self.seed)
             else:
-                hashes = dm.hash_int_ids(_int_values(ids, self.kind), self.seed)
+                hashes = im.hash_int_ids(_int_values(ids, self.kind), self.seed)
             if self.layout is not None:
                 keys = dm.item_keys(
                     side.starts, side.tokens, side.offsets, self.layout, first, first + len(ids)
@@ -355,7 +356,7 @@ class _Match:
                 [stack.enter_context(open(where / f"{k}.{n}", "wb")) for n in names] for k in range(parts)
             ]
             for batch in self.batches(side):
-                part = dm.part_of(batch.hashes, self.part_bits)
+                part = im.part_of(batch.hashes, self.part_bits)
                 order = np.argsort(part, kind="stable")
                 bounds = np.searchsorted(part[order], np.arange(parts + 1), side="left")
                 hashes, keys = batch.hashes[order], batch.keys[order]
@@ -387,9 +388,9 @@ class _Match:
             strings = (offsets, np.fromfile(where / f"{k}.data", dtype=np.uint8))
         return _Part(hashes, keys, strings)
 
-    def join(self, a: _Part, b: _Part) -> dm.MatchCounts:
-        """The two versions' ids of one part matched (diff_math.match_part)."""
-        return dm.match_part(a.hashes, a.keys, b.hashes, b.keys, a_bytes=a.strings, b_bytes=b.strings)
+    def join(self, a: _Part, b: _Part) -> im.MatchCounts:
+        """The two versions' ids of one part matched (id_match.match_part)."""
+        return im.match_part(a.hashes, a.keys, b.hashes, b.keys, a_bytes=a.strings, b_bytes=b.strings)
 
 
 def _concat(batches: list[_Part], words: int) -> _Part:

@@ -360,7 +360,7 @@ class Follower:
             "zerogr follow %s: serving %s (version %s, loaded in %.2f s)",
             printable(self.out), printable(new.path.name), _version_number(new), new.load_seconds,
         )  # fmt: skip
-        fallback = _plan_fallback(new)
+        fallback = new.plan_fallback
         if fallback is not None:  # served, but not as tuned: the log says why, once per version
             log.warning("zerogr follow: %s: %s", printable(new.path.name), printable(fallback))
         return True
@@ -403,16 +403,6 @@ class Follower:
         live = self._hotswap.current
         keeping = f"still serving {live.path.name}" if live is not None else "nothing is served yet"
         log.error("zerogr follow: not loaded: %s (%s)", printable(message), printable(keeping))
-
-
-def _plan_fallback(live: LiveVersion) -> str | None:
-    """The Decoder's line on why it follows no tuned plan (Decoder.plan_fallback), for a version loaded
-    by HotSwap.for_decoder; None otherwise."""
-    value = live.value
-    if not (isinstance(value, tuple) and len(value) == 2):
-        return None
-    fallback = getattr(value[1], "plan_fallback", None)
-    return fallback if isinstance(fallback, str) else None
 
 
 def follow(

@@ -62,6 +62,15 @@ class LiveVersion:
     def version(self) -> int | None:
         return getattr(self.bundle, "version", None) if isinstance(self.value, tuple) else None
 
+    @property
+    def plan_fallback(self) -> str | None:
+        """The decoder's line on why it follows no tuned plan (Decoder.plan_fallback), for a version loaded
+        by HotSwap.for_decoder; None otherwise."""
+        if not (isinstance(self.value, tuple) and len(self.value) == 2):
+            return None
+        fallback = getattr(self.value[1], "plan_fallback", None)
+        return fallback if isinstance(fallback, str) else None
+
 
 Loader = Callable[..., Any]
 """loader(path: Path, *, low_priority: bool, **kwargs) -> value"""
