@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -309,3 +310,35 @@ def test_a_diff_spills_each_version_once_into_parts(tmp_path, monkeypatch):
     assert sorted(reads) == ["v000001", "v000002"]
     assert (got.items_common, got.items_added, got.items_removed) == (300, 100, 100)
     assert list(spill.iterdir()) == []
+
+
+def test_a_spill_left_in_out_by_a_killed_diff_is_swept_as_a_stale_temp(tmp_path, monkeypatch):
+    """The guards spill into OUT: a process killed mid-diff leaves its spill dir there, and it is named so
+    that the OUT's stale-temp sweep (run by every writer holding the OUT lock) removes it once stale."""
+    import os
+    import time
+
+    from zerogr_build.bundle import diff as diff_module
+    from zerogr_build.bundle.lock import UNCLAIMED_TEMP_MAX_AGE_S, remove_stale_temps
+
+    rng = np.random.default_rng(4)
+    out = tmp_path / "out"
+    old = publish(out, list(range(300)), rng.integers(0, 4, (300, 2)), (4, 4), "m")
+    new = publish(out, list(range(50, 350)), rng.integers(0, 4, (300, 2)), (4, 4), "m")
+    seen: list[str] = []
+
+    def killed(self, side, where):  # the process dies while the first version spills
+        seen.extend(p.name for p in out.iterdir() if p.is_dir() and not p.name.startswith("v"))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(diff_module._Match, "spill", killed)
+    with pytest.raises(KeyboardInterrupt):
+        diff_versions(old, new, memory_bytes=2000, batch_rows=64, spill_dir=out)
+    assert len(seen) == 1 and seen[0].startswith(diff_module.SPILL_PREFIX)
+    left = out / seen[0]
+    left.mkdir(exist_ok=True)  # what a kill -9 leaves (TemporaryDirectory's clean-up never ran)
+    assert remove_stale_temps(out) == []  # a live diff's spill is never taken
+    stale = time.time() - UNCLAIMED_TEMP_MAX_AGE_S - 60
+    os.utime(left, (stale, stale))
+    assert remove_stale_temps(out) == [seen[0]] and not left.exists()
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("v")) == ["v000001", "v000002"]

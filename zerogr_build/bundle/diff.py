@@ -31,8 +31,10 @@ from ..base.errors import BundleError
 from ..base.progress import NULL_PROGRESS, Progress
 from . import diff_math as dm
 from . import id_match as im
-from .format import ITEM_COLUMN
+from .format import ITEM_COLUMN, TEMP_PREFIX
 from .reader import Bundle, open_bundle
+
+SPILL_PREFIX = TEMP_PREFIX + "diff-"  # a spill dir in OUT is a temp the stale-temp sweep knows
 
 #: What an in-memory build holds at its peak per item (docs/scaling.md: 26-27 B/item at 100M items, L=4).
 #: The matching takes half of that for the larger version (matching_budget), so a diff or the guards never
@@ -236,7 +238,9 @@ def diff_versions(
     counts, each version's items read once. The matching holds about `memory_bytes` (None:
     matching_budget of the larger version); more items than that are spilled, split into parts, to a
     temporary dir in `spill_dir` (None: the system's temporary dir, $TMPDIR), removed before this
-    returns. Raises BundleError for a damaged version, InputError for a path that is not one."""
+    returns. Its name is SPILL_PREFIX + random: in an OUT dir, one a killed process left is a stale temp
+    that the next writer holding the OUT lock removes (lock.remove_stale_temps, after an hour). Raises
+    BundleError for a damaged version, InputError for a path that is not one."""
     old, new = _Version(old_dir), _Version(new_dir)
     layout = dm.KeyLayout.common(old.sizes, new.sizes)
     kind = _id_kind(old.id_type(), new.id_type())
@@ -250,7 +254,7 @@ def diff_versions(
             progress.stage("diff", old.items + new.items)
             counts = match.join(*(match.in_memory(side) for side in sides))
         else:
-            with tempfile.TemporaryDirectory(prefix=".zerogr-diff-", dir=spill_dir) as tmp:
+            with tempfile.TemporaryDirectory(prefix=SPILL_PREFIX, dir=spill_dir) as tmp:
                 progress.stage(f"diff: spill {1 << part_bits} parts", old.items + new.items)
                 spilled = [
                     match.spill(side, Path(tmp) / name) for side, name in zip(sides, "ab", strict=True)
