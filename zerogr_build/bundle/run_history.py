@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 import stat
 from collections.abc import Iterable, Mapping
@@ -132,15 +131,3 @@ def record_end(out: str | os.PathLike, run: Mapping[str, Any]) -> None:
     if not found:
         runs.append({**run, "status": "ended"})
     write_runs(out, runs)
-
-
-def finite(value: Any) -> float | None:
-    """`value` as a float when it is a real number a float holds; None otherwise (bools, None, NaN, ints
-    past ~1.8e308, strings)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None

@@ -55,6 +55,7 @@ from typing import Any
 
 import typer
 
+from ..base.numbers import finite
 from ..base.printable import safe_text
 from ._signals import Received, interrupt_exit_code, run_ended, signal_name, signals_as_interrupts
 
@@ -248,18 +249,6 @@ class JobMetrics:
             for key, value in series.items():
                 g.labels(job=self.job, **dict(key)).set(value)
         replace_regular_file(self.path, generate_latest(registry))
-
-
-def finite(value: object) -> float | None:
-    """`value` as a float when it is a real number a float holds (an int past ~1.8e308, say a version
-    number read off a store, overflows); None otherwise (a bool, None, NaN, anything else)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 class NotARegularFile(OSError):

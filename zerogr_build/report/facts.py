@@ -10,7 +10,6 @@ an `error` string on its row, never an exception that loses the page.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import ZerogrError
+from ..base.numbers import finite
 from ..bundle.versions import read_latest, version_dirs
 
 
@@ -155,7 +155,7 @@ def _read_version(version_dir: Path, latest: bool) -> VersionFacts:
         items=bundle.index.num_items,
         distinct_sids=bundle.index.num_leaves,
         items_in_shared_sids=shared_items(bundle.index.leaf_offsets),
-        index_bytes=_number(manifest.get("index_bytes")),
+        index_bytes=finite(manifest.get("index_bytes")),
         steps=tuple(
             StepFacts(s["step"], s["format"], s["rows"], s["nnz"], s["max_slots"]) for s in manifest["steps"]
         ),
@@ -179,7 +179,7 @@ def plan_facts(bundle: Any, device_key: str) -> PlanFacts:
     source = reused.get("bundle_version") if isinstance(reused, Mapping) else None
     return PlanFacts(
         device_key,
-        tune_seconds=None if source is not None else _number(plan.data.get("tune_seconds")),
+        tune_seconds=None if source is not None else finite(plan.data.get("tune_seconds")),
         reused_from=source
         if isinstance(source, int) and not isinstance(source, bool) and 0 < source < 10**9
         else None,
@@ -217,7 +217,7 @@ def guard_facts(recorded: Any) -> tuple[GuardFacts, ...]:
         if name is None:
             continue
         fired = entry.get("fired") is True
-        facts.append(GuardFacts(name, fired, _number(entry.get("value")), _number(entry.get("threshold"))))
+        facts.append(GuardFacts(name, fired, finite(entry.get("value")), finite(entry.get("threshold"))))
     return tuple(facts)
 
 
@@ -239,20 +239,8 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _number(value: Any) -> float | None:
-    """A finite real number from an informational field (as a float), else None: whatever its type or size
-    (an int past ~1.8e308 overflows a float: None)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _seconds(value: Any) -> dict[str, float]:
     """{stage: seconds} of a recorded timings object, finite non-negative numbers only."""
     if not isinstance(value, Mapping):
         return {}
-    return {str(k): float(v) for k, v in value.items() if (n := _number(v)) is not None and n >= 0}
+    return {str(k): float(v) for k, v in value.items() if (n := finite(v)) is not None and n >= 0}

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..bundle.run_history import finite, read_runs
+from ..base.numbers import finite
+from ..bundle.run_history import read_runs
 
 DEFAULT_RUNS = 20
 #: What a rebuild exit code tells a scheduler (`zerogr rebuild --help` has the full text).
