@@ -20,7 +20,7 @@ from collections.abc import Sequence
 PREFIX = "zerogr"
 LAST_SUCCESS = f"{PREFIX}_job_last_success_timestamp_seconds"
 CONSECUTIVE_FAILURES = f"{PREFIX}_job_consecutive_failures"
-#: The fleet's last known view, carried over as cli/_metrics.py does (its FLEET_GAUGES): name -> help.
+#: The fleet's last known view, carried over by every metrics file (cli/_metrics.py too): name -> help.
 FLEET_GAUGES = {
     "metadata_expires_timestamp_seconds": "When the fleet's signed timestamp expires (unix seconds): hosts "
     "refuse it from then on.",

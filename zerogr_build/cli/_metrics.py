@@ -57,9 +57,9 @@ import typer
 
 from ..base.numbers import finite
 from ..base.printable import safe_text
+from ._early_metrics import CONSECUTIVE_FAILURES, FLEET_GAUGES, LAST_SUCCESS, PREFIX
 from ._signals import Received, interrupt_exit_code, run_ended, signal_name, signals_as_interrupts
 
-PREFIX = "zerogr"
 BUNDLE_GAUGES = {
     "items": "Items in the bundle's catalog.",
     "distinct_sids": "Distinct SIDs (leaves) in the bundle.",
@@ -69,15 +69,6 @@ BUNDLE_GAUGES = {
     "remote_version": "The fleet's number for the version a push published (the same as version, except "
     "for versions pushed before the numbers were one).",
 }
-FLEET_GAUGES = {
-    "metadata_expires_timestamp_seconds": "When the fleet's signed timestamp expires (unix seconds): hosts "
-    "refuse it from then on.",
-    "latest_version": "The version the fleet's signed metadata names as LATEST.",
-    "latest_seen_timestamp_seconds": "When that LATEST was read off the fleet's signed metadata (unix "
-    "seconds).",
-}
-LAST_SUCCESS = f"{PREFIX}_job_last_success_timestamp_seconds"
-CONSECUTIVE_FAILURES = f"{PREFIX}_job_consecutive_failures"
 #: The mode of every metrics file, whatever the umask: node_exporter runs as another user.
 METRICS_FILE_MODE = 0o644
 
