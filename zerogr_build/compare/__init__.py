@@ -41,40 +41,65 @@ NDCG@K, top-K item lists), `report` (CompareReport), `tables` (the report as ric
 
 from __future__ import annotations
 
-from ..runtime.decoder import ORDERS
-from .gate import (
-    GateDecision,
-    GateOutcome,
-    GateThresholds,
-    decide,
-    quality_document,
-    record_quality,
-    run_gate,
-)
-from .inputs import (
-    DEFAULT_KS,
-    ModelFn,
-    Requests,
-    TokenRequests,
-    beam_width_for,
-    load_model_fn,
-    parse_ks,
-    read_requests,
-    read_token_requests,
-)
-from .measure import (
-    CONSTRAINED,
-    MASS_CHUNK,
-    Search,
-    StepMass,
-    compare_orders,
-    compare_searches,
-    invalid_mass,
-    model_fn_search,
-    run_compare,
-    valid_token_mask,
-)
-from .report import CompareReport
+import importlib
+from typing import Any
+
+#: Each public name and the module that defines it. Imported on first use, so a process that only needs
+#: `inputs` (the rebuild's set-up checks) does not import torch through `measure` and the runtime.
+_WHERE = {
+    "ORDERS": "..runtime.decoder",
+    **dict.fromkeys(
+        (
+            "GateDecision",
+            "GateOutcome",
+            "GateThresholds",
+            "decide",
+            "quality_document",
+            "record_quality",
+            "run_gate",
+        ),
+        ".gate",
+    ),
+    **dict.fromkeys(
+        (
+            "DEFAULT_KS",
+            "ModelFn",
+            "Requests",
+            "TokenRequests",
+            "beam_width_for",
+            "load_model_fn",
+            "parse_ks",
+            "read_requests",
+            "read_token_requests",
+        ),
+        ".inputs",
+    ),
+    **dict.fromkeys(
+        (
+            "CONSTRAINED",
+            "MASS_CHUNK",
+            "Search",
+            "StepMass",
+            "compare_orders",
+            "compare_searches",
+            "invalid_mass",
+            "model_fn_search",
+            "run_compare",
+            "valid_token_mask",
+        ),
+        ".measure",
+    ),
+    "CompareReport": ".report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CONSTRAINED",
