@@ -75,7 +75,36 @@ def row_extent(step: SparseStepTensors, rows: torch.Tensor) -> tuple[torch.Tenso
 
 
 def fill_slots(step: SparseStepTensors, start: torch.Tensor, count: torch.Tensor, width: int) -> torch.Tensor:
-    """int32 [R, width]: slot k of beam r holds tokens[start[r] + k] for k < count[r], else -1."""
+    """int32 [R, width]: slot k of beam r holds tokens[start[r] + k] for k < count[r], else -1.
+
+    On the CPU one serial numba pass (_fill_kernel.fill_slot_rows); elsewhere the torch expression below,
+    which is its reference."""
+    assert step.tokens is not None
+    if _fills_on_cpu(step.tokens, start, count):
+        from ._fill_kernel import fill_slot_rows
+
+        out = torch.empty((start.shape[0], width), dtype=torch.int32)
+        fill_slot_rows(
+            step.tokens.numpy(), start.contiguous().numpy(), count.contiguous().numpy(), out.numpy()
+        )
+        return out
+    return fill_slots_torch(step, start, count, width)
+
+
+def _fills_on_cpu(tokens: torch.Tensor, start: torch.Tensor, count: torch.Tensor) -> bool:
+    """Whether fill_slots takes the numba kernel: CPU tensors of the kernel's dtypes."""
+    return (
+        start.device.type == "cpu"
+        and tokens.dtype == torch.int32
+        and tokens.is_contiguous()
+        and start.dtype == count.dtype == torch.int64
+    )
+
+
+def fill_slots_torch(
+    step: SparseStepTensors, start: torch.Tensor, count: torch.Tensor, width: int
+) -> torch.Tensor:
+    """fill_slots in torch ops (every device)."""
     assert step.tokens is not None
     rank = torch.arange(width, device=start.device)
     used = rank[None, :] < count[:, None]
