@@ -361,7 +361,12 @@ def bench_tails(index, sizes, args, device) -> list[str]:
         f"# tails: {args.tails} searches per row, interleaved; ms per step (the decoder's step alone) and "
         "per whole search (step function and finish included)"
     )
-    return [head, *tail_lines(samples, dec.num_steps)]
+    fast, slow = (samples[label]["search"] for label, *_ in TAIL_ROWS)
+    ratios = ", ".join(
+        f"p{p:g} {np.percentile(slow, p) / np.percentile(fast, p):.2f}x" for p in TAIL_PERCENTILES
+    )
+    ratio_line = f"whole search, {TAIL_ROWS[1][0]} / {TAIL_ROWS[0][0]} at the same percentile: {ratios}"
+    return [head, *tail_lines(samples, dec.num_steps), ratio_line]
 
 
 NEIGHBOUR_CODE = """
