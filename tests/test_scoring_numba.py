@@ -81,6 +81,37 @@ def test_contract_matches_fp64_brute_force(
     check(selective_numba.selective_log_softmax(hidden, weight, bias, slot_tokens), want_logp, atol)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(0, 9),  # rows
+    st.sampled_from([0, 1, 5, 64]),  # slots
+    st.integers(1, 40),  # dim
+    st.integers(1, 30),  # vocab
+    st.booleans(),  # bias
+    st.sampled_from(sorted(DTYPES)),
+    st.integers(0, 2**31 - 1),
+)
+def test_totals_are_bit_for_bit_the_beam_scores_plus_the_log_softmax(
+    rows, slots, dim, vocab, with_bias, dtype, seed
+):
+    """log_softmax_totals (the add inside the kernel) == torch's beam_scores[:, None] + log-softmax, bit for
+    bit: the decoder's filter-first beams stay what they were. Beam scores include -inf (padded beams)."""
+    g = torch.Generator().manual_seed(seed)
+    tdt = DTYPES[dtype]
+    hidden = torch.randn(rows, dim, generator=g).to(tdt)
+    weight = torch.randn(vocab, dim, generator=g).to(tdt)
+    bias = torch.randn(vocab, generator=g).to(tdt) if with_bias else None
+    slot_tokens = torch.randint(-2, vocab + 2, (rows, slots), generator=g, dtype=torch.int32)
+    beam_scores = torch.randn(rows, generator=g) * 30
+    beam_scores[torch.rand(rows, generator=g) < 0.2] = float("-inf")
+    want = beam_scores[:, None] + selective_numba.selective_log_softmax(hidden, weight, bias, slot_tokens)
+    got = selective_numba.log_softmax_totals(hidden, weight, bias, slot_tokens, beam_scores)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # same bits (-inf included)
+    with pytest.raises(ValueError, match="beam_scores"):
+        selective_numba.log_softmax_totals(hidden, weight, bias, slot_tokens, beam_scores[:-1].double())
+
+
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 def test_heavy_and_empty_rows_agree_with_the_torch_reference(dtype):
     """Realistic sizes (V=4096, d=128, K=1500): heavy rows, empty rows, slots filled from the front or

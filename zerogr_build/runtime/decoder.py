@@ -391,23 +391,27 @@ class Decoder(ConstrainedDecoding):
             lse = torch.logsumexp(logits, dim=1) if own_lse else log_normalizer.clone()
             lse = lse.masked_fill_(state.rows < 0, 0.0)
 
-        def log_probs(rows: torch.Tensor | None, slot_tokens: torch.Tensor) -> torch.Tensor:
-            """Per-order log-probabilities fp32 [n, width] of the slots of beams `rows` (None = all)."""
+        def totals(rows: torch.Tensor | None, slot_tokens: torch.Tensor) -> torch.Tensor:
+            """Beam totals fp32 [n, width] of beams `rows` (None = all): their scores plus their slots'
+            per-order log-probabilities."""
             h = hidden if rows is None else hidden[rows]
+            scores = state.scores if rows is None else state.scores[rows]
             sub = None if logits is None else (logits if rows is None else logits[rows])
             if state.order == "filter_first":
+                if scoring.log_softmax_totals is not None:  # the add inside the kernel's pass
+                    return scoring.log_softmax_totals(h, weight, bias, slot_tokens, scores)
                 if scoring.uses_full_logits:
-                    return masked_log_softmax(read_slots(sub, slot_tokens))
-                return scoring.selective_log_softmax(h, weight, bias, slot_tokens)
+                    return scores[:, None] + masked_log_softmax(read_slots(sub, slot_tokens))
+                return scores[:, None] + scoring.selective_log_softmax(h, weight, bias, slot_tokens)
             raw = (
                 read_slots(sub, slot_tokens)
                 if scoring.uses_full_logits
                 else scoring.selective_scores(h, weight, bias, slot_tokens)
             )
             assert lse is not None
-            return raw - (lse if rows is None else lse[rows])[:, None]
+            return scores[:, None] + (raw - (lse if rows is None else lse[rows])[:, None])
 
-        main = (state.scores[:, None] + log_probs(None, main_tokens)).view(b, per * k)
+        main = totals(None, main_tokens).view(b, per * k)
         lanes = plan_lanes(heavy, count, k, table.max_slots, static=self.static_shapes)
         if lanes.count:
             assert lanes.beam is not None
@@ -417,7 +421,7 @@ class Decoder(ConstrainedDecoding):
             lane_tokens = mask_slots(
                 state.constraints, table, lane_tokens, start[lane_beam], lane_count, state.batch[lane_beam]
             )
-            lane_totals = state.scores[lane_beam][:, None] + log_probs(lane_beam, lane_tokens)
+            lane_totals = totals(lane_beam, lane_tokens)
             keep = min(m, lanes.width)
             lane_values, lane_slot = torch.topk(lane_totals, keep, dim=1, sorted=False)
             extra = lanes.per_request(lane_values, state.batch[lane_beam], b)

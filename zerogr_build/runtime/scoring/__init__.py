@@ -41,6 +41,9 @@ class ScoringMode:
     uses_full_logits: bool
     device_types: tuple[str, ...]
     usable: Callable[[torch.device], bool] | None = None  # per-device check (None: every such device)
+    # Optional: (hidden, weight, bias, slot_tokens, beam_scores fp32 [R]) -> beam_scores[:, None] +
+    # selective_log_softmax(...), bit for bit, in one pass (the filter-first step's beam totals).
+    log_softmax_totals: Callable[..., torch.Tensor] | None = None
 
 
 _BUILTIN: dict[str, ScoringMode] = {
@@ -60,6 +63,7 @@ _BUILTIN: dict[str, ScoringMode] = {
         selective_numba.selective_log_softmax,
         False,
         ("cpu",),
+        log_softmax_totals=selective_numba.log_softmax_totals,
     ),
 }
 

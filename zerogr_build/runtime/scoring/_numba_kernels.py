@@ -94,6 +94,13 @@ def _widen_impl(raw):
     return None
 
 
+@njit(cache=True)
+def _plus(a: np.float32, b: np.float32) -> np.float32:
+    """a + b as IEEE says: a function of its own, compiled without the kernel's fast-math flags (numba
+    inlining would give it them), so the add is exactly torch's fp32 add."""
+    return a + b
+
+
 @njit(cache=True, parallel=True, fastmath=_FASTMATH)
 def score_slots(
     hidden: np.ndarray,
@@ -103,6 +110,7 @@ def score_slots(
     slot_tokens: np.ndarray,
     vocab: int,
     log_softmax: bool,
+    beam_scores: np.ndarray,
     out: np.ndarray,
 ) -> None:
     """Write each slot's score (or each row's log-softmax over its valid slots) into `out`, in place.
@@ -117,6 +125,8 @@ def score_slots(
         vocab: V, the number of weight rows.
         log_softmax: False: out[r, k] = hidden[r] . weight[tok] + bias[tok]; True: those scores
             log-softmaxed over row r's valid slots.
+        beam_scores: float32, added to every slot of row r last (beam_scores[r] + out[r, k], the fp32 add
+            torch's `beam_scores[:, None] + out` makes); empty = nothing added. Shape: (R,) or (0,).
         out: float32, -inf at empty slots (a row without valid slots is all -inf, never NaN).
             Shape: (R, K).
 
@@ -126,6 +136,7 @@ def score_slots(
     rows, slots = slot_tokens.shape
     dim = hidden.shape[1]
     has_bias = bias.shape[0] > 0
+    has_scores = beam_scores.shape[0] > 0
     neg_inf = np.float32(-np.inf)
     for r in prange(rows):
         h = hidden[r]
@@ -158,3 +169,7 @@ def score_slots(
             if np.isfinite(lse):
                 for k in range(slots):
                     out[r, k] -= lse
+        if has_scores:
+            score = beam_scores[r]
+            for k in range(slots):
+                out[r, k] = _plus(score, out[r, k])

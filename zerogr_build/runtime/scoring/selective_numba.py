@@ -45,6 +45,7 @@ _RAW_VIEW = {torch.float32: None, torch.bfloat16: np.uint16, torch.float16: np.i
 """numpy element type the kernel reads each weight dtype as (None: the fp32 values themselves)."""
 
 _WARM_LOCK = threading.Lock()
+_NO_SCORES = np.zeros(0, dtype=np.float32)
 
 PARALLEL_MIN_WORK = 1 << 22
 """Calls with fewer multiply-adds than this (R * K * d, counting empty slots too) run on one thread: waking
@@ -121,8 +122,15 @@ def _run(
     bias: torch.Tensor | None,
     slot_tokens: torch.Tensor,
     log_softmax: bool,
+    beam_scores: torch.Tensor | None = None,
 ) -> torch.Tensor:
     _check(hidden, weight, bias, slot_tokens)
+    if beam_scores is not None and (
+        beam_scores.dtype != torch.float32 or beam_scores.shape != (len(hidden),)
+    ):
+        raise ValueError(
+            f"beam_scores must be float32 [{len(hidden)}], got {beam_scores.dtype} {tuple(beam_scores.shape)}"
+        )
     rows, slots = slot_tokens.shape
     vocab = int(weight.shape[0])
     out = torch.empty((rows, slots), dtype=torch.float32)
@@ -136,7 +144,10 @@ def _run(
     tokens = slot_tokens.contiguous().numpy()
     hidden32 = hidden.float().contiguous().numpy()
     set_kernel_threads(rows * slots * int(hidden.shape[1]))
-    _kernels().score_slots(hidden32, flat, row_stride, raw_bias, tokens, vocab, log_softmax, out.numpy())
+    scores = _NO_SCORES if beam_scores is None else beam_scores.detach().contiguous().numpy()
+    _kernels().score_slots(
+        hidden32, flat, row_stride, raw_bias, tokens, vocab, log_softmax, scores, out.numpy()
+    )
     return out
 
 
@@ -152,6 +163,18 @@ def selective_log_softmax(
 ) -> torch.Tensor:
     """fp32 [R, K]: the slots' scores log-softmaxed over each row's valid slots, in the same pass (CPU)."""
     return _run(hidden, weight, bias, slot_tokens, True)
+
+
+def log_softmax_totals(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    slot_tokens: torch.Tensor,
+    beam_scores: torch.Tensor,
+) -> torch.Tensor:
+    """fp32 [R, K]: beam_scores fp32 [R] plus selective_log_softmax, in the same pass - bit for bit
+    `beam_scores[:, None] + selective_log_softmax(...)`, without the [R, K] add after the kernel (CPU)."""
+    return _run(hidden, weight, bias, slot_tokens, True, beam_scores)
 
 
 def warm_up(dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)) -> None:
