@@ -8,8 +8,10 @@ Why a kernel. Scoring a beam's slots is one d-long dot product per valid slot, w
 token names. torch has no gathered dot product, so selective_torch.py copies every slot's weight row into a
 tile first (`F.embedding`) and computes every slot, empty or not. The kernel (_numba_kernels.score_slots)
 runs in parallel over beams, reads each valid slot's weight row where it lies, skips empty slots, and
-log-softmaxes each row over its valid slots in the same pass. At a mid-density step (1M items, V=8192:
-~100 children per row against V=8192) that is ~70x fewer multiply-adds than the full GEMM.
+log-softmaxes each row over its valid slots in the same pass (`log_softmax_totals`, what the decoder's
+filter-first steps call, also adds each beam's score there, bit for bit torch's add). At a mid-density
+step (1M items, V=8192: ~100 children per row against V=8192) that is ~70x fewer multiply-adds than the
+full GEMM.
 
 Zero copy. torch CPU tensors are handed to numba through `.numpy()` views of their memory:
   - weight [V, d]: any row stride with unit stride along d (e.g. `weight[:, :70]` of a wider matrix) is
