@@ -41,7 +41,7 @@ from ..cuda.bundle_kernels import load_bundle_kernels
 from ..index import SidIndex
 from .beams import BeamState, SearchResult
 from .device_tables import DeviceStep, index_to_device
-from .items.filter import ConstrainedDecoding, dense_next, mask_children, mask_slots, slot_source
+from .items.filter import ConstrainedDecoding, dense_emptier, mask_slots, slot_source
 from .lanes import plan_lanes
 from .order import auto_order
 from .plan import ModeChooser, load_plan, resolve_auto_plan
@@ -348,13 +348,12 @@ class Decoder(ConstrainedDecoding):
             logp = log_softmax(logits).masked_fill_(~alive[:, None], NEG_INF)
         else:
             assert table.next is not None
-            child = dense_next(state.constraints, table)[state.rows.clamp(min=0)]  # availability applied
-            valid = (child >= 0) & alive[:, None]
-            valid = mask_children(state.constraints, table.step, valid, child, state.rows, state.batch)
-            if state.order == "filter_first":
-                logp = masked_log_softmax(logits.masked_fill_(~valid, NEG_INF))
-            else:
-                logp = log_softmax(logits).masked_fill_(~valid, NEG_INF)
+            empty = dense_emptier(state.constraints, table, state.rows, state.batch)  # in place
+            logp = (
+                masked_log_softmax(empty(logits))
+                if state.order == "filter_first"
+                else empty(log_softmax(logits))
+            )
         b = state.batch_size
         per = state.num_beams // b
         totals = (state.scores[:, None] + logp).view(b, per * vocab)

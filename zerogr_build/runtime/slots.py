@@ -77,11 +77,11 @@ def row_extent(step: SparseStepTensors, rows: torch.Tensor) -> tuple[torch.Tenso
 def fill_slots(step: SparseStepTensors, start: torch.Tensor, count: torch.Tensor, width: int) -> torch.Tensor:
     """int32 [R, width]: slot k of beam r holds tokens[start[r] + k] for k < count[r], else -1.
 
-    On the CPU one serial numba pass (_fill_kernel.fill_slot_rows); elsewhere the torch expression below,
+    On the CPU one serial numba pass (_slot_kernels.fill_slot_rows); elsewhere the torch expression below,
     which is its reference."""
     assert step.tokens is not None
     if _fills_on_cpu(step.tokens, start, count):
-        from ._fill_kernel import fill_slot_rows
+        from ._slot_kernels import fill_slot_rows
 
         out = torch.empty((start.shape[0], width), dtype=torch.int32)
         fill_slot_rows(
@@ -112,6 +112,20 @@ def fill_slots_torch(
     # gather, not step.tokens[flat]: advanced indexing into the large tokens array goes multi-threaded even
     # for a few thousand slots, and on a busy CPU that region waits milliseconds for its second thread.
     return torch.where(used, torch.gather(step.tokens, 0, flat.view(-1)).view(flat.shape), -1)
+
+
+def empty_dense_slots(values: torch.Tensor, next_rows: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """values fp32 [R, V] of a dense step, -inf (in place) where beam r is padding (rows[r] < 0) or its row
+    has no child k (next_rows int32 [rows_t, V] < 0); returns values.
+
+    On the CPU one serial numba pass (_slot_kernels.empty_dense_slots); elsewhere torch ops."""
+    if values.device.type == "cpu" and values.is_contiguous() and next_rows.dtype == torch.int32:
+        from ._slot_kernels import empty_dense_slots as kernel
+
+        kernel(values.numpy(), next_rows.contiguous().numpy(), rows.contiguous().numpy())
+        return values
+    valid = (next_rows[rows.clamp(min=0)] >= 0) & (rows >= 0)[:, None]
+    return values.masked_fill_(~valid, float("-inf"))
 
 
 def lane_count(num_heavy: int) -> int:

@@ -16,12 +16,14 @@ No part reads a value back to the host.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from ...index import SidIndex
+from ..slots import empty_dense_slots
 from .constraints import ItemMask, ItemSets, item_ids
 from .requests import Kills, RequestConstraints, request_constraints
 from .space import ItemSpace, Resident, SetBits, check_binding, make_resident
@@ -226,6 +228,20 @@ def mask_children(constraints: RequestConstraints | None, step: int, valid: torc
     killed = torch.zeros(num_beams * vocab, dtype=torch.int32, device=valid.device)
     killed.scatter_add_(0, target, hit.to(torch.int32))  # a miss adds 0 to its dummy target
     return valid & (killed.view(num_beams, vocab) == 0)
+
+
+def dense_emptier(constraints: RequestConstraints | None, table: Any, rows: torch.Tensor,
+                  request: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:  # fmt: skip
+    """The in-place mask of a dense step's fp32 [R, V] values (logits or log-probabilities): -inf where beam
+    r (rows int64 [R], -1 padding; request int64 [R]) may not take token k - no available child
+    (dense_next), or none the request may return (mask_children). Without constraints one pass over the
+    values (slots.empty_dense_slots, a kernel on the CPU); with them the validity is built first."""
+    source = dense_next(constraints, table)
+    if constraints is None:
+        return lambda values: empty_dense_slots(values, source, rows)
+    child = source[rows.clamp(min=0)]
+    valid = mask_children(constraints, table.step, (child >= 0) & (rows >= 0)[:, None], child, rows, request)
+    return lambda values: values.masked_fill_(~valid, float("-inf"))
 
 
 class ConstrainedDecoding:

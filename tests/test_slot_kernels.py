@@ -1,16 +1,17 @@
-"""Slot filling (runtime/slots.fill_slots): the CPU numba kernel against a brute-force reference and the torch
-expression it replaces on other devices."""
+"""The CPU numba kernels of runtime/slots.py (fill_slots, empty_dense_slots) against brute-force references
+and the torch expressions they replace on other devices."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerogr_build.runtime.slots import fill_slots, fill_slots_torch
+from zerogr_build.runtime.slots import empty_dense_slots, fill_slots, fill_slots_torch
 
 
 def brute_force(tokens: np.ndarray, start: np.ndarray, count: np.ndarray, width: int) -> np.ndarray:
@@ -55,3 +56,44 @@ def test_the_kernel_reads_a_masked_copy_and_strided_starts():
     count = torch.tensor([3, 0, 2], dtype=torch.int64)
     got = fill_slots(step, start, count, 4)
     assert got.tolist() == [[5, -1, 7, -1], [-1, -1, -1, -1], [-1, 3, -1, -1]]
+
+
+@st.composite
+def dense_rows(draw):
+    table_rows, vocab = draw(st.integers(1, 6)), draw(st.integers(1, 12))
+    cells = table_rows * vocab
+    next_rows = np.array(draw(st.lists(st.integers(-1, 50), min_size=cells, max_size=cells)), np.int32)
+    next_rows = next_rows.reshape(table_rows, vocab)
+    beams = draw(st.integers(0, 8))
+    rows = np.array(draw(st.lists(st.integers(-1, table_rows - 1), min_size=beams, max_size=beams)), np.int64)
+    values = np.array(draw(st.lists(st.floats(-1e6, 1e6, width=32) | st.just(float("-inf")),
+                                    min_size=beams * vocab, max_size=beams * vocab)), np.float32)  # fmt: skip
+    return values.reshape(beams, vocab), next_rows, rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(dense_rows())
+def test_dense_slots_empty_where_brute_force_says(case):
+    values, next_rows, rows = case
+    want = values.copy()
+    for r in range(len(rows)):
+        for k in range(values.shape[1]):
+            if rows[r] < 0 or next_rows[rows[r], k] < 0:
+                want[r, k] = -np.inf
+    got = torch.from_numpy(values.copy())
+    out = empty_dense_slots(got, torch.from_numpy(next_rows), torch.from_numpy(rows))
+    assert out.data_ptr() == got.data_ptr()  # in place
+    assert torch.equal(got.view(torch.int32), torch.from_numpy(want).view(torch.int32))
+    if len(rows):  # the torch path (a non-contiguous view takes it) says the same
+        wide = torch.zeros(len(rows), values.shape[1] * 2)
+        wide[:, ::2] = torch.from_numpy(values)
+        empty_dense_slots(wide[:, ::2], torch.from_numpy(next_rows), torch.from_numpy(rows))
+        assert torch.equal(
+            wide[:, ::2].contiguous().view(torch.int32), torch.from_numpy(want).view(torch.int32)
+        )
+
+
+def test_a_row_outside_the_dense_table_is_refused():
+    values = torch.zeros(1, 3)
+    with pytest.raises(IndexError):
+        empty_dense_slots(values, torch.zeros(2, 3, dtype=torch.int32), torch.tensor([2]))
