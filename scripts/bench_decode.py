@@ -491,9 +491,14 @@ def main(argv=None) -> int:
         default=200,
         help="searches per row and condition in the neighbour table (p99 needs >= 100)",
     )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch intra-op threads (0: torch's default); 1 on a busy box"
+    )
     parser.add_argument("--neighbour-phases", type=int, default=10,
                         help="alternating quiet / busy phases of the neighbour table")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)  # the numba kernel follows (docs/cpu-threads.md)
     device = torch.device(args.device)
     time_once = timer(device)
     warm = warm_up_kernels(device, args.dtype)
