@@ -4,6 +4,7 @@
     python scripts/bench_decode.py --device cuda:0       # same on a GPU (adds selective_cuda when available)
     python scripts/bench_decode.py --sweep 2048,4096,8192,16384   # codebook sweep (default); --sweep "" skips
     python scripts/bench_decode.py --neighbour 2         # search latency beside a busy 2-thread process
+    python scripts/bench_decode.py --threads 1           # a busy shared CPU: one torch thread (no pool waits)
 
 Rows of the main table (same index, weights and step function in every row):
   score_first/full       STATIC's order: GEMM over V_t, log-softmax over V_t, read the valid slots, top-M
