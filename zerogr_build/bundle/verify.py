@@ -20,6 +20,7 @@ from .kernel_files import KERNEL_HEAD_BYTES, kernel_problem
 from .quality import QUALITY_DIR, load_quality, quality_key
 from .reader import Bundle, open_bundle
 from .verify_math import stable_argsort_keys
+from .witness import BuildWitness, check_against_witness
 
 _KERNEL_NAME = re.compile(r"^kernels/(sm_\d{2,3}[af]?)/[A-Za-z0-9_]+\.(cubin|ptx)$")
 
@@ -30,6 +31,7 @@ def verify_bundle(
     *,
     checksums: bool = True,
     hash_cache: HashCache | None = None,
+    witness: BuildWitness | None = None,
 ) -> dict:
     """Verify a bundle version completely (a version dir, or an OUT dir via LATEST).
 
@@ -41,6 +43,9 @@ def verify_bundle(
     they read are unchanged. The catalog comparison, when asked for, always runs.
     catalog: a zerogr_build.catalog.Catalog (.sids [N, L] ints, .item_ids pyarrow Array in catalog row
     order, .codebook_sizes) to compare against, or None.
+    witness: instead of `catalog`, the witness of the build that wrote this version (bundle/witness.py):
+    the same exact comparison with the catalog as that build read it, without sorting it again.
+    With either, the items' uniqueness check is left to that comparison (the catalog's ids are unique).
     Returns {"bundle", "version", "ok": True, "files", "bytes", "steps": [...], "leaves", "items",
     "catalog": None | {...}, "unlisted_files": [...]}.
     """
@@ -74,12 +79,19 @@ def verify_bundle(
         # checked with the manifest); checking them again here costs nothing and keeps one code path.
         offsets_path = leaf_map_path(version_dir, leaves)
         check_leaf_offsets(np.asarray(bundle.index.leaf_offsets), leaves["items"], offsets_path)
-        check_unique_items(bundle.items(), version_dir / leaves["files"]["items"])
-        if hash_cache is not None and _structure_key(version_dir, manifest, hash_cache) == structure:
-            hash_cache.record_pass(structure)  # the files were not changed while they were checked
+        if catalog is None and witness is None:  # else implied by equality with the catalog's unique ids
+            check_unique_items(bundle.items(), version_dir / leaves["files"]["items"])
     catalog_report = None
     if catalog is not None:
         catalog_report = check_against_catalog(bundle, catalog)
+    elif witness is not None:
+        catalog_report = check_against_witness(bundle, witness)
+    if (
+        not already
+        and hash_cache is not None
+        and _structure_key(version_dir, manifest, hash_cache) == structure
+    ):
+        hash_cache.record_pass(structure)  # the files were not changed while they were checked
     kernels = check_kernel_files(version_dir, manifest)
     quality = check_quality_files(version_dir, manifest)
     listed = set(manifest["files"]) | {MANIFEST_NAME, SIGNATURE_NAME}

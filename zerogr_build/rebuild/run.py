@@ -56,6 +56,7 @@ from .request import RebuildRequest, check_request, previous_version
 
 if TYPE_CHECKING:
     from ..bundle.files import HashCache
+    from ..bundle.witness import KeepWitness
 
 Log = Callable[[str], None]
 
@@ -178,10 +179,13 @@ def _new_version(
 ) -> None:
     """Build, verify, guard, tune, gate and promote a new version; remove it unless it was promoted (or
     kept for inspection)."""
-    if not _build(request, out, result, stage, progress, log):
+    from ..bundle.witness import KeepWitness
+
+    kept = KeepWitness(spill_dir=out)  # the catalog as the build read it, for verify (bundle/witness.py)
+    if not _build(request, out, result, stage, progress, log, kept):
         return
     try:
-        _after_build(request, result, stage, previous, progress, log)
+        _after_build(request, result, stage, previous, progress, log, kept)
     except Exception as exc:  # a bug past every stage's own handling: remove the unpromoted version, re-raise
         result.fail(EXIT_CRASH, "crash", failure_message(exc))
         remove_unpromoted(result, log)
@@ -235,7 +239,13 @@ def _manifest_facts(manifest: dict[str, Any]) -> dict[str, float]:
 
 
 def _build(
-    request: RebuildRequest, out: Path, result: RebuildResult, stage: _Stages, progress: Progress, log: Log
+    request: RebuildRequest,
+    out: Path,
+    result: RebuildResult,
+    stage: _Stages,
+    progress: Progress,
+    log: Log,
+    kept: KeepWitness,
 ) -> bool:
     from ..pipeline import build_bundle
 
@@ -247,6 +257,7 @@ def _build(
                 replace(request.settings, promote=False),
                 progress=progress,
                 manifest_extra={"rebuild_run": result.run_id},
+                keep_witness=kept,
             )
     except InputError as exc:
         result.fail(EXIT_USAGE, "build", failure_message(exc))
@@ -283,16 +294,22 @@ def _after_build(
     previous: Path | None,
     progress: Progress,
     log: Log,
+    kept: KeepWitness,
 ) -> None:
     from ..bundle.files import HashCache
+    from ..bundle.witness import KeepWitness
     from ..pipeline import verify_with_catalog
 
     vdir = result.version_dir
     assert vdir is not None
     hashes = HashCache()  # each file hashed once in this run unless it changed (tune and gate add files)
     with stage("verify"):
-        check = lambda: verify_with_catalog(vdir, request.catalog, hash_cache=hashes)  # noqa: E731
-        if not _verify(check, "verify", result, log):
+        # Against the catalog as the build read it (its witness), else (ray engine) read again.
+        witness, kept.witness = kept.witness, None
+        check = lambda: verify_with_catalog(vdir, request.catalog, hash_cache=hashes, witness=witness)  # noqa: E731
+        passed = _verify(check, "verify", result, log)
+        del witness, check  # the catalog's copy goes before the guards
+        if not passed:
             return
     if request.guards is not None and not _guards(request, vdir, result, stage, progress, log):
         return
