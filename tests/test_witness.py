@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from zerogr_build.base.errors import BundleError
 from zerogr_build.bundle import open_bundle, publish_bundle
-from zerogr_build.bundle.verify import check_against_catalog
-from zerogr_build.bundle.witness import BuildWitness, check_against_witness, spilled_copy, witness_holds
+from zerogr_build.bundle.verify import check_against_catalog, check_against_witness
+from zerogr_build.bundle.witness import BuildWitness, spilled_copy, witness_holds
 from zerogr_build.index import build_index
 from zerogr_build.index.pack import pack_sids, packable
 

@@ -20,7 +20,7 @@ from .kernel_files import KERNEL_HEAD_BYTES, kernel_problem
 from .quality import QUALITY_DIR, load_quality, quality_key
 from .reader import Bundle, open_bundle
 from .verify_math import stable_argsort_keys
-from .witness import BuildWitness, check_against_witness
+from .witness import BuildWitness, witness_report
 
 _KERNEL_NAME = re.compile(r"^kernels/(sm_\d{2,3}[af]?)/[A-Za-z0-9_]+\.(cubin|ptx)$")
 
@@ -297,6 +297,13 @@ def _sorted_member(keys: np.ndarray, sorted_pool: np.ndarray) -> np.ndarray:
         return np.zeros(keys.shape[0], dtype=bool)
     pos = np.minimum(np.searchsorted(sorted_pool, keys), sorted_pool.shape[0] - 1)
     return sorted_pool[pos] == keys
+
+
+def check_against_witness(bundle: Bundle, witness: BuildWitness) -> dict:
+    """check_against_catalog for the catalog a build's witness holds (bundle/witness.py): through the
+    witness when it holds, else in full (a mismatch raises its BundleError; a wrong witness of a right
+    version passes)."""
+    return witness_report(bundle, witness) or check_against_catalog(bundle, witness.as_catalog())
 
 
 def check_against_catalog(bundle: Bundle, catalog: Any) -> dict:

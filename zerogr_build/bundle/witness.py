@@ -1,10 +1,10 @@
 """A build's witness: the catalog as that build read it and the leaf order its sort chose, kept so that
 the version it wrote can be checked against that catalog without reading and sorting the catalog again.
 
-`check_against_witness` proves exact equality of the version's (SID, item) pairs with the catalog's
-(bundle/witness_math.py says how); the sort only supplied the order, it is not trusted. On any mismatch
-the comparison falls back to verify's own (check_against_catalog), so a refusal names the file, catalog
-row, item and SID exactly as `zerogr verify --catalog` does.
+`witness_report` proves exact equality of the version's (SID, item) pairs with the catalog's
+(bundle/witness_math.py says how); the sort only supplied the order, it is not trusted. Where it does not
+hold, verify (bundle/verify.py: check_against_witness) compares in full, so a refusal names the file,
+catalog row, item and SID exactly as `zerogr verify --catalog` does.
 """
 
 from __future__ import annotations
@@ -88,24 +88,22 @@ def spilled_packed(packed: PackedSids, spill_dir: Path | None) -> PackedSids:
     return PackedSids(first, words, packed.codebook_sizes)
 
 
-def check_against_witness(bundle: Any, witness: BuildWitness) -> dict:
+def witness_report(bundle: Any, witness: BuildWitness) -> dict | None:
     """check_against_catalog's report for the catalog `witness` holds, proven through its item order:
-    {"rows", "distinct_sids", "matched": True, "item_order_matches": True}. The version's structure
-    (tables, leaf offsets) must have been verified first. A mismatch raises check_against_catalog's
-    BundleError; when that comparison passes where the witness did not (the witness was wrong, the
-    version right), its report is returned."""
-    from .verify import check_against_catalog
-
+    {"rows", "distinct_sids", "matched": True, "item_order_matches": True}; None where the witness does not
+    hold (the version or the witness is wrong: the caller compares in full, which names the difference).
+    The version's structure (tables, leaf offsets) must have been verified first."""
     manifest, vdir = bundle.manifest, bundle.path
     index, n = bundle.index, witness.num_items
     if tuple(index.codebook_sizes) != tuple(witness.codebook_sizes) or n != index.num_items:
-        return check_against_catalog(bundle, witness.as_catalog())
+        return None
     if index.steps[-1].nnz != index.num_leaves:
+        last = index.steps[-1].nnz
         raise BundleError(
-            f"{vdir / MANIFEST_NAME}: the last step has {index.steps[-1].nnz} children, {index.num_leaves} leaves"
+            f"{vdir / MANIFEST_NAME}: the last step has {last} children, {index.num_leaves} leaves"
         )
     if not witness_holds(index, vdir / manifest["leaves"]["files"]["items"], witness):
-        return check_against_catalog(bundle, witness.as_catalog())
+        return None
     return {"rows": n, "distinct_sids": index.num_leaves, "matched": True, "item_order_matches": True}
 
 

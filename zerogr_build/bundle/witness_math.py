@@ -80,7 +80,8 @@ def check_positions(order, lo, hi, leaf_offsets, first_leaf, tokens, first, word
 
     order         int [N]: catalog row at each position (the witness).
     leaf_offsets  int [n_leaves+1]: 0 first, N last, strictly increasing (already verified).
-    first_leaf    the leaf holding position lo; tokens uint64 [L, m] the SIDs of leaves first_leaf.. (leaf_tokens).
+    first_leaf    the leaf holding position lo; tokens uint64 [L, m]: the SIDs of leaves first_leaf..
+                  (leaf_tokens).
     first, words  PackedSids arrays [N] of the catalog (index/pack.py), shifts/masks uint64 [L] their
                   fields; or empty, and then sids int [N, L] holds the catalog's tokens.
     seen          uint8 [N // 8 + 1]: bitmap of the rows taken so far, updated.

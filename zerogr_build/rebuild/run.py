@@ -23,6 +23,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -297,16 +298,15 @@ def _after_build(
     kept: KeepWitness,
 ) -> None:
     from ..bundle.files import HashCache
-    from ..bundle.witness import KeepWitness
     from ..pipeline import verify_with_catalog
 
     vdir = result.version_dir
     assert vdir is not None
     hashes = HashCache()  # each file hashed once in this run unless it changed (tune and gate add files)
     with stage("verify"):
-        # Against the catalog as the build read it (its witness), else (ray engine) read again.
+        # Against the catalog as the build read it (its witness; the ray engine has none: read again).
         witness, kept.witness = kept.witness, None
-        check = lambda: verify_with_catalog(vdir, request.catalog, hash_cache=hashes, witness=witness)  # noqa: E731
+        check = partial(verify_with_catalog, vdir, request.catalog, hash_cache=hashes, witness=witness)
         passed = _verify(check, "verify", result, log)
         del witness, check  # the catalog's copy goes before the guards
         if not passed:
