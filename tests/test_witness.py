@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from zerogr_build.base.errors import BundleError
 from zerogr_build.bundle import open_bundle, publish_bundle
 from zerogr_build.bundle.verify import check_against_catalog, check_against_witness
-from zerogr_build.bundle.witness import BuildWitness, spilled_copy, witness_holds
+from zerogr_build.bundle.witness import BuildWitness, spilled_copy, witness_holds, witness_sids
 from zerogr_build.index import build_index
 from zerogr_build.index.pack import pack_sids, packable
 
@@ -26,11 +26,14 @@ from .cli_runs import TUNE_ARGS, invoke
 def catalogs(draw):
     """(sids int [N, L], item ids pa.Array, codebook sizes): few distinct tokens, so SIDs repeat."""
     num_steps = draw(st.integers(1, 3))
-    if draw(st.booleans()):  # keys past 64 bits: not packable, the witness holds [N, L] tokens
-        sizes = (2**31 - 1,) * 3
-    else:
+    # SIDs in a 64-bit key (the witness holds keys); past 64 bits but packed (it holds PackedSids); too
+    # wide to pack (it holds [N, L] tokens).
+    kind = draw(st.sampled_from(["key", "packed", "tokens"]))
+    if kind == "key":
         sizes = tuple(draw(st.sampled_from([2, 3, 5])) for _ in range(num_steps))
-    n = draw(st.integers(2, 40))
+    else:
+        sizes = (2**31 - 1, 2**31 - 1, 5) if kind == "packed" else (2**31 - 1,) * 3
+    n = draw(st.integers(3, 40))
     pool = draw(st.integers(1, 4))
     tokens = np.array([[draw(st.integers(0, v - 1)) for v in sizes] for _ in range(pool)], dtype=np.int64)
     sids = tokens[np.array(draw(st.lists(st.integers(0, pool - 1), min_size=n, max_size=n)))]
@@ -43,9 +46,15 @@ def _version(tmp_path, sids, item_ids, sizes):
     """(opened version, its witness) of a real build of the catalog; the witness packed when it can be."""
     index = build_index(sids, sizes)
     published = publish_bundle(index, item_ids, tmp_path / "out", manifest_fields={})
-    packed = pack_sids(sids, sizes) if packable(len(sids), sizes) else None
-    witness = BuildWitness(sizes, packed, None if packed else sids.copy(), item_ids, index.item_order.copy())
+    witness = BuildWitness(
+        sizes, **_witness_sids(sids, sizes), item_ids=item_ids, item_order=index.item_order
+    )
     return open_bundle(published.path, verify_checksums=False), witness, index
+
+
+def _witness_sids(sids, sizes) -> dict:
+    """The SID fields of the witness a build that read `sids` keeps (as the build keeps them)."""
+    return witness_sids(pack_sids(sids, sizes) if packable(len(sids), sizes) else None, sids, None)
 
 
 def _pairs(sids, item_ids):
@@ -99,8 +108,7 @@ def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory,
     changed = sids.copy()
     row, step = pick.randrange(n), pick.randrange(len(sizes))
     changed[row, step] = (changed[row, step] + 1) % sizes[step]
-    packed = pack_sids(changed, sizes) if witness.packed is not None else None
-    other = dataclasses.replace(witness, packed=packed, sids=None if packed else changed)
+    other = dataclasses.replace(witness, **_witness_sids(changed, sizes))
     assert not witness_holds(index, items_path, other)
     assert not _same_as_catalog(bundle, changed, item_ids)
     with pytest.raises(BundleError):
@@ -147,7 +155,7 @@ def test_a_catalog_sid_not_in_the_version_is_named_as_verify_names_it(tmp_path):
     bundle, witness, _ = _version(tmp_path, sids, item_ids, (4, 4))
     changed = sids.copy()
     changed[3] = [3, 3]
-    other = dataclasses.replace(witness, packed=pack_sids(changed, (4, 4)))
+    other = dataclasses.replace(witness, **_witness_sids(changed, (4, 4)))
     with pytest.raises(BundleError, match=r"catalog row 3 \(item 13\) SID \[3, 3\] is not in the bundle"):
         check_against_witness(bundle, other)
 

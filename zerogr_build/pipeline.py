@@ -345,13 +345,11 @@ def _witness_of(catalog: Catalog, keep: KeepWitness | None) -> BuildWitness | No
     item_order filled in once the index is built), else None."""
     if keep is None:
         return None
-    from .bundle.witness import BuildWitness, spilled_copy, spilled_packed
+    from .bundle.witness import BuildWitness, witness_sids
 
-    packed = catalog.packed
     return BuildWitness(
         codebook_sizes=tuple(catalog.codebook_sizes),
-        packed=spilled_packed(packed, keep.spill_dir) if packed is not None else None,
-        sids=spilled_copy(np.asarray(catalog.sids), keep.spill_dir) if packed is None else None,
+        **witness_sids(catalog.packed, catalog.sids, keep.spill_dir),
         item_ids=catalog.item_ids,
         item_order=np.zeros(0, np.int64),
     )

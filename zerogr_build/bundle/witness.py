@@ -18,10 +18,18 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import BundleError
-from ..index.formats import bits_for
 from ..index.pack import PackedSids
 from .format import ITEM_COLUMN, MANIFEST_NAME
-from .witness_math import check_positions, leaf_tokens, steps_as_csr
+from .witness_math import (
+    check_keys,
+    check_positions,
+    key_bits,
+    leaf_keys,
+    leaf_tokens,
+    packed_keys,
+    steps_as_csr,
+    unpack_keys,
+)
 
 #: Item ids checked per batch (and leaf SIDs rebuilt per batch): a few MB of temporaries.
 BATCH_ROWS = 1 << 20
@@ -32,13 +40,17 @@ class BuildWitness:
     """What one build read and how it ordered it (every array in catalog row order unless said).
 
     codebook_sizes  V_t the catalog was read with.
-    packed          PackedSids [N] of the catalog (index/pack.py), or None when `sids` holds them.
-    sids            int [N, L] tokens of a catalog that could not be packed, or None.
+    keys            uint64 [N]: SID keys (witness_math.key_bits fields, most significant first) when a SID
+                    fits 64 bits, else None.
+    packed          PackedSids [N] of the catalog (index/pack.py) when a SID does not fit 64 bits but the
+                    build packed it, else None.
+    sids            int [N, L] tokens of a catalog that could not be packed, else None.
     item_ids        pyarrow Array or ChunkedArray [N] of the item ids.
     item_order      int32|int64 [N]: the build's SidIndex.item_order, catalog row at each leaf position.
     """
 
     codebook_sizes: tuple[int, ...]
+    keys: np.ndarray | None
     packed: PackedSids | None
     sids: np.ndarray | None
     item_ids: Any
@@ -52,7 +64,10 @@ class BuildWitness:
         """A Catalog-like object (.sids int [N, L], .item_ids, .codebook_sizes) for check_against_catalog."""
         from types import SimpleNamespace
 
-        sids = self.packed.unpack() if self.packed is not None else self.sids
+        if self.keys is not None:
+            sids = unpack_keys(np.asarray(self.keys), key_bits(self.codebook_sizes))
+        else:
+            sids = self.packed.unpack() if self.packed is not None else self.sids
         return SimpleNamespace(sids=sids, item_ids=self.item_ids, codebook_sizes=self.codebook_sizes)
 
 
@@ -69,23 +84,55 @@ class KeepWitness:
 def spilled_copy(array: np.ndarray, spill_dir: Path | None) -> np.ndarray:
     """A read-only copy of `array` (any shape): in memory when spill_dir is None, else memory-mapped from an
     unlinked file there (gone when the last reference to the map goes, and after a crash)."""
-    if spill_dir is None:
+    if spill_dir is None or not array.size:
         return array.copy()
-    array = np.ascontiguousarray(array)
+    flat = np.ascontiguousarray(array).reshape(-1)
+    chunk = max(1, (64 << 20) // max(1, flat.itemsize))
+    spilled = _spill_chunks(
+        (flat[i : i + chunk] for i in range(0, flat.shape[0], chunk)), flat.shape[0], spill_dir
+    )
+    return spilled.reshape(array.shape)
+
+
+def _spill_chunks(chunks: Any, n: int, spill_dir: Path) -> np.ndarray:
+    """The concatenation of 1-d arrays (one dtype, n values in all) written to an unlinked file in
+    spill_dir and mapped read-only."""
+    dtype = None
     with tempfile.TemporaryFile(dir=spill_dir, prefix=".tmp-witness-") as f:
-        view = memoryview(array.reshape(-1).view(np.uint8))
-        written = 0
-        while written < len(view):
-            written += os.write(f.fileno(), view[written : written + (64 << 20)])
-        if not array.size:
-            return array.copy()
-        return np.memmap(f, dtype=array.dtype, mode="r", shape=array.shape)
+        for part in chunks:
+            dtype = part.dtype
+            view = memoryview(np.ascontiguousarray(part).view(np.uint8))
+            written = 0
+            while written < len(view):
+                written += os.write(f.fileno(), view[written:])
+        return np.memmap(f, dtype=dtype, mode="r", shape=(n,))
 
 
-def spilled_packed(packed: PackedSids, spill_dir: Path | None) -> PackedSids:
-    """spilled_copy of a PackedSids' arrays."""
-    first, words = spilled_copy(packed.first, spill_dir), spilled_copy(packed.words, spill_dir)
-    return PackedSids(first, words, packed.codebook_sizes)
+def witness_sids(packed: PackedSids | None, sids: Any, spill_dir: Path | None) -> dict[str, Any]:
+    """BuildWitness's keys, packed and sids fields for a catalog read as `packed` (or as `sids` int [N, L]
+    when it was not packed), copied (spilled_copy): the keys when a SID fits 64 bits."""
+    if packed is None:
+        return {"keys": None, "packed": None, "sids": spilled_copy(np.asarray(sids), spill_dir)}
+    bits = key_bits(packed.codebook_sizes)
+    if sum(bits) > 64:
+        first, words = spilled_copy(packed.first, spill_dir), spilled_copy(packed.words, spill_dir)
+        return {"keys": None, "packed": PackedSids(first, words, packed.codebook_sizes), "sids": None}
+    n, tail = packed.num_items, sum(bits[1:])
+    keys = np.empty(0, np.uint64)
+    if spill_dir is None:
+        keys = packed_keys(packed.first, packed.words, packed.row_bits, tail)
+    elif n:
+        keys = _spill_chunks(
+            (
+                packed_keys(
+                    packed.first[i : i + BATCH_ROWS], packed.words[i : i + BATCH_ROWS], packed.row_bits, tail
+                )
+                for i in range(0, n, BATCH_ROWS)
+            ),
+            n,
+            spill_dir,
+        )
+    return {"keys": keys, "packed": None, "sids": None}
 
 
 def witness_report(bundle: Any, witness: BuildWitness) -> dict | None:
@@ -119,15 +166,15 @@ def witness_holds(index: Any, items_path: Path, witness: BuildWitness) -> bool:
         return False
     csr = steps_as_csr(index.steps)
     offsets = np.asarray(index.leaf_offsets)
-    sizes = witness.codebook_sizes
-    packed, sids = witness.packed, witness.sids
+    sizes, bits = witness.codebook_sizes, key_bits(witness.codebook_sizes)
+    keys, packed, sids = witness.keys, witness.packed, witness.sids
     empty_words = np.zeros(0, np.uint64)
     if packed is not None:
         first, words, shifts = packed.first, packed.words, packed.shifts.astype(np.uint64)
         sids = np.zeros((0, len(sizes)), np.int64)
     else:
         first, words, shifts = np.zeros(0, np.uint16), empty_words, np.zeros(len(sizes), np.uint64)
-    masks = np.array([(1 << bits_for(int(v))) - 1 for v in sizes], dtype=np.uint64)
+    masks = np.array([(1 << b) - 1 for b in bits], dtype=np.uint64)
     seen = np.zeros(n // 8 + 1, dtype=np.uint8)
     item_ids = witness.item_ids
     try:
@@ -139,12 +186,17 @@ def witness_holds(index: Any, items_path: Path, witness: BuildWitness) -> bool:
             hi = lo + batch.num_rows
             if hi > n:
                 return False
-            first_leaf = int(np.searchsorted(offsets, lo, side="right")) - 1
-            end_leaf = int(np.searchsorted(offsets, hi - 1, side="right"))
-            tokens = leaf_tokens(csr, first_leaf, end_leaf)
-            bad, _ = check_positions(
-                order, lo, hi, offsets, first_leaf, tokens, first, words, shifts, masks, sids, seen
-            )
+            at = offsets.dtype.type
+            first_leaf = int(np.searchsorted(offsets, at(lo), side="right")) - 1
+            end_leaf = int(np.searchsorted(offsets, at(hi - 1), side="right"))
+            if keys is not None:
+                leaf_key = leaf_keys(csr, bits, first_leaf, end_leaf)
+                bad, _ = check_keys(order, lo, hi, offsets, first_leaf, leaf_key, keys, seen)
+            else:
+                tokens = leaf_tokens(csr, first_leaf, end_leaf)
+                bad, _ = check_positions(
+                    order, lo, hi, offsets, first_leaf, tokens, first, words, shifts, masks, sids, seen
+                )
             if bad >= 0:
                 return False
             got = batch.column(0)

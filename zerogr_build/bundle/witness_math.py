@@ -15,6 +15,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..index.formats import bits_for
+
 #: Failure codes of check_positions.
 BAD_ROW = 1  # order[j] outside 0..N-1, or a row that an earlier position already took
 BAD_SID = 2  # the catalog SID of row order[j] is not the SID of position j's leaf
@@ -72,6 +74,64 @@ def leaf_tokens(csr: list[tuple[np.ndarray, np.ndarray]], first_leaf: int, end_l
         parents_of(indptr, children, parents)
         children, parents = parents, children
     return out
+
+
+def key_bits(codebook_sizes) -> list[int]:
+    """Bits of each step's field in a SID key (bundle/verify.py: sid_sort_keys' layout)."""
+    return [bits_for(int(v)) for v in codebook_sizes]
+
+
+def leaf_keys(csr: list[tuple[np.ndarray, np.ndarray]], bits: list[int], first_leaf: int, end_leaf: int):
+    """uint64 [end_leaf - first_leaf]: the SID keys (token t in its field of `bits`, most significant
+    first; sum(bits) <= 64) of leaves first_leaf.., walked up as leaf_tokens walks."""
+    out = np.zeros(end_leaf - first_leaf, dtype=np.uint64)
+    children = np.arange(first_leaf, end_leaf, dtype=np.int64)
+    parents = np.empty_like(children)
+    shift = 0
+    for t in range(len(csr) - 1, -1, -1):
+        indptr, tokens = csr[t]
+        out |= tokens[children].astype(np.uint64) << np.uint64(shift)
+        shift += bits[t]
+        parents_of(indptr, children, parents)
+        children, parents = parents, children
+    return out
+
+
+def packed_keys(first: np.ndarray, words: np.ndarray, row_bits: int, tail_bits: int) -> np.ndarray:
+    """uint64 [n]: the SID keys of PackedSids rows (first [n], words [n]; tokens 1.. take tail_bits bits
+    above row_bits in the words, already in key order), when token 0 and the tail fit 64 bits."""
+    return (first.astype(np.uint64) << np.uint64(tail_bits)) | (words >> np.uint64(row_bits))
+
+
+def unpack_keys(keys: np.ndarray, bits: list[int]) -> np.ndarray:
+    """int64 [n, L]: the tokens of SID keys uint64 [n] (the inverse of the key layout)."""
+    out = np.empty((keys.shape[0], len(bits)), dtype=np.int64)
+    shift = 0
+    for t in range(len(bits) - 1, -1, -1):
+        out[:, t] = (keys >> np.uint64(shift)) & np.uint64((1 << bits[t]) - 1)
+        shift += bits[t]
+    return out
+
+
+@nb.njit(cache=True)
+def check_keys(order, lo, hi, leaf_offsets, first_leaf, leaf_key, keys, seen):
+    """check_positions for SIDs that fit a 64-bit key: keys uint64 [N] of the catalog rows, leaf_key
+    uint64 [m] of leaves first_leaf.. (leaf_keys). Returns (-1, 0) or (first bad position, code)."""
+    n = order.shape[0]
+    k = first_leaf
+    for j in range(lo, hi):
+        while leaf_offsets[k + 1] <= j:
+            k += 1
+        r = order[j]
+        if r < 0 or r >= n:
+            return j, BAD_ROW
+        byte, bit = r >> 3, np.uint8(1 << (r & 7))
+        if seen[byte] & bit:
+            return j, BAD_ROW
+        seen[byte] |= bit
+        if keys[r] != leaf_key[k - first_leaf]:
+            return j, BAD_SID
+    return -1, 0
 
 
 @nb.njit(cache=True)
