@@ -22,7 +22,7 @@ from ..index.pack import PackedSids
 from .format import ITEM_COLUMN, MANIFEST_NAME
 from .witness_math import (
     check_keys,
-    check_positions,
+    check_tokens,
     key_bits,
     leaf_keys,
     leaf_tokens,
@@ -155,7 +155,7 @@ def witness_report(bundle: Any, witness: BuildWitness) -> dict | None:
 
 
 def witness_holds(index: Any, items_path: Path, witness: BuildWitness) -> bool:
-    """Whether every position of the version passes witness_math.check_positions and its item is the
+    """Whether every position of the version passes witness_math.check_keys (check_tokens) and its item is the
     catalog id of the witness's row there; items.parquet read in batches."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -175,7 +175,7 @@ def witness_holds(index: Any, items_path: Path, witness: BuildWitness) -> bool:
     else:
         first, words, shifts = np.zeros(0, np.uint16), empty_words, np.zeros(len(sizes), np.uint64)
     masks = np.array([(1 << b) - 1 for b in bits], dtype=np.uint64)
-    seen = np.zeros(n // 8 + 1, dtype=np.uint8)
+    seen = np.zeros(n, dtype=np.uint8)
     item_ids = witness.item_ids
     try:
         parquet = pq.ParquetFile(str(items_path), memory_map=True)
@@ -191,10 +191,10 @@ def witness_holds(index: Any, items_path: Path, witness: BuildWitness) -> bool:
             end_leaf = int(np.searchsorted(offsets, at(hi - 1), side="right"))
             if keys is not None:
                 leaf_key = leaf_keys(csr, bits, first_leaf, end_leaf)
-                bad, _ = check_keys(order, lo, hi, offsets, first_leaf, leaf_key, keys, seen)
+                bad = check_keys(order, lo, hi, offsets, first_leaf, leaf_key, keys, seen)
             else:
                 tokens = leaf_tokens(csr, first_leaf, end_leaf)
-                bad, _ = check_positions(
+                bad = check_tokens(
                     order, lo, hi, offsets, first_leaf, tokens, first, words, shifts, masks, sids, seen
                 )
             if bad >= 0:
@@ -205,7 +205,7 @@ def witness_holds(index: Any, items_path: Path, witness: BuildWitness) -> bool:
             lo = hi
     except (OSError, KeyError, pa.ArrowException):
         return False
-    return lo == n
+    return lo == n and bool(seen.all())  # n positions naming every row once: a permutation
 
 
 def _take(item_ids: Any, rows: np.ndarray) -> Any:

@@ -3,7 +3,7 @@ as a witness (bundle/witness.py reads the files and calls these): arrays in, arr
 
 The witness is `order` int [N]: the catalog row at each position of the version's leaf order. The check
 walks the positions once and proves, without trusting whatever sort produced `order`:
-- `order` is a permutation of 0..N-1 (a bitmap of the rows seen);
+- `order` is a permutation of 0..N-1 (N positions, each names a row in range, and every row is named);
 - the catalog SID of row order[j] is the SID of the leaf holding position j (leaf_offsets, leaf SIDs
   rebuilt from the step tables);
 - the catalog id of row order[j] is the version's item j (bundle/witness.py, per batch).
@@ -16,10 +16,6 @@ import numba as nb
 import numpy as np
 
 from ..index.formats import bits_for
-
-#: Failure codes of check_positions.
-BAD_ROW = 1  # order[j] outside 0..N-1, or a row that an earlier position already took
-BAD_SID = 2  # the catalog SID of row order[j] is not the SID of position j's leaf
 
 
 def steps_as_csr(steps) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -39,39 +35,58 @@ def steps_as_csr(steps) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 @nb.njit(cache=True)
-def parents_of(indptr, children, out):
-    """out[i] = the row r with indptr[r] <= children[i] < indptr[r+1]. children: nondecreasing ints in
-    0..indptr[-1]-1; indptr int [rows+1] nondecreasing. One binary search, then a forward walk."""
-    n = children.shape[0]
-    if n == 0:
-        return
-    lo, hi = 0, indptr.shape[0] - 1  # invariant: indptr[lo] <= c < indptr[hi]
-    c = children[0]
+def _leaf_of(leaf_offsets, j):
+    """The leaf k with leaf_offsets[k] <= j < leaf_offsets[k+1] (binary search)."""
+    lo, hi = 0, leaf_offsets.shape[0] - 1
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if indptr[mid] <= c:
+        if leaf_offsets[mid] <= j:
             lo = mid
         else:
             hi = mid
-    r = lo
+    return lo
+
+
+@nb.njit(cache=True)
+def walk_up(indptr, tokens, children, shift, keys, parents):
+    """One step of the walk from leaves to the root: keys[i] |= tokens[children[i]] << shift, and
+    parents[i] = the row r with indptr[r] <= children[i] < indptr[r+1]. children: nondecreasing ints in
+    0..indptr[-1]-1; indptr int [rows+1] nondecreasing; keys uint64 and parents int64 like children."""
+    n = children.shape[0]
+    if n == 0:
+        return
+    r = _leaf_of(indptr, children[0])
     for i in range(n):
         c = children[i]
         while indptr[r + 1] <= c:
             r += 1
-        out[i] = r
+        parents[i] = r
+        keys[i] |= np.uint64(tokens[c]) << shift
+
+
+def leaf_keys(csr: list[tuple[np.ndarray, np.ndarray]], bits: list[int], first_leaf: int, end_leaf: int):
+    """uint64 [end_leaf - first_leaf]: the SID keys (token t in its field of `bits`, most significant
+    first; sum(bits) <= 64) of leaves first_leaf.., walked up from the last step's flat children (leaf k =
+    child k of the last step) through each step's parents. csr: steps_as_csr."""
+    keys = np.zeros(end_leaf - first_leaf, dtype=np.uint64)
+    children = np.arange(first_leaf, end_leaf, dtype=np.int64)
+    parents = np.empty_like(children)
+    shift = 0
+    for t in range(len(csr) - 1, -1, -1):
+        walk_up(csr[t][0], csr[t][1], children, np.uint64(shift), keys, parents)
+        shift += bits[t]
+        children, parents = parents, children
+    return keys
 
 
 def leaf_tokens(csr: list[tuple[np.ndarray, np.ndarray]], first_leaf: int, end_leaf: int) -> np.ndarray:
-    """uint64 [L, end_leaf - first_leaf]: column c = the SID of leaf first_leaf + c, walked up from the
-    last step's flat children (leaf k = child k of the last step) through each step's parents."""
-    num_steps = len(csr)
-    out = np.empty((num_steps, end_leaf - first_leaf), dtype=np.uint64)
+    """uint64 [L, end_leaf - first_leaf]: column c = the SID of leaf first_leaf + c (leaf_keys' walk, one
+    row of tokens per step, for SIDs wider than 64 bits)."""
+    out = np.zeros((len(csr), end_leaf - first_leaf), dtype=np.uint64)
     children = np.arange(first_leaf, end_leaf, dtype=np.int64)
     parents = np.empty_like(children)
-    for t in range(num_steps - 1, -1, -1):
-        indptr, tokens = csr[t]
-        out[t] = tokens[children]
-        parents_of(indptr, children, parents)
+    for t in range(len(csr) - 1, -1, -1):
+        walk_up(csr[t][0], csr[t][1], children, np.uint64(0), out[t], parents)
         children, parents = parents, children
     return out
 
@@ -79,22 +94,6 @@ def leaf_tokens(csr: list[tuple[np.ndarray, np.ndarray]], first_leaf: int, end_l
 def key_bits(codebook_sizes) -> list[int]:
     """Bits of each step's field in a SID key (bundle/verify.py: sid_sort_keys' layout)."""
     return [bits_for(int(v)) for v in codebook_sizes]
-
-
-def leaf_keys(csr: list[tuple[np.ndarray, np.ndarray]], bits: list[int], first_leaf: int, end_leaf: int):
-    """uint64 [end_leaf - first_leaf]: the SID keys (token t in its field of `bits`, most significant
-    first; sum(bits) <= 64) of leaves first_leaf.., walked up as leaf_tokens walks."""
-    out = np.zeros(end_leaf - first_leaf, dtype=np.uint64)
-    children = np.arange(first_leaf, end_leaf, dtype=np.int64)
-    parents = np.empty_like(children)
-    shift = 0
-    for t in range(len(csr) - 1, -1, -1):
-        indptr, tokens = csr[t]
-        out |= tokens[children].astype(np.uint64) << np.uint64(shift)
-        shift += bits[t]
-        parents_of(indptr, children, parents)
-        children, parents = parents, children
-    return out
 
 
 def packed_keys(first: np.ndarray, words: np.ndarray, row_bits: int, tail_bits: int) -> np.ndarray:
@@ -115,36 +114,34 @@ def unpack_keys(keys: np.ndarray, bits: list[int]) -> np.ndarray:
 
 @nb.njit(cache=True)
 def check_keys(order, lo, hi, leaf_offsets, first_leaf, leaf_key, keys, seen):
-    """check_positions for SIDs that fit a 64-bit key: keys uint64 [N] of the catalog rows, leaf_key
-    uint64 [m] of leaves first_leaf.. (leaf_keys). Returns (-1, 0) or (first bad position, code)."""
+    """Check positions lo..hi-1 of the witness, SIDs as 64-bit keys.
+
+    order         int [N]: catalog row at each position (the witness).
+    leaf_offsets  int [n_leaves+1]: 0 first, N last, strictly increasing (already verified).
+    first_leaf    the leaf holding position lo; leaf_key uint64 [m]: keys of leaves first_leaf.. (leaf_keys).
+    keys          uint64 [N]: the SID key of every catalog row.
+    seen          uint8 [N]: set to 1 at every row named (the caller checks that all are, at the end).
+    Returns -1, or the first position whose row is out of range or whose key is not its leaf's.
+    """
     n = order.shape[0]
     k = first_leaf
     for j in range(lo, hi):
         while leaf_offsets[k + 1] <= j:
             k += 1
         r = order[j]
-        if r < 0 or r >= n:
-            return j, BAD_ROW
-        byte, bit = r >> 3, np.uint8(1 << (r & 7))
-        if seen[byte] & bit:
-            return j, BAD_ROW
-        seen[byte] |= bit
-        if keys[r] != leaf_key[k - first_leaf]:
-            return j, BAD_SID
-    return -1, 0
+        if r < 0 or r >= n or keys[r] != leaf_key[k - first_leaf]:
+            return j
+        seen[r] = 1
+    return -1
 
 
 @nb.njit(cache=True)
-def check_positions(order, lo, hi, leaf_offsets, first_leaf, tokens, first, words, shifts, masks, sids, seen):
-    """Check positions lo..hi-1 of the witness. Returns (-1, 0) or (first bad position, BAD_ROW|BAD_SID).
+def check_tokens(order, lo, hi, leaf_offsets, first_leaf, tokens, first, words, shifts, masks, sids, seen):
+    """check_keys for SIDs wider than 64 bits (one position after the other).
 
-    order         int [N]: catalog row at each position (the witness).
-    leaf_offsets  int [n_leaves+1]: 0 first, N last, strictly increasing (already verified).
-    first_leaf    the leaf holding position lo; tokens uint64 [L, m]: the SIDs of leaves first_leaf..
-                  (leaf_tokens).
+    tokens        uint64 [L, m]: the SIDs of leaves first_leaf.. (leaf_tokens).
     first, words  PackedSids arrays [N] of the catalog (index/pack.py), shifts/masks uint64 [L] their
                   fields; or empty, and then sids int [N, L] holds the catalog's tokens.
-    seen          uint8 [N // 8 + 1]: bitmap of the rows taken so far, updated.
     """
     n = order.shape[0]
     num_steps = tokens.shape[0]
@@ -155,21 +152,18 @@ def check_positions(order, lo, hi, leaf_offsets, first_leaf, tokens, first, word
             k += 1
         r = order[j]
         if r < 0 or r >= n:
-            return j, BAD_ROW
-        byte, bit = r >> 3, np.uint8(1 << (r & 7))
-        if seen[byte] & bit:
-            return j, BAD_ROW
-        seen[byte] |= bit
+            return j
         c = k - first_leaf
         if packed:
             if np.uint64(first[r]) != tokens[0, c]:
-                return j, BAD_SID
+                return j
             w = words[r]
             for t in range(1, num_steps):
                 if (w >> shifts[t]) & masks[t] != tokens[t, c]:
-                    return j, BAD_SID
+                    return j
         else:
             for t in range(num_steps):
                 if sids[r, t] < 0 or np.uint64(sids[r, t]) != tokens[t, c]:
-                    return j, BAD_SID
-    return -1, 0
+                    return j
+        seen[r] = 1
+    return -1
