@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from zerogr_build.base.errors import BundleError
 from zerogr_build.bundle import open_bundle, publish_bundle
 from zerogr_build.bundle.verify import check_against_catalog, check_against_witness
-from zerogr_build.bundle.witness import BuildWitness, spilled_copy, witness_holds, witness_sids
+from zerogr_build.bundle.witness import BuildWitness, spilled_copy, witness_order, witness_sids
 from zerogr_build.index import build_index
 from zerogr_build.index.pack import pack_sids, packable
 
@@ -89,18 +89,18 @@ def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory,
     sids, item_ids, sizes = data
     bundle, witness, built = _version(tmp_path_factory.mktemp("w"), sids, item_ids, sizes)
     index, items_path = bundle.index, _items_path(bundle)
-    assert witness_holds(index, items_path, witness) and _same_as_catalog(bundle, sids, item_ids)
-    assert check_against_witness(bundle, witness)["matched"]
+    assert witness_order(index, items_path, witness) is True and _same_as_catalog(bundle, sids, item_ids)
+    assert check_against_witness(bundle, witness) == check_against_catalog(bundle, witness.as_catalog())
     n = len(sids)
 
     # The witness order with a row twice (and one missing): refused, though the version is right.
     order = witness.item_order.copy()
     a, b = pick.sample(range(n), 2)
     order[a] = order[b]
-    assert not witness_holds(index, items_path, dataclasses.replace(witness, item_order=order))
+    assert witness_order(index, items_path, dataclasses.replace(witness, item_order=order)) is None
     order = witness.item_order.copy()
     order[a] = n  # out of range
-    assert not witness_holds(index, items_path, dataclasses.replace(witness, item_order=order))
+    assert witness_order(index, items_path, dataclasses.replace(witness, item_order=order)) is None
     # ... and verify, falling back to the full comparison, still accepts the right version.
     assert check_against_witness(bundle, dataclasses.replace(witness, item_order=order))["matched"]
 
@@ -109,7 +109,7 @@ def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory,
     row, step = pick.randrange(n), pick.randrange(len(sizes))
     changed[row, step] = (changed[row, step] + 1) % sizes[step]
     other = dataclasses.replace(witness, **_witness_sids(changed, sizes))
-    assert not witness_holds(index, items_path, other)
+    assert witness_order(index, items_path, other) is None
     assert not _same_as_catalog(bundle, changed, item_ids)
     with pytest.raises(BundleError):
         check_against_witness(bundle, other)
@@ -119,13 +119,13 @@ def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory,
     movable = [k for k in range(1, len(offsets) - 1) if offsets[k] - offsets[k - 1] > 1]
     if movable:
         offsets[pick.choice(movable)] -= 1
-        assert not witness_holds(dataclasses.replace(index, leaf_offsets=offsets), items_path, witness)
+        assert witness_order(dataclasses.replace(index, leaf_offsets=offsets), items_path, witness) is None
 
     # A version whose items.parquet holds a wrong id, then one with two items of different leaves swapped.
     wrong = item_ids.to_pylist()
     wrong[pick.randrange(n)] = 10**9 if isinstance(wrong[0], int) else "not-in-the-catalog"
     written = _published(tmp_path_factory, built, pa.array(wrong, type=item_ids.type))
-    assert not witness_holds(index, _items_path(written), witness)
+    assert witness_order(index, _items_path(written), witness) is None
     leaf_of = np.repeat(np.arange(index.num_leaves), np.diff(index.leaf_offsets))
     pairs = [(x, y) for x in range(n) for y in range(x + 1, n) if leaf_of[x] != leaf_of[y]]
     if pairs:
@@ -133,13 +133,25 @@ def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory,
         swapped = witness.item_order.copy()
         swapped[[x, y]] = swapped[[y, x]]
         written = _published(tmp_path_factory, dataclasses.replace(built, item_order=swapped), item_ids)
-        assert not witness_holds(index, _items_path(written), witness)
+        assert witness_order(index, _items_path(written), witness) is None
         assert not _same_as_catalog(written, sids, item_ids)
         with pytest.raises(BundleError, match="holds item") as raised:
             check_against_witness(written, witness)
         with pytest.raises(BundleError) as reference:
             check_against_catalog(written, witness.as_catalog())
         assert str(raised.value) == str(reference.value)  # the same message as verify --catalog
+    # Two items of one leaf in each other's place, in the version and the witness: accepted, reported.
+    same = [(x, y) for x in range(n) for y in range(x + 1, n) if leaf_of[x] == leaf_of[y]]
+    if same:
+        x, y = pick.choice(same)
+        swapped = witness.item_order.copy()
+        swapped[[x, y]] = swapped[[y, x]]
+        written = _published(tmp_path_factory, dataclasses.replace(built, item_order=swapped), item_ids)
+        moved = dataclasses.replace(witness, item_order=swapped)
+        assert witness_order(index, _items_path(written), moved) is False
+        report = check_against_witness(written, moved)
+        assert report == check_against_catalog(written, witness.as_catalog())
+        assert not report["item_order_matches"]
 
 
 def test_a_spilled_copy_is_equal_and_leaves_no_file(tmp_path):

@@ -137,7 +137,7 @@ def witness_sids(packed: PackedSids | None, sids: Any, spill_dir: Path | None) -
 
 def witness_report(bundle: Any, witness: BuildWitness) -> dict | None:
     """check_against_catalog's report for the catalog `witness` holds, proven through its item order:
-    {"rows", "distinct_sids", "matched": True, "item_order_matches": True}; None where the witness does not
+    {"rows", "distinct_sids", "matched": True, "item_order_matches"}; None where the witness does not
     hold (the version or the witness is wrong: the caller compares in full, which names the difference).
     The version's structure (tables, leaf offsets) must have been verified first."""
     manifest, vdir = bundle.manifest, bundle.path
@@ -149,21 +149,23 @@ def witness_report(bundle: Any, witness: BuildWitness) -> dict | None:
         raise BundleError(
             f"{vdir / MANIFEST_NAME}: the last step has {last} children, {index.num_leaves} leaves"
         )
-    if not witness_holds(index, vdir / manifest["leaves"]["files"]["items"], witness):
+    in_order = witness_order(index, vdir / manifest["leaves"]["files"]["items"], witness)
+    if in_order is None:
         return None
-    return {"rows": n, "distinct_sids": index.num_leaves, "matched": True, "item_order_matches": True}
+    return {"rows": n, "distinct_sids": index.num_leaves, "matched": True, "item_order_matches": in_order}
 
 
-def witness_holds(index: Any, items_path: Path, witness: BuildWitness) -> bool:
-    """Whether every position of the version passes witness_math.check_keys (check_tokens) and its item is the
-    catalog id of the witness's row there; items.parquet read in batches."""
+def witness_order(index: Any, items_path: Path, witness: BuildWitness) -> bool | None:
+    """None unless every position of the version passes witness_math.check_keys (check_tokens) and its
+    item is the catalog id of the witness's row there (items.parquet read in batches); else whether every
+    leaf holds its items in catalog order."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     n = witness.num_items
     order = np.asarray(witness.item_order)
     if order.shape != (n,):
-        return False
+        return None
     csr = steps_as_csr(index.steps)
     offsets = np.asarray(index.leaf_offsets)
     sizes, bits = witness.codebook_sizes, key_bits(witness.codebook_sizes)
@@ -176,36 +178,39 @@ def witness_holds(index: Any, items_path: Path, witness: BuildWitness) -> bool:
         first, words, shifts = np.zeros(0, np.uint16), empty_words, np.zeros(len(sizes), np.uint64)
     masks = np.array([(1 << b) - 1 for b in bits], dtype=np.uint64)
     seen = np.zeros(n, dtype=np.uint8)
+    state = np.array([-1, -1, 0], dtype=np.int64)
     item_ids = witness.item_ids
     try:
         parquet = pq.ParquetFile(str(items_path), memory_map=True)
         if parquet.metadata.num_rows != n or parquet.schema_arrow.field(ITEM_COLUMN).type != item_ids.type:
-            return False
+            return None
         lo = 0
         for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=[ITEM_COLUMN]):
             hi = lo + batch.num_rows
             if hi > n:
-                return False
+                return None
             at = offsets.dtype.type
             first_leaf = int(np.searchsorted(offsets, at(lo), side="right")) - 1
             end_leaf = int(np.searchsorted(offsets, at(hi - 1), side="right"))
             if keys is not None:
                 leaf_key = leaf_keys(csr, bits, first_leaf, end_leaf)
-                bad = check_keys(order, lo, hi, offsets, first_leaf, leaf_key, keys, seen)
+                bad = check_keys(order, lo, hi, offsets, first_leaf, leaf_key, keys, seen, state)
             else:
                 tokens = leaf_tokens(csr, first_leaf, end_leaf)
                 bad = check_tokens(
-                    order, lo, hi, offsets, first_leaf, tokens, first, words, shifts, masks, sids, seen
+                    order, lo, hi, offsets, first_leaf, tokens, first, words, shifts, masks, sids, seen, state
                 )
             if bad >= 0:
-                return False
+                return None
             got = batch.column(0)
             if got.null_count or not pa.chunked_array([got]).equals(_take(item_ids, order[lo:hi])):
-                return False
+                return None
             lo = hi
     except (OSError, KeyError, pa.ArrowException):
-        return False
-    return lo == n and bool(seen.all())  # n positions naming every row once: a permutation
+        return None
+    if lo != n or not seen.all():  # n positions naming every row, each once: a permutation
+        return None
+    return not state[2]
 
 
 def _take(item_ids: Any, rows: np.ndarray) -> Any:

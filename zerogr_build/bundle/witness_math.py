@@ -113,7 +113,7 @@ def unpack_keys(keys: np.ndarray, bits: list[int]) -> np.ndarray:
 
 
 @nb.njit(cache=True)
-def check_keys(order, lo, hi, leaf_offsets, first_leaf, leaf_key, keys, seen):
+def check_keys(order, lo, hi, leaf_offsets, first_leaf, leaf_key, keys, seen, state):
     """Check positions lo..hi-1 of the witness, SIDs as 64-bit keys.
 
     order         int [N]: catalog row at each position (the witness).
@@ -121,6 +121,8 @@ def check_keys(order, lo, hi, leaf_offsets, first_leaf, leaf_key, keys, seen):
     first_leaf    the leaf holding position lo; leaf_key uint64 [m]: keys of leaves first_leaf.. (leaf_keys).
     keys          uint64 [N]: the SID key of every catalog row.
     seen          uint8 [N]: set to 1 at every row named (the caller checks that all are, at the end).
+    state         int64 [3]: (leaf, row) of the position before lo (-1, -1 at the start), then 1 once a
+                  leaf's rows are not in catalog order; updated.
     Returns -1, or the first position whose row is out of range or whose key is not its leaf's.
     """
     n = order.shape[0]
@@ -132,11 +134,16 @@ def check_keys(order, lo, hi, leaf_offsets, first_leaf, leaf_key, keys, seen):
         if r < 0 or r >= n or keys[r] != leaf_key[k - first_leaf]:
             return j
         seen[r] = 1
+        if state[0] == k and state[1] > r:
+            state[2] = 1
+        state[0], state[1] = k, r
     return -1
 
 
 @nb.njit(cache=True)
-def check_tokens(order, lo, hi, leaf_offsets, first_leaf, tokens, first, words, shifts, masks, sids, seen):
+def check_tokens(
+    order, lo, hi, leaf_offsets, first_leaf, tokens, first, words, shifts, masks, sids, seen, state
+):
     """check_keys for SIDs wider than 64 bits (one position after the other).
 
     tokens        uint64 [L, m]: the SIDs of leaves first_leaf.. (leaf_tokens).
@@ -166,4 +173,7 @@ def check_tokens(order, lo, hi, leaf_offsets, first_leaf, tokens, first, words, 
                 if sids[r, t] < 0 or np.uint64(sids[r, t]) != tokens[t, c]:
                     return j
         seen[r] = 1
+        if state[0] == k and state[1] > r:
+            state[2] = 1
+        state[0], state[1] = k, r
     return -1
