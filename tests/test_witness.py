@@ -152,6 +152,17 @@ def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory,
         report = check_against_witness(written, moved)
         assert report == check_against_catalog(written, witness.as_catalog())
         assert not report["item_order_matches"]
+        # A sort that named one row twice in a leaf (and another never) wrote a version that agrees with
+        # its witness everywhere but in the permutation: refused.
+        twice = witness.item_order.copy()
+        twice[x] = twice[y]
+        written = _published(tmp_path_factory, dataclasses.replace(built, item_order=twice), item_ids)
+        assert not _same_as_catalog(written, sids, item_ids)
+        assert (
+            witness_order(index, _items_path(written), dataclasses.replace(witness, item_order=twice)) is None
+        )
+        with pytest.raises(BundleError):
+            check_against_witness(written, dataclasses.replace(witness, item_order=twice))
 
 
 def test_a_spilled_copy_is_equal_and_leaves_no_file(tmp_path):
