@@ -42,19 +42,23 @@ def catalogs(draw):
     return sids, item_ids, sizes
 
 
-def _version(tmp_path, sids, item_ids, sizes):
+def _version(tmp_path, sids, item_ids, sizes, spill: bool = False):
     """(opened version, its witness) of a real build of the catalog; the witness packed when it can be."""
     index = build_index(sids, sizes)
     published = publish_bundle(index, item_ids, tmp_path / "out", manifest_fields={})
     witness = BuildWitness(
-        sizes, **_witness_sids(sids, sizes), item_ids=item_ids, item_order=index.item_order
+        sizes,
+        **_witness_sids(sids, sizes, tmp_path if spill else None),
+        item_ids=item_ids,
+        item_order=index.item_order,
     )
     return open_bundle(published.path, verify_checksums=False), witness, index
 
 
-def _witness_sids(sids, sizes) -> dict:
-    """The SID fields of the witness a build that read `sids` keeps (as the build keeps them)."""
-    return witness_sids(pack_sids(sids, sizes) if packable(len(sids), sizes) else None, sids, None)
+def _witness_sids(sids, sizes, spill_dir=None) -> dict:
+    """The SID fields of the witness a build that read `sids` keeps (as the build keeps them; spilled to
+    a file in spill_dir when given)."""
+    return witness_sids(pack_sids(sids, sizes) if packable(len(sids), sizes) else None, sids, spill_dir)
 
 
 def _pairs(sids, item_ids):
@@ -87,7 +91,8 @@ SETTINGS = settings(
 @given(data=catalogs(), pick=st.randoms(use_true_random=False))
 def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory, data, pick):
     sids, item_ids, sizes = data
-    bundle, witness, built = _version(tmp_path_factory.mktemp("w"), sids, item_ids, sizes)
+    spill = pick.random() < 0.5
+    bundle, witness, built = _version(tmp_path_factory.mktemp("w"), sids, item_ids, sizes, spill)
     index, items_path = bundle.index, _items_path(bundle)
     assert witness_order(index, items_path, witness) is True and _same_as_catalog(bundle, sids, item_ids)
     assert check_against_witness(bundle, witness) == check_against_catalog(bundle, witness.as_catalog())
