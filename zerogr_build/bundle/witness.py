@@ -180,6 +180,7 @@ def witness_order(index: Any, items_path: Path, witness: BuildWitness) -> bool |
     seen = np.zeros(n, dtype=np.uint8)
     state = np.array([-1, -1, 0], dtype=np.int64)
     item_ids = witness.item_ids
+    ids = _integer_ids(item_ids)  # compared in check_keys; otherwise by Arrow, batch by batch
     try:
         parquet = pq.ParquetFile(str(items_path), memory_map=True)
         if parquet.metadata.num_rows != n or parquet.schema_arrow.field(ITEM_COLUMN).type != item_ids.type:
@@ -192,9 +193,16 @@ def witness_order(index: Any, items_path: Path, witness: BuildWitness) -> bool |
             at = offsets.dtype.type
             first_leaf = int(np.searchsorted(offsets, at(lo), side="right")) - 1
             end_leaf = int(np.searchsorted(offsets, at(hi - 1), side="right"))
+            got = batch.column(0)
+            if got.null_count:
+                return None
+            fused = keys is not None and ids.shape[0] > 0
             if keys is not None:
                 leaf_key = leaf_keys(csr, bits, first_leaf, end_leaf)
-                bad = check_keys(order, lo, hi, offsets, first_leaf, leaf_key, keys, seen, state)
+                got_ids = got.to_numpy() if fused else ids
+                bad = check_keys(
+                    order, lo, hi, offsets, first_leaf, leaf_key, keys, seen, state, ids, got_ids
+                )
             else:
                 tokens = leaf_tokens(csr, first_leaf, end_leaf)
                 bad = check_tokens(
@@ -202,8 +210,7 @@ def witness_order(index: Any, items_path: Path, witness: BuildWitness) -> bool |
                 )
             if bad >= 0:
                 return None
-            got = batch.column(0)
-            if got.null_count or not pa.chunked_array([got]).equals(_take(item_ids, order[lo:hi])):
+            if not fused and not pa.chunked_array([got]).equals(_take(item_ids, order[lo:hi])):
                 return None
             lo = hi
     except (OSError, KeyError, pa.ArrowException):
@@ -211,6 +218,18 @@ def witness_order(index: Any, items_path: Path, witness: BuildWitness) -> bool |
     if lo != n or not seen.all():  # n positions naming every row, each once: a permutation
         return None
     return not state[2]
+
+
+def _integer_ids(item_ids: Any) -> np.ndarray:
+    """The catalog's item ids as a NumPy view when they are integers in one chunk without nulls, else
+    an empty int64 array."""
+    import pyarrow as pa
+
+    if isinstance(item_ids, pa.ChunkedArray) and item_ids.num_chunks == 1:
+        item_ids = item_ids.chunk(0)
+    if isinstance(item_ids, pa.Array) and pa.types.is_integer(item_ids.type) and not item_ids.null_count:
+        return item_ids.to_numpy(zero_copy_only=True)
+    return np.zeros(0, np.int64)
 
 
 def _take(item_ids: Any, rows: np.ndarray) -> Any:

@@ -113,7 +113,7 @@ def unpack_keys(keys: np.ndarray, bits: list[int]) -> np.ndarray:
 
 
 @nb.njit(cache=True)
-def check_keys(order, lo, hi, leaf_offsets, first_leaf, leaf_key, keys, seen, state):
+def check_keys(order, lo, hi, leaf_offsets, first_leaf, leaf_key, keys, seen, state, ids, got):
     """Check positions lo..hi-1 of the witness, SIDs as 64-bit keys.
 
     order         int [N]: catalog row at each position (the witness).
@@ -123,15 +123,21 @@ def check_keys(order, lo, hi, leaf_offsets, first_leaf, leaf_key, keys, seen, st
     seen          uint8 [N]: set to 1 at every row named (the caller checks that all are, at the end).
     state         int64 [3]: (leaf, row) of the position before lo (-1, -1 at the start), then 1 once a
                   leaf's rows are not in catalog order; updated.
-    Returns -1, or the first position whose row is out of range or whose key is not its leaf's.
+    ids, got      int [N] the catalog's integer item ids and int [hi - lo] the version's items at lo..hi-1
+                  (the same dtype), or both empty (the caller compares the ids).
+    Returns -1, or the first position whose row is out of range or whose key (id) is not its leaf's (the
+    version's).
     """
     n = order.shape[0]
+    with_ids = ids.shape[0] > 0
     k = first_leaf
     for j in range(lo, hi):
         while leaf_offsets[k + 1] <= j:
             k += 1
         r = order[j]
         if r < 0 or r >= n or keys[r] != leaf_key[k - first_leaf]:
+            return j
+        if with_ids and ids[r] != got[j - lo]:
             return j
         seen[r] = 1
         if state[0] == k and state[1] > r:
