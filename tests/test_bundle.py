@@ -310,8 +310,14 @@ CORRUPTIONS = {
 }
 
 
+@pytest.mark.parametrize("chunk", [1 << 20, 1, 3])
 @pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
-def test_verify_catches_corruption(bundle_dir, kind):
+def test_verify_catches_corruption(bundle_dir, kind, chunk, monkeypatch):
+    """Each corruption named by its file; the structural checks also read in small chunks (row and
+    chunk boundaries anywhere: the untouched version passes, the corrupted one fails alike)."""
+    import zerogr_build.bundle.verify as verify
+
+    monkeypatch.setattr(verify, "CHECK_CHUNK", chunk)
     name, change, message = CORRUPTIONS[kind]
     verify_bundle(bundle_dir)
     rewrite_array(bundle_dir, name, change)

@@ -26,6 +26,7 @@ from .cuda.cache import bundle_kernel_files
 
 if TYPE_CHECKING:
     from .bundle.files import HashCache
+    from .bundle.witness import BuildWitness, KeepWitness
     from .catalog import Catalog
     from .index import SidIndex
 
@@ -130,16 +131,24 @@ def build_bundle(
     progress: Progress = NULL_PROGRESS,
     load_to_device: DeviceLoad | None = None,
     manifest_extra: Mapping[str, Any] | None = None,
+    keep_witness: KeepWitness | None = None,
 ) -> dict[str, Any]:
     """_build_bundle (settings.engine "ray": build_bundle_partitioned), warning once with
     KernelCompileWarning when numba compiles (a cold first run). manifest_extra: more manifest fields
-    (e.g. the `rebuild_run` of a rebuild's version)."""
+    (e.g. the `rebuild_run` of a rebuild's version). keep_witness: the local engine stores in it what
+    verify_with_catalog(witness=...) needs to check this version against the catalog as it was read
+    (bundle/witness.py); the ray engine leaves it empty."""
     extra = dict(manifest_extra or {})
     with on_first_compile(_warn_compiling):
         if settings.engine == "ray":
             return _build_partitioned(catalog_path, settings, progress, extra)
         return _build_bundle(
-            catalog_path, settings, progress=progress, load_to_device=load_to_device, manifest_extra=extra
+            catalog_path,
+            settings,
+            progress=progress,
+            load_to_device=load_to_device,
+            manifest_extra=extra,
+            keep_witness=keep_witness,
         )
 
 
@@ -213,6 +222,7 @@ def _build_bundle(
     progress: Progress = NULL_PROGRESS,
     load_to_device: DeviceLoad | None = None,
     manifest_extra: Mapping[str, Any] | None = None,
+    keep_witness: KeepWitness | None = None,
 ) -> dict[str, Any]:
     """Read and validate the catalog, build every step table, publish the next version under
     settings.out (and, with settings.device = cuda:N, stream the tables to that GPU).
@@ -247,6 +257,7 @@ def _build_bundle(
     progress.stage("sort/tables")
     policy = _format_policy(settings)
     workers = settings.workers or None
+    witness = _witness_of(catalog, keep_witness)  # before the sort consumes the packed SIDs
     if catalog.packed is not None:
         index = build_index_packed(
             catalog.packed,
@@ -264,6 +275,9 @@ def _build_bundle(
             workers=workers,
         )
     timings["build"] = time.perf_counter() - t
+    if witness is not None and keep_witness is not None:
+        witness.item_order = index.item_order
+        keep_witness.witness = witness
     catalog_info = {
         "path": catalog.path,
         "fingerprint": catalog.fingerprint,
@@ -324,6 +338,21 @@ def _build_bundle(
         "device_load": device_load,
         "kernels": {"files": sorted(kernel_files), "skipped": kernels_skipped},
     }
+
+
+def _witness_of(catalog: Catalog, keep: KeepWitness | None) -> BuildWitness | None:
+    """The BuildWitness of `catalog` when `keep` asks for one (its SIDs copied, spilled to keep.spill_dir;
+    item_order filled in once the index is built), else None."""
+    if keep is None:
+        return None
+    from .bundle.witness import BuildWitness, witness_sids
+
+    return BuildWitness(
+        codebook_sizes=tuple(catalog.codebook_sizes),
+        **witness_sids(catalog.packed, catalog.sids, keep.spill_dir),
+        item_ids=catalog.item_ids,
+        item_order=np.zeros(0, np.int64),
+    )
 
 
 def inspect_bundle(path: str | Path | None = None) -> dict[str, Any]:
@@ -387,9 +416,11 @@ def verify_with_catalog(
     overrides: Mapping[str, Any] | None = None,
     progress: Progress = NULL_PROGRESS,
     hash_cache: HashCache | None = None,
+    witness: BuildWitness | None = None,
 ) -> dict[str, Any]:
     """`zerogr verify`: bundle.verify_bundle of a version dir (or an OUT dir via LATEST; `hash_cache`: a
-    run's HashCache, passed on), and with
+    run's HashCache, passed on). `witness` (a rebuild's, from build_bundle's keep_witness): the
+    comparison with the catalog as that build read it, instead of reading `catalog_path` again. Else with
     `catalog_path` exact equality with that catalog, read with the bundle's own codebook sizes and the
     catalog columns the bundle was built with (its manifest's settings), unless `config_file`'s [build]
     table or `overrides` name others (config.load_settings with `recorded`). Returns verify_bundle's
@@ -397,6 +428,9 @@ def verify_with_catalog(
     from .bundle import load_manifest, resolve_bundle, verify_bundle
 
     version_dir = resolve_bundle(path)
+    if witness is not None:
+        progress.stage("verify")
+        return verify_bundle(version_dir, witness=witness, hash_cache=hash_cache)
     catalog = None
     if catalog_path is not None:
         manifest = load_manifest(version_dir)

@@ -20,6 +20,10 @@ from .kernel_files import KERNEL_HEAD_BYTES, kernel_problem
 from .quality import QUALITY_DIR, load_quality, quality_key
 from .reader import Bundle, open_bundle
 from .verify_math import stable_argsort_keys
+from .witness import BuildWitness, witness_report
+
+#: Entries of a table that the structural checks look at together.
+CHECK_CHUNK = 1 << 20
 
 _KERNEL_NAME = re.compile(r"^kernels/(sm_\d{2,3}[af]?)/[A-Za-z0-9_]+\.(cubin|ptx)$")
 
@@ -30,6 +34,7 @@ def verify_bundle(
     *,
     checksums: bool = True,
     hash_cache: HashCache | None = None,
+    witness: BuildWitness | None = None,
 ) -> dict:
     """Verify a bundle version completely (a version dir, or an OUT dir via LATEST).
 
@@ -41,6 +46,9 @@ def verify_bundle(
     they read are unchanged. The catalog comparison, when asked for, always runs.
     catalog: a zerogr_build.catalog.Catalog (.sids [N, L] ints, .item_ids pyarrow Array in catalog row
     order, .codebook_sizes) to compare against, or None.
+    witness: instead of `catalog`, the witness of the build that wrote this version (bundle/witness.py):
+    the same exact comparison with the catalog as that build read it, without sorting it again.
+    With either, the items' uniqueness check is left to that comparison (the catalog's ids are unique).
     Returns {"bundle", "version", "ok": True, "files", "bytes", "steps": [...], "leaves", "items",
     "catalog": None | {...}, "unlisted_files": [...]}.
     """
@@ -74,12 +82,19 @@ def verify_bundle(
         # checked with the manifest); checking them again here costs nothing and keeps one code path.
         offsets_path = leaf_map_path(version_dir, leaves)
         check_leaf_offsets(np.asarray(bundle.index.leaf_offsets), leaves["items"], offsets_path)
-        check_unique_items(bundle.items(), version_dir / leaves["files"]["items"])
-        if hash_cache is not None and _structure_key(version_dir, manifest, hash_cache) == structure:
-            hash_cache.record_pass(structure)  # the files were not changed while they were checked
+        if catalog is None and witness is None:  # else implied by equality with the catalog's unique ids
+            check_unique_items(bundle.items(), version_dir / leaves["files"]["items"])
     catalog_report = None
     if catalog is not None:
         catalog_report = check_against_catalog(bundle, catalog)
+    elif witness is not None:
+        catalog_report = check_against_witness(bundle, witness)
+    if (
+        not already
+        and hash_cache is not None
+        and _structure_key(version_dir, manifest, hash_cache) == structure
+    ):
+        hash_cache.record_pass(structure)  # the files were not changed while they were checked
     kernels = check_kernel_files(version_dir, manifest)
     quality = check_quality_files(version_dir, manifest)
     listed = set(manifest["files"]) | {MANIFEST_NAME, SIGNATURE_NAME}
@@ -156,26 +171,35 @@ def check_quality_files(version_dir: Path, manifest: dict) -> dict[str, str]:
 
 def check_sparse_step(table, indptr_path: Path, tokens_path: Path) -> None:
     """indptr: starts at 0, ends at nnz, strictly increasing (every row is a real prefix, so it has at
-    least one child), largest gap = max_slots. tokens: in 0..V-1 and strictly ascending within each row."""
-    indptr = np.asarray(table.indptr, dtype=np.int64)
-    counts = _check_offsets(indptr, table.nnz, f"nnz {table.nnz}", indptr_path, "row", "children", "indptr")
-    if int(counts.max()) != table.max_slots:
+    least one child), largest gap = max_slots. tokens: in 0..V-1 and strictly ascending within each row.
+    Both read CHECK_CHUNK entries at a time (no temporary as large as a table)."""
+    indptr = np.asarray(table.indptr)
+    largest = _check_offsets(indptr, table.nnz, f"nnz {table.nnz}", indptr_path, "row", "children", "indptr")
+    if largest != table.max_slots:
         raise BundleError(
-            f"{indptr_path}: largest row has {counts.max()} children, manifest max_slots {table.max_slots}"
+            f"{indptr_path}: largest row has {largest} children, manifest max_slots {table.max_slots}"
         )
     tokens = np.asarray(table.tokens)
-    if (tokens.dtype.kind == "i" and int(tokens.min()) < 0) or int(tokens.max()) >= table.codebook_size:
+    if tokens.size and (
+        (tokens.dtype.kind == "i" and int(tokens.min()) < 0) or int(tokens.max()) >= table.codebook_size
+    ):
         j = int(np.flatnonzero((tokens.astype(np.int64) < 0) | (tokens >= table.codebook_size))[0])
         raise BundleError(
             f"{tokens_path}: token {tokens[j]} at position {j} outside 0..{table.codebook_size - 1}"
         )
-    not_ascending = tokens[1:] <= tokens[:-1]
-    # Comparisons across a row boundary (position j-1 ends a row, j starts the next) don't count.
-    not_ascending[indptr[1:-1] - 1] = False
-    if not_ascending.any():
-        j = int(np.flatnonzero(not_ascending)[0]) + 1
-        row = int(np.searchsorted(indptr, j, side="right") - 1)
-        raise BundleError(f"{tokens_path}: tokens of row {row} not strictly ascending at position {j}")
+    for a in range(0, tokens.shape[0], CHECK_CHUNK):
+        b = min(tokens.shape[0], a + CHECK_CHUNK + 1)
+        not_ascending = tokens[a + 1 : b] <= tokens[a : b - 1]  # [i]: position a + 1 + i vs the one before
+        # Comparisons across a row boundary (a row starts at position s, a < s < b) don't count.
+        at = indptr.dtype.type  # keys of the array's own type: no converted copy of it
+        starts = indptr[
+            np.searchsorted(indptr, at(a), side="right") : np.searchsorted(indptr, at(b - 1), side="right")
+        ]
+        not_ascending[starts.astype(np.int64) - a - 1] = False
+        if not_ascending.any():
+            j = a + 1 + int(np.flatnonzero(not_ascending)[0])
+            row = int(np.searchsorted(indptr, j, side="right") - 1)
+            raise BundleError(f"{tokens_path}: tokens of row {row} not strictly ascending at position {j}")
 
 
 def check_dense_step(table, next_path: Path) -> None:
@@ -213,15 +237,21 @@ def check_leaf_offsets(offsets: np.ndarray, n_items: int, path: Path) -> None:
 
 def _check_offsets(
     offsets: np.ndarray, end: int, end_text: str, path: Path, part: str, members: str, array: str
-) -> np.ndarray:
-    """CSR offsets [k+1]: 0 first, `end` last, strictly increasing (no empty `part`). Returns the sizes."""
+) -> int:
+    """CSR offsets [k+1]: 0 first, `end` last, strictly increasing (no empty `part`), CHECK_CHUNK at a
+    time. Returns the largest size (0 when k = 0)."""
     if offsets[0] != 0 or offsets[-1] != end:
         raise BundleError(f"{path}: must start at 0 and end at {end_text}, got {offsets[0]}..{offsets[-1]}")
-    sizes = np.diff(offsets)
-    if (sizes < 1).any():
-        k = int(np.flatnonzero(sizes < 1)[0])
-        raise BundleError(f"{path}: {part} {k} has {sizes[k]} {members} ({array} must strictly increase)")
-    return sizes
+    largest = 0
+    for lo in range(0, offsets.shape[0] - 1, CHECK_CHUNK):
+        sizes = np.diff(offsets[lo : lo + CHECK_CHUNK + 1].astype(np.int64))
+        if (sizes < 1).any():
+            k = int(np.flatnonzero(sizes < 1)[0])
+            raise BundleError(
+                f"{path}: {part} {lo + k} has {sizes[k]} {members} ({array} must strictly increase)"
+            )
+        largest = max(largest, int(sizes.max()))
+    return largest
 
 
 def check_unique_items(items, path: Path) -> None:
@@ -285,6 +315,13 @@ def _sorted_member(keys: np.ndarray, sorted_pool: np.ndarray) -> np.ndarray:
         return np.zeros(keys.shape[0], dtype=bool)
     pos = np.minimum(np.searchsorted(sorted_pool, keys), sorted_pool.shape[0] - 1)
     return sorted_pool[pos] == keys
+
+
+def check_against_witness(bundle: Bundle, witness: BuildWitness) -> dict:
+    """check_against_catalog for the catalog a build's witness holds (bundle/witness.py): through the
+    witness when it holds, else in full (a mismatch raises its BundleError; a wrong witness of a right
+    version passes)."""
+    return witness_report(bundle, witness) or check_against_catalog(bundle, witness.as_catalog())
 
 
 def check_against_catalog(bundle: Bundle, catalog: Any) -> dict:

@@ -230,10 +230,11 @@ def rebuild(
     room on disk (pruning versions beyond --keep when short). Then the catalog's fingerprint: when it, the
     model tag, the codebook sizes and the build settings equal LATEST's, no version is built (exit 0,
     the live version printed; --force builds anyway). Steps: build publishes OUT/vNNNNNN without moving
-    LATEST; verify checks it against CATALOG; the guards compare it with LATEST (exit 6 and the version
-    removed when one fires; --accept-change REASON lets it through); tune writes the device's plan (copied
-    from LATEST's when nothing that decides it changed; --retune measures); verify again; the gate
-    (optional) records filter_first or score_first; promote moves LATEST; --push publishes it.
+    LATEST; verify checks it exactly against CATALOG as the build read it; the guards compare it with
+    LATEST (exit 6 and the version removed when one fires; --accept-change REASON lets it through); tune
+    writes the device's plan (copied from LATEST's when nothing that decides it changed; --retune
+    measures); verify again; the gate (optional) records filter_first or score_first; promote moves
+    LATEST; --push publishes it.
     Progress and one line per step go to stderr (every line starts with the run id in a log), the
     version dir to stdout. A version that fails after its build is removed, except one that fails
     verification (kept for inspection). --metrics-file is written as the run starts (running) and on every

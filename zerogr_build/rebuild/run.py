@@ -23,6 +23,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,7 @@ from .request import RebuildRequest, check_request, previous_version
 
 if TYPE_CHECKING:
     from ..bundle.files import HashCache
+    from ..bundle.witness import KeepWitness
 
 Log = Callable[[str], None]
 
@@ -178,10 +180,13 @@ def _new_version(
 ) -> None:
     """Build, verify, guard, tune, gate and promote a new version; remove it unless it was promoted (or
     kept for inspection)."""
-    if not _build(request, out, result, stage, progress, log):
+    from ..bundle.witness import KeepWitness
+
+    kept = KeepWitness(spill_dir=out)  # the catalog as the build read it, for verify (bundle/witness.py)
+    if not _build(request, out, result, stage, progress, log, kept):
         return
     try:
-        _after_build(request, result, stage, previous, progress, log)
+        _after_build(request, result, stage, previous, progress, log, kept)
     except Exception as exc:  # a bug past every stage's own handling: remove the unpromoted version, re-raise
         result.fail(EXIT_CRASH, "crash", failure_message(exc))
         remove_unpromoted(result, log)
@@ -235,7 +240,13 @@ def _manifest_facts(manifest: dict[str, Any]) -> dict[str, float]:
 
 
 def _build(
-    request: RebuildRequest, out: Path, result: RebuildResult, stage: _Stages, progress: Progress, log: Log
+    request: RebuildRequest,
+    out: Path,
+    result: RebuildResult,
+    stage: _Stages,
+    progress: Progress,
+    log: Log,
+    kept: KeepWitness,
 ) -> bool:
     from ..pipeline import build_bundle
 
@@ -247,6 +258,7 @@ def _build(
                 replace(request.settings, promote=False),
                 progress=progress,
                 manifest_extra={"rebuild_run": result.run_id},
+                keep_witness=kept,
             )
     except InputError as exc:
         result.fail(EXIT_USAGE, "build", failure_message(exc))
@@ -283,6 +295,7 @@ def _after_build(
     previous: Path | None,
     progress: Progress,
     log: Log,
+    kept: KeepWitness,
 ) -> None:
     from ..bundle.files import HashCache
     from ..pipeline import verify_with_catalog
@@ -291,8 +304,12 @@ def _after_build(
     assert vdir is not None
     hashes = HashCache()  # each file hashed once in this run unless it changed (tune and gate add files)
     with stage("verify"):
-        check = lambda: verify_with_catalog(vdir, request.catalog, hash_cache=hashes)  # noqa: E731
-        if not _verify(check, "verify", result, log):
+        # Against the catalog as the build read it (its witness; the ray engine has none: read again).
+        witness, kept.witness = kept.witness, None
+        check = partial(verify_with_catalog, vdir, request.catalog, hash_cache=hashes, witness=witness)
+        passed = _verify(check, "verify", result, log)
+        del witness, check  # the catalog's copy goes before the guards
+        if not passed:
             return
     if request.guards is not None and not _guards(request, vdir, result, stage, progress, log):
         return
