@@ -172,14 +172,14 @@ class _Watchdog:
 
     def _run(self, on_forced_exit: Callable[[int], None] | None, grace: float) -> None:
         signum = None
-        try:
-            while signum is None:
-                data = os.read(self.read_fd, 64)
-                if not data or 0 in data:  # disarmed
-                    return
-                signum = next((n for n in data if n in SIGNALS), None)
-        finally:
-            os.close(self.read_fd)
+        while signum is None:
+            data = os.read(self.read_fd, 64)
+            if not data or 0 in data:  # disarmed
+                os.close(self.read_fd)
+                return
+            signum = next((n for n in data if n in SIGNALS), None)
+        # The read end stays open until the process ends: a later signal's write to the wakeup fd would
+        # otherwise fail with EPIPE, which Python reports on stderr with a traceback.
         time.sleep(grace)
         name = signal_name(signum)
         try:
