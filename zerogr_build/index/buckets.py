@@ -2,9 +2,10 @@
 bucket holds the packed words (tokens 1.., catalog row) of the SIDs sharing a first token. Chunks are
 contiguous bucket ranges, so every kernel here runs its chunks in parallel without locks.
 
-* `sort_and_mark_buckets`: sort each bucket and, while it is still in cache, mark where every sorted
-  position first differs from its predecessor (one pass over the words instead of two).
-* `fill_steps`: write the tokens and row starts of several steps in one pass over the sorted words.
+* `sort_and_mark_buckets`: sort each bucket and, while it is still in cache, count the new prefixes of
+  every length and mark where each leaf starts (one bit per item: no per-item array beside the words).
+* `fill_steps`: write the tokens and row starts of several steps in one pass over the sorted words,
+  finding each position's first differing step again from the words (cheaper than storing it).
 """
 
 from __future__ import annotations
@@ -17,20 +18,21 @@ INSERTION_SORT_MAX = 48
 
 
 @njit(cache=True, parallel=True)
-def sort_and_mark_buckets(
-    words, bucket_starts, chunk_buckets, key_lo, key_bits, shifts, num_steps, first_diff
-):
+def sort_and_mark_buckets(words, bucket_starts, chunk_buckets, key_lo, key_bits, shifts, leaf_bits, edges):
     """Sort each bucket's words by their token bits [key_lo, key_lo + key_bits), keeping row order on ties,
-    and write first_diff.
+    count the new prefixes and mark where each leaf starts.
 
     words uint64 [N] (each bucket in catalog order: the scatter is stable), bucket_starts int64 [B+1],
-    chunk_buckets int64 [C+1], shifts int64 [L] (where token t starts in a word), first_diff uint8 [N]
-    (output): the first step whose token differs from sorted position p-1 (0 at a bucket's first position,
-    num_steps for a repeated SID). A stable LSD radix sort on the token bits alone keeps catalog order among
-    equal SIDs without comparing row bits.
-    Returns int64 [C, L]: per chunk, how many positions start a new length-(t+1) prefix (first_diff <= t).
+    chunk_buckets int64 [C+1], shifts int64 [L] (where token t starts in a word). A stable LSD radix sort
+    on the token bits alone keeps catalog order among equal SIDs without comparing row bits.
+    leaf_bits uint8 [ceil(N / 8)] (zeros in, output): bit p % 8 of byte p // 8 set where sorted position p
+    starts a leaf (a distinct SID), except in the first and last byte of each chunk's positions, which a
+    neighbouring chunk may share: those bits go to edges uint8 [C, 2] (zeros in) for the caller to OR in
+    (merge_edge_bits).
+    Returns int64 [C, L]: per chunk, how many positions start a new length-(t+1) prefix
+    (first_differing_step <= t).
     """
-    num_chunks = chunk_buckets.shape[0] - 1
+    num_chunks, num_steps = chunk_buckets.shape[0] - 1, shifts.shape[0]
     counts = np.zeros((num_chunks, num_steps), dtype=np.int64)
     for c in prange(num_chunks):
         largest = 0
@@ -38,14 +40,27 @@ def sort_and_mark_buckets(
             largest = max(largest, bucket_starts[b + 1] - bucket_starts[b])
         scratch = np.empty(largest, dtype=words.dtype)
         histogram = np.empty(1 << RADIX_BITS, dtype=np.int64)
-        diffs = np.zeros(num_steps + 1, dtype=np.int64)  # positions per first_diff value
+        diffs = np.zeros(num_steps + 1, dtype=np.int64)  # positions per first differing step
+        head = bucket_starts[chunk_buckets[c]] >> 3
+        tail = (bucket_starts[chunk_buckets[c + 1]] - 1) >> 3
         for b in range(chunk_buckets[c], chunk_buckets[c + 1]):
             lo, hi = bucket_starts[b], bucket_starts[b + 1]
             if hi - lo <= INSERTION_SORT_MAX:
                 _insertion_sort(words, lo, hi, key_lo)
             else:
                 _radix_sort(words[lo:hi], scratch[: hi - lo], histogram, key_lo, key_bits)
-            _mark_bucket(words, lo, hi, shifts, num_steps, first_diff, diffs)
+            for p in range(lo, hi):
+                f = first_differing_step(words, lo, p, shifts)
+                diffs[f] += 1
+                if f < num_steps:
+                    bit = np.uint8(1 << (p & 7))
+                    byte = p >> 3
+                    if byte == head:
+                        edges[c, 0] |= bit
+                    elif byte == tail:
+                        edges[c, 1] |= bit
+                    else:
+                        leaf_bits[byte] |= bit
         total = 0
         for t in range(num_steps):
             total += diffs[t]
@@ -53,23 +68,30 @@ def sort_and_mark_buckets(
     return counts
 
 
+def merge_edge_bits(
+    leaf_bits: np.ndarray, edges: np.ndarray, bucket_starts: np.ndarray, chunk_buckets: np.ndarray
+) -> None:
+    """OR the edge bytes sort_and_mark_buckets set aside into leaf_bits (two chunks may share a byte)."""
+    lo, hi = bucket_starts[chunk_buckets[:-1]], bucket_starts[chunk_buckets[1:]]
+    used = hi > lo
+    np.bitwise_or.at(leaf_bits, lo[used] >> 3, edges[used, 0])
+    np.bitwise_or.at(leaf_bits, (hi[used] - 1) >> 3, edges[used, 1])
+
+
 @njit(cache=True, inline="always")
-def _mark_bucket(words, lo, hi, shifts, num_steps, first_diff, diffs):
-    """first_diff over one sorted bucket; diffs[f] += 1 per position. Tokens 1.. are the high bits of the
-    word, most significant first, so x = word ^ previous word differs first at step t exactly when
-    x >= 2^shifts[t] and x < 2^shifts[t'] for every t' < t. The bounds fall with t, so the first differing
-    step is 1 + the number of steps t >= 1 with x < 2^shifts[t]: counted without a branch."""
-    if hi <= lo:
-        return
-    first_diff[lo] = 0
-    diffs[0] += 1
-    for p in range(lo + 1, hi):
-        changed = words[p] ^ words[p - 1]
-        f = 1
-        for t in range(1, num_steps):
-            f += changed < (np.uint64(1) << np.uint64(shifts[t]))
-        first_diff[p] = f
-        diffs[f] += 1
+def first_differing_step(words, lo, p, shifts):
+    """The first step whose token differs between sorted positions p-1 and p of a bucket starting at lo:
+    0 at the bucket's first position (its first token is new), L for a repeated SID. Tokens 1.. are the high
+    bits of the word, most significant first, so x = word ^ previous word differs first at step t exactly
+    when x >= 2^shifts[t] and x < 2^shifts[t'] for every t' < t. The bounds fall with t, so the step is
+    1 + the number of steps t >= 1 with x < 2^shifts[t]: counted without a branch."""
+    if p == lo:
+        return 0
+    changed = words[p] ^ words[p - 1]
+    f = 1
+    for t in range(1, shifts.shape[0]):
+        f += changed < (np.uint64(1) << np.uint64(shifts[t]))
+    return f
 
 
 @njit(cache=True, inline="always")
@@ -114,32 +136,34 @@ def _radix_sort(values, scratch, histogram, key_lo, key_bits):
 
 
 @njit(cache=True, parallel=True)
-def fill_steps(
-    words, first_diff, bucket_starts, chunk_buckets, chunk_offsets, t_lo, shifts, masks, tokens, starts
-):
-    """Write steps t_lo .. t_lo + k - 1 (t_lo >= 1) in one pass: tokens[i] (children tokens of step
-    t_lo + i) and starts[i] (each row's first child), k = len(tokens), tuples of same-typed arrays.
+def fill_steps(words, bucket_starts, chunk_buckets, chunk_offsets, t_lo, shifts, masks, tokens, starts):
+    """Write steps t_lo .. t_lo + k - 1 (t_lo >= 1) in one pass over the sorted words: tokens[i] (children
+    tokens of step t_lo + i) and starts[i] (each row's first child), k = len(tokens), tuples of same-typed
+    arrays.
 
     chunk_offsets int64 [C, L]: chunk c's first new length-(t+1) prefix has global rank chunk_offsets[c, t].
-    A position with first_diff <= t starts a new child (length-(t+1) prefix) of step t; with first_diff
-    <= t-1 it also starts a new row (length-t prefix), whose first child is the child at that position.
+    With f the first differing step of a position (first_differing_step): f <= t starts a new child
+    (length-(t+1) prefix) of step t; f <= t-1 also starts a new row (length-t prefix), whose first child is
+    the child at that position.
     """
     k = len(tokens)
     for c in prange(chunk_buckets.shape[0] - 1):
         child = chunk_offsets[c, t_lo : t_lo + k].copy()
         row = chunk_offsets[c, t_lo - 1 : t_lo - 1 + k].copy()
-        for p in range(bucket_starts[chunk_buckets[c]], bucket_starts[chunk_buckets[c + 1]]):
-            f = first_diff[p]
-            if f >= t_lo + k:
-                continue
-            word = words[p]
-            for i in range(max(0, f - t_lo), k):
-                t = t_lo + i
-                if f <= t - 1:
-                    starts[i][row[i]] = child[i]
-                    row[i] += 1
-                tokens[i][child[i]] = (word >> np.uint64(shifts[t])) & masks[t]
-                child[i] += 1
+        for b in range(chunk_buckets[c], chunk_buckets[c + 1]):
+            lo = bucket_starts[b]
+            for p in range(lo, bucket_starts[b + 1]):
+                f = first_differing_step(words, lo, p, shifts)
+                if f >= t_lo + k:
+                    continue
+                word = words[p]
+                for i in range(max(0, f - t_lo), k):
+                    t = t_lo + i
+                    if f <= t - 1:
+                        starts[i][row[i]] = child[i]
+                        row[i] += 1
+                    tokens[i][child[i]] = (word >> np.uint64(shifts[t])) & masks[t]
+                    child[i] += 1
 
 
 @njit(cache=True)
@@ -153,12 +177,12 @@ def fill_first_tokens(bucket_starts, step_tokens):
 
 
 @njit(cache=True, parallel=True)
-def fill_leaf_offsets(first_diff, bucket_starts, chunk_buckets, leaf_chunk_offsets, last, leaf_offsets):
-    """leaf_offsets[j]: sorted position where leaf j starts."""
+def fill_leaf_offsets(leaf_bits, bucket_starts, chunk_buckets, leaf_chunk_offsets, leaf_offsets):
+    """leaf_offsets[j]: sorted position where leaf j starts (the set bits of leaf_bits, in order)."""
     for c in prange(chunk_buckets.shape[0] - 1):
         leaf = leaf_chunk_offsets[c]
         for p in range(bucket_starts[chunk_buckets[c]], bucket_starts[chunk_buckets[c + 1]]):
-            if first_diff[p] <= last:
+            if (leaf_bits[p >> 3] >> (p & 7)) & 1:
                 leaf_offsets[leaf] = p
                 leaf += 1
 

@@ -21,7 +21,14 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .buckets import fill_first_tokens, fill_item_order, fill_leaf_offsets, fill_steps, sort_and_mark_buckets
+from .buckets import (
+    fill_first_tokens,
+    fill_item_order,
+    fill_leaf_offsets,
+    fill_steps,
+    merge_edge_bits,
+    sort_and_mark_buckets,
+)
 from .formats import bits_for, indptr_dtype, token_dtype
 from .in_place import item_order_from, scatter_releasing
 from .pack import PackedSids, pack_by_first_token, pack_sids, packable, word_shifts
@@ -179,12 +186,14 @@ def _layout_from_buckets(
     # 2. Chunks: contiguous bucket ranges holding about n / (8 * threads) rows each.
     chunk_buckets = _chunk_buckets(bucket_starts, 8 * threads)
 
-    # 3. Sort each bucket's packed words (equal tokens keep catalog order) and, in the same pass, the first
-    # differing step per sorted position and the new prefixes per chunk and step.
-    first_diff = np.empty(n, dtype=np.uint8)
+    # 3. Sort each bucket's packed words (equal tokens keep catalog order) and, in the same pass, count the
+    # new prefixes per chunk and step and mark where each leaf starts (1 bit per item).
+    leaf_bits = np.zeros((n + 7) // 8, dtype=np.uint8)
+    edges = np.zeros((chunk_buckets.shape[0] - 1, 2), dtype=np.uint8)
     chunk_counts = sort_and_mark_buckets(
-        words, bucket_starts, chunk_buckets, row_bits, sum(token_bits[1:]), shifts, num_steps, first_diff
+        words, bucket_starts, chunk_buckets, row_bits, sum(token_bits[1:]), shifts, leaf_bits, edges
     )
+    merge_edge_bits(leaf_bits, edges, bucket_starts, chunk_buckets)
     # Exclusive prefix sums: chunk c's first new prefix of length t+1 has global rank chunk_offsets[c, t].
     chunk_offsets = np.ascontiguousarray(np.cumsum(chunk_counts, axis=0) - chunk_counts)
     counts = chunk_counts.sum(axis=0)
@@ -203,7 +212,7 @@ def _layout_from_buckets(
         tokens[0] = first_values[tokens[0].astype(np.int64)].astype(tokens[0].dtype)
     for lo, hi in _same_dtype_runs(tokens, starts):
         fill_steps(
-            words, first_diff, bucket_starts, chunk_buckets, chunk_offsets, lo, shifts, masks,
+            words, bucket_starts, chunk_buckets, chunk_offsets, lo, shifts, masks,
             tuple(tokens[lo:hi]), tuple(starts[lo:hi]),
         )  # fmt: skip
 
@@ -215,15 +224,9 @@ def _layout_from_buckets(
     del words
     leaf_offsets = np.empty(int(counts[-1]) + 1, dtype=position_dtype)
     leaf_offsets[-1] = n
-    fill_leaf_offsets(
-        first_diff,
-        bucket_starts,
-        chunk_buckets,
-        np.ascontiguousarray(chunk_offsets[:, -1]),
-        num_steps - 1,
-        leaf_offsets,
-    )
-    del first_diff
+    leaf_chunk_offsets = np.ascontiguousarray(chunk_offsets[:, -1])
+    fill_leaf_offsets(leaf_bits, bucket_starts, chunk_buckets, leaf_chunk_offsets, leaf_offsets)
+    del leaf_bits
     return SortedLayout(tokens, starts, counts.astype(np.int64), leaf_offsets, item_order)
 
 
