@@ -5,7 +5,8 @@ contiguous bucket ranges, so every kernel here runs its chunks in parallel witho
 * `sort_and_mark_buckets`: sort each bucket and, while it is still in cache, count the new prefixes of
   every length and mark where each leaf starts (one bit per item: no per-item array beside the words).
 * `fill_steps`: write the tokens and row starts of several steps in one pass over the sorted words,
-  finding each position's first differing step again from the words (cheaper than storing it).
+  finding each position's first differing step again from the words (cheaper than storing it), bucket
+  by bucket while the bucket is in cache.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 RADIX_BITS = 11
+MIN_RADIX_BITS = 6
 INSERTION_SORT_MAX = 48
 
 
@@ -110,19 +112,24 @@ def _insertion_sort(words, lo, hi, key_lo):
 @njit(cache=True)
 def _radix_sort(values, scratch, histogram, key_lo, key_bits):
     """Stable LSD radix sort of `values` in place on bits [key_lo, key_lo + key_bits); digits that are the
-    same for every value are skipped (common in skewed catalogs)."""
+    same for every value are skipped (common in skewed catalogs). Digits are RADIX_BITS wide, narrower for
+    a short array (about log2 of its length, at least MIN_RADIX_BITS): a pass costs its length plus twice
+    the histogram, so a few hundred values sort faster in more passes over a smaller histogram."""
     n = values.shape[0]
     src, dst = values, scratch
-    digit_mask = np.uint64((1 << RADIX_BITS) - 1)
-    for lo_bit in range(key_lo, key_lo + key_bits, RADIX_BITS):
+    digit_bits = MIN_RADIX_BITS
+    while digit_bits < RADIX_BITS and (n >> (digit_bits + 1)) > 0:
+        digit_bits += 1
+    digit_mask = np.uint64((1 << digit_bits) - 1)
+    for lo_bit in range(key_lo, key_lo + key_bits, digit_bits):
         shift = np.uint64(lo_bit)
-        histogram[:] = 0
+        histogram[: 1 << digit_bits] = 0
         for i in range(n):
             histogram[(src[i] >> shift) & digit_mask] += 1
         if histogram[(src[0] >> shift) & digit_mask] == n:
             continue
         total = 0
-        for d in range(histogram.shape[0]):
+        for d in range(1 << digit_bits):
             count = histogram[d]
             histogram[d] = total
             total += count
@@ -144,26 +151,35 @@ def fill_steps(words, bucket_starts, chunk_buckets, chunk_offsets, t_lo, shifts,
     chunk_offsets int64 [C, L]: chunk c's first new length-(t+1) prefix has global rank chunk_offsets[c, t].
     With f the first differing step of a position (first_differing_step): f <= t starts a new child
     (length-(t+1) prefix) of step t; f <= t-1 also starts a new row (length-t prefix), whose first child is
-    the child at that position.
+    the child at that position. Each bucket's steps are found once, then every step is written from them
+    while the bucket is in cache.
     """
     k = len(tokens)
     for c in prange(chunk_buckets.shape[0] - 1):
         child = chunk_offsets[c, t_lo : t_lo + k].copy()
         row = chunk_offsets[c, t_lo - 1 : t_lo - 1 + k].copy()
+        largest = 0
         for b in range(chunk_buckets[c], chunk_buckets[c + 1]):
-            lo = bucket_starts[b]
-            for p in range(lo, bucket_starts[b + 1]):
-                f = first_differing_step(words, lo, p, shifts)
-                if f >= t_lo + k:
-                    continue
-                word = words[p]
-                for i in range(max(0, f - t_lo), k):
-                    t = t_lo + i
-                    if f <= t - 1:
-                        starts[i][row[i]] = child[i]
-                        row[i] += 1
-                    tokens[i][child[i]] = (word >> np.uint64(shifts[t])) & masks[t]
-                    child[i] += 1
+            largest = max(largest, bucket_starts[b + 1] - bucket_starts[b])
+        steps = np.empty(largest, dtype=np.uint8)
+        for b in range(chunk_buckets[c], chunk_buckets[c + 1]):
+            lo, hi = bucket_starts[b], bucket_starts[b + 1]
+            for p in range(lo, hi):
+                steps[p - lo] = first_differing_step(words, lo, p, shifts)
+            for i in range(k):
+                t = t_lo + i
+                step_tokens, step_starts = tokens[i], starts[i]
+                shift, mask = np.uint64(shifts[t]), masks[t]
+                next_child, next_row = child[i], row[i]
+                for p in range(lo, hi):
+                    f = steps[p - lo]
+                    if f <= t:
+                        if f < t:
+                            step_starts[next_row] = next_child
+                            next_row += 1
+                        step_tokens[next_child] = (words[p] >> shift) & mask
+                        next_child += 1
+                child[i], row[i] = next_child, next_row
 
 
 @njit(cache=True)
