@@ -254,3 +254,22 @@ def _scatter_and_sort(src_first, src_words, first, buckets, segments, row_bits, 
     counts = sort_and_mark_buckets(got, starts, chunks, row_bits, token_bits, shifts, leaf_bits, edges)
     merge_edge_bits(leaf_bits, edges, starts, chunks)
     return got, leaf_bits, counts
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 9), max_size=10, unique=True), min_size=1, max_size=12))
+def test_dense_next_equals_brute_force(rows):
+    """A dense step written from its CSR form: next[r, v] is the flat number of child (r, v), -1 elsewhere."""
+    from zerogr_build.index.dense import dense_next
+
+    indptr = np.cumsum([0] + [len(r) for r in rows]).astype(np.int32)
+    tokens = np.array([v for r in rows for v in sorted(r)], dtype=np.uint16)
+    want = np.full((len(rows), 10), -1, dtype=np.int32)
+    j = 0
+    for r, children in enumerate(rows):
+        for v in sorted(children):
+            want[r, v] = j
+            j += 1
+    got = dense_next(indptr, tokens, len(rows), 10)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
