@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..base.errors import InputError
+from ..base.memory import trim_heap
 from .formats import (
     FormatPolicy,
     choose_format,
@@ -89,6 +90,7 @@ def build_index_packed(
     from .sort import layout_from_packed  # numba kernels compile lazily
 
     layout = layout_from_packed(packed, workers, consume=consume)
+    trim_heap()  # the sort's scratch, before the tables and the publish that follows (0.25 B/item at 100M)
     return _index_from_layout(layout, sizes, formats, policy)
 
 
