@@ -62,6 +62,11 @@ def _mapping_of(array: np.ndarray) -> tuple[mmap.mmap, int] | None:
     return owner, array.__array_interface__["data"][0] - root.__array_interface__["data"][0]
 
 
+def is_mapped(array: np.ndarray) -> bool:
+    """Whether `array` lies in a fresh_zeros mapping (so release_rows can hand its rows back)."""
+    return _mapping_of(array) is not None
+
+
 def populate_rows(array: np.ndarray, start: int, stop: int) -> None:
     """Map the pages of rows [start, stop) of `array` (C-contiguous, from fresh_zeros, or a view of one)
     in one kernel call before they are written. A no-op for arrays that are no such mapping, and where the

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 from numba import njit, prange
 
-from ..base.memory import fresh_zeros, populate_rows, release_rows
+from ..base.memory import fresh_zeros, is_mapped, populate_rows, release_rows
 
 #: The scatter runs in this many rounds; after each, the source rows it consumed are handed back, so at
 #: most about 1 / SCATTER_ROUNDS of the words exists twice.
@@ -64,19 +64,21 @@ def _scatter_rows(first, packed_words, lo, hi, cursor, words):
 
 
 def item_order_from(words: np.ndarray, row_bits: int, position_dtype: type, fill_wide) -> np.ndarray:
-    """item_order [N] (position_dtype) from the sorted words. int32: written over the first half of the
-    words' own buffer, whose second half then goes back to the kernel (a fresh_zeros mapping) or is
-    dropped by a copy, so the item order never exists beside all the words (-4 B/item at the peak).
-    fill_wide(words, row_bits, out): writes an int64 item order (rows past 2^31)."""
+    """item_order [N] (position_dtype) from the sorted words. int32 over words in a fresh_zeros mapping:
+    written over the first half of the words' own buffer, whose second half then goes back to the kernel,
+    so the item order never exists beside all the words (-4 B/item at the peak). Words that are no such
+    mapping (below base.memory.MAPPED_MIN_BYTES) get a separate item order.
+    fill_wide(words, row_bits, out): writes the item order in parallel (either position dtype)."""
     n = words.shape[0]
-    if position_dtype != np.int32:
+    if position_dtype != np.int32 or not is_mapped(words):
+        # rows past 2^31, or words whose second half could not be handed back (a small build's plain
+        # array): a separate item order, written in parallel
         item_order = np.empty(n, dtype=position_dtype)
         fill_wide(words, row_bits, item_order)
         return item_order
     _pack_rows_in_place(words, row_bits, sys.byteorder == "little")
     item_order = words.view(np.int32)[:n]
-    if not release_rows(words, (n + 1) // 2, n):
-        item_order = item_order.copy()
+    release_rows(words, (n + 1) // 2, n)
     return item_order
 
 
