@@ -7,6 +7,8 @@ In one run, on catalogs from zerogr_build.synthetic (scripts/make_catalog.py; sk
    * ours: `zerogr_build.build_index(raw, sizes)` (numba cache warmed by a small build first).
    * baseline: STATIC's own build ported to vectorised numpy (benchmarks/static_baseline.py), timed
      including the np.lexsort + dedupe that gives it the sorted distinct SIDs it requires.
+   The two sides alternate within every repeat (ours first in even repeats, STATIC first in odd ones), so
+   a burst of load on the shared machine hits both; every run is printed, the table shows medians.
    Bytes: ours `SidIndex.index_bytes` (every step table; leaf_offsets, the leaf -> items map STATIC has
    no counterpart for, is printed beside it); STATIC: nbytes of its arrays (packed_csr, indptr,
    start_mask, dense_mask, dense_states; d=2, V = largest codebook). "counts" checks
@@ -15,8 +17,8 @@ In one run, on catalogs from zerogr_build.synthetic (scripts/make_catalog.py; sk
    runs in a subprocess (after a small warm-up build, so the numba cache on disk is warm): wall time,
    items/s and the child's peak RSS (os.wait4 rusage).
 
-Targets (2-core machine): build >= 5x faster than the baseline and index <= 0.40x its bytes on
-both catalogs; end to end >= 3M items/s and peak RSS <= 80 bytes/item.
+Targets (2-core machine): build >= 12x faster than the baseline (median of the interleaved runs) and
+index <= 0.40x its bytes on both catalogs; end to end >= 3M items/s and peak RSS <= 80 bytes/item.
 
     python scripts/bench_build.py                 # full sizes (needs ~6 GB RAM, a few minutes)
     python scripts/bench_build.py --scale 0.05    # quick run (targets still printed, marked scaled)
@@ -26,8 +28,8 @@ both catalogs; end to end >= 3M items/s and peak RSS <= 80 bytes/item.
 
 With a bare `--scale`, the table "end to end at scale" adds one row per size in --scale-items (time,
 items/s, peak bytes/item, index bytes, leaf-map bytes as bundle format 2 stores it, and the CLI's own
-stage timings: startup is wall minus their sum). Targets: at 100M items, peak RSS <= 28
-bytes/item and >= 7M items/s with the numba cache warm. Then the cold first run: the README's 1M-item
+stage timings: startup is wall minus their sum). Targets: at 100M items, peak RSS <= 27
+bytes/item and >= 7.5M items/s with the numba cache warm. Then the cold first run: the README's 1M-item
 build with an empty numba cache, next to the same build warm (--cold-items; 0 skips it).
 """
 
@@ -38,6 +40,7 @@ import gc
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,14 +60,14 @@ static_baseline = yardstick("static_baseline")
 
 IN_MEMORY_CATALOGS = ((10_000_000, 4, 2048), (3_000_000, 3, 8192))
 E2E_ITEMS = 20_000_000
-TARGET_SPEEDUP = 5.0
+TARGET_SPEEDUP = 12.0
 TARGET_BYTES_RATIO = 0.40
 TARGET_ITEMS_PER_S = 3_000_000
 TARGET_RSS_PER_ITEM = 80.0
 SEED = 0
 SCALE_ITEMS = (50_000_000, 100_000_000)
-TARGET_SCALE_RSS_PER_ITEM = 28.0
-TARGET_SCALE_ITEMS_PER_S = 7_000_000
+TARGET_SCALE_RSS_PER_ITEM = 27.0
+TARGET_SCALE_ITEMS_PER_S = 7_500_000
 
 
 @dataclass
@@ -73,16 +76,30 @@ class InMemoryResult:
     steps: int
     codebook: int
     distinct_sids: int
-    ours_s: float
-    static_s: float
+    ours_runs: list[float]  # seconds of every run, in order; ours_runs[k] and static_runs[k] ran back to back
+    static_runs: list[float]
     ours_bytes: int
     leaf_map_bytes: int
     static_bytes: int
     layout_count_matches: bool
 
     @property
+    def ours_s(self) -> float:
+        return statistics.median(self.ours_runs)
+
+    @property
+    def static_s(self) -> float:
+        return statistics.median(self.static_runs)
+
+    @property
     def speedup(self) -> float:
+        """Median STATIC seconds / median ours."""
         return self.static_s / self.ours_s
+
+    @property
+    def run_speedups(self) -> list[float]:
+        """STATIC / ours of each interleaved pair."""
+        return [s / o for o, s in zip(self.ours_runs, self.static_runs, strict=True)]
 
     @property
     def bytes_ratio(self) -> float:
@@ -121,16 +138,12 @@ class EndToEndResult:
         return 0 if dtype is None else (leaves + 1) * (4 if dtype == "<i4" else 8)
 
 
-def _best_of(repeats: int, fn):
-    """(seconds of the fastest run, result of the last run); the machine is shared, so take the best."""
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        result = None
-        gc.collect()
-        started = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - started)
-    return best, result
+def _timed(fn):
+    """(seconds, result) of one call, after a gc so no earlier garbage is collected inside it."""
+    gc.collect()
+    started = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - started, result
 
 
 def warm_up(shapes) -> None:
@@ -142,22 +155,28 @@ def warm_up(shapes) -> None:
 def bench_in_memory(items: int, steps: int, codebook: int, repeats: int) -> InMemoryResult:
     sizes = [codebook] * steps
     raw = synthetic.generate_sids(items, sizes, SEED)
-    ours_s, index = _best_of(repeats, lambda: build_index(raw, sizes))
-    ours_bytes, layout = int(index.index_bytes), static_layout_bytes(index)
-    leaf_map_bytes = int(index.leaf_offsets.nbytes)
-    distinct = index.num_leaves
-    del index
-    static_s, static = _best_of(repeats, lambda: static_baseline.build_static_from_raw(raw, codebook, 2))
-    static_bytes = static.nbytes()
-    del static
+    ours_runs, static_runs = [], []
+    for k in range(repeats):
+        for side in ("ours", "static") if k % 2 == 0 else ("static", "ours"):
+            if side == "ours":
+                seconds, index = _timed(lambda: build_index(raw, sizes))
+                ours_runs.append(seconds)
+                ours_bytes, layout = int(index.index_bytes), static_layout_bytes(index)
+                leaf_map_bytes, distinct = int(index.leaf_offsets.nbytes), index.num_leaves
+                del index
+            else:
+                seconds, static = _timed(lambda: static_baseline.build_static_from_raw(raw, codebook, 2))
+                static_runs.append(seconds)
+                static_bytes = static.nbytes()
+                del static
     gc.collect()
     return InMemoryResult(
         items,
         steps,
         codebook,
         distinct,
-        ours_s,
-        static_s,
+        ours_runs,
+        static_runs,
         ours_bytes,
         leaf_map_bytes,
         static_bytes["total"],
@@ -292,6 +311,7 @@ def print_report(in_memory: list[InMemoryResult], e2e: EndToEndResult | None, sc
             "Both in-memory builds start from the same raw unsorted SIDs [N, L] uint16 (catalog order,"
             " duplicates kept).",
             "Baseline = STATIC's build_index ported to numpy, timed including np.lexsort + dedupe.",
+            "Seconds: medians of the interleaved runs (every run is listed below the table).",
             "Bytes: ours = SidIndex.index_bytes (the step tables); STATIC = nbytes of packed_csr, indptr,"
             " start_mask, dense_mask, dense_states (d=2).",
             "leaf map = our leaf_offsets (leaf -> items, for SIDs shared by several items), which STATIC has"
@@ -312,6 +332,14 @@ def print_report(in_memory: list[InMemoryResult], e2e: EndToEndResult | None, sc
                 f"{_mb(r.leaf_map_bytes):>12}  "
                 f"{'match' if r.layout_count_matches else 'MISMATCH'}"
             )
+        print("\nevery run (ours and STATIC back to back, alternating which goes first)")
+        for r in in_memory:
+            name = f"{r.items / 1e6:g}M L={r.steps} V={r.codebook}"
+            runs = "  ".join(
+                f"{o:.3f}/{s:.2f}={x:.1f}x"
+                for o, s, x in zip(r.ours_runs, r.static_runs, r.run_speedups, strict=True)
+            )
+            print(f"  {name:<20}ours s/STATIC s: {runs}   (worst {min(r.run_speedups):.1f}x)")
     if e2e is not None:
         print(f"\nend to end: python cli.py build, {e2e.items / 1e6:g}M items L={e2e.steps} V={e2e.codebook}")
         if e2e.returncode == 0:
@@ -331,7 +359,7 @@ def print_report(in_memory: list[InMemoryResult], e2e: EndToEndResult | None, sc
         name = f"{r.items / 1e6:g}M L={r.steps} V={r.codebook}"
         print(
             f"  {_verdict(r.speedup >= TARGET_SPEEDUP)}  {name}: build >= {TARGET_SPEEDUP:g}x faster "
-            f"({r.speedup:.1f}x)"
+            f"({r.speedup:.1f}x median, runs {min(r.run_speedups):.1f}-{max(r.run_speedups):.1f}x)"
         )
         print(
             f"  {_verdict(r.bytes_ratio <= TARGET_BYTES_RATIO)}  {name}: index <= {TARGET_BYTES_RATIO:.2f}x "
@@ -395,7 +423,12 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(map(str, SCALE_ITEMS)),
         help="catalog sizes of the bare --scale table (comma-separated)",
     )
-    parser.add_argument("--repeats", type=int, default=1, help="runs per in-memory build; best is kept")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="interleaved runs of each in-memory build (ours and STATIC alternate; medians reported)",
+    )
     parser.add_argument("--skip-e2e", action="store_true", help="in-memory comparison only")
     parser.add_argument("--only-e2e", action="store_true", help="end-to-end build only")
     parser.add_argument("--e2e-steps", type=int, default=4, help="SID length of the end-to-end catalog")
@@ -451,7 +484,15 @@ def main(argv: list[str] | None = None) -> int:
         payload = {
             "scale_factor": args.scale,
             "in_memory": [
-                asdict(r) | {"speedup": r.speedup, "bytes_ratio": r.bytes_ratio} for r in in_memory
+                asdict(r)
+                | {
+                    "ours_s": r.ours_s,
+                    "static_s": r.static_s,
+                    "speedup": r.speedup,
+                    "run_speedups": r.run_speedups,
+                    "bytes_ratio": r.bytes_ratio,
+                }
+                for r in in_memory
             ],
             "end_to_end": None
             if e2e is None

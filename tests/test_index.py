@@ -198,31 +198,47 @@ def test_child_parents_and_leaf_items_equal_brute_force(catalog, fmt):
     distinct=st.integers(1, 300),
     segments=st.integers(1, 5),
     mapped=st.booleans(),
+    chunks=st.integers(1, 40),
 )
-def test_bucket_scatter_and_sort_equal_a_full_sort(seed, n, buckets, token_bits, distinct, segments, mapped):
+def test_bucket_scatter_and_sort_equal_a_full_sort(
+    seed, n, buckets, token_bits, distinct, segments, mapped, chunks
+):
     """The first-token scatter (in rounds, handing consumed source rows back) and the per-bucket sort give
     every bucket its words in ascending order of the whole word (tokens, then row): exactly
     np.lexsort((words, first)), for skewed buckets, few distinct token values (long runs of equal SIDs),
-    no token bits, any number of parallel segments, and sources that are fresh mappings or plain arrays."""
+    no token bits, any number of parallel segments, and sources that are fresh mappings or plain arrays.
+    The sort's marks (the leaf-start bit of every position, new prefixes per chunk and step, also where
+    chunks share a byte of bits) equal a brute-force scan of the sorted (first, tokens) pairs."""
     rng = np.random.default_rng(seed)
     row_bits = max(1, int(n).bit_length())
     first = (rng.zipf(1.3, n) % buckets).astype(np.uint16)
     token_values = rng.integers(0, 1 << token_bits, distinct, dtype=np.uint64)
     tokens = token_values[rng.integers(0, distinct, n)] if n else np.zeros(0, np.uint64)
     words = (tokens << np.uint64(row_bits)) | np.arange(n, dtype=np.uint64)
-    expect = words[np.lexsort((words, first))]
+    order = np.lexsort((words, first))
+    expect = words[order]
     src_first, src_words = first.copy(), words.copy()
     with mock.patch.object(_memory, "MAPPED_MIN_BYTES", 0 if mapped else _memory.MAPPED_MIN_BYTES):
         if mapped and n:  # tiny fresh mappings, so their consumed pages are really handed back
             src_first, src_words = _memory.fresh_zeros(n, np.uint16), _memory.fresh_zeros(n, np.uint64)
             src_first[:], src_words[:] = first, words
-        got = _scatter_and_sort(src_first, src_words, first, buckets, segments, row_bits, token_bits)
+        got, leaf_bits, counts = _scatter_and_sort(
+            src_first, src_words, first, buckets, segments, row_bits, token_bits, chunks
+        )
     np.testing.assert_array_equal(got, expect)
+    pairs = list(zip(first[order].tolist(), tokens[order].tolist(), strict=True))
+    want = [
+        0 if p == 0 or pairs[p][0] != pairs[p - 1][0] else 1 if pairs[p] != pairs[p - 1] else 2
+        for p in range(n)
+    ]
+    assert np.unpackbits(leaf_bits, bitorder="little")[:n].tolist() == [int(f < 2) for f in want]
+    assert counts.sum(axis=0).tolist() == [sum(f <= t for f in want) for t in range(2)]
 
 
-def _scatter_and_sort(src_first, src_words, first, buckets, segments, row_bits, token_bits):
+def _scatter_and_sort(src_first, src_words, first, buckets, segments, row_bits, token_bits, chunks):
     from zerogr_build.index import in_place
-    from zerogr_build.index.sort import _chunk_buckets, _segment_histograms, _sort_buckets
+    from zerogr_build.index.buckets import merge_edge_bits, sort_and_mark_buckets
+    from zerogr_build.index.sort import _chunk_buckets, _segment_histograms
 
     n = first.shape[0]
     cuts = np.linspace(0, n, segments + 1).astype(np.int64)
@@ -231,5 +247,29 @@ def _scatter_and_sort(src_first, src_words, first, buckets, segments, row_bits, 
     np.cumsum(hist.sum(axis=0), out=starts[1:])
     offsets = starts[:-1][None, :] + np.cumsum(hist, axis=0) - hist
     got = in_place.scatter_releasing(src_first, src_words, cuts, offsets)
-    _sort_buckets(got, starts, _chunk_buckets(starts, 4), row_bits, token_bits)
-    return got
+    chunks = _chunk_buckets(starts, chunks)
+    leaf_bits = np.zeros((n + 7) // 8, dtype=np.uint8)
+    edges = np.zeros((chunks.shape[0] - 1, 2), dtype=np.uint8)
+    shifts = np.array([0, row_bits], dtype=np.int64)  # SIDs of two steps: first, then the token bits
+    counts = sort_and_mark_buckets(got, starts, chunks, row_bits, token_bits, shifts, leaf_bits, edges)
+    merge_edge_bits(leaf_bits, edges, starts, chunks)
+    return got, leaf_bits, counts
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 9), max_size=10, unique=True), min_size=1, max_size=12))
+def test_dense_next_equals_brute_force(rows):
+    """A dense step written from its CSR form: next[r, v] is the flat number of child (r, v), -1 elsewhere."""
+    from zerogr_build.index.dense import dense_next
+
+    indptr = np.cumsum([0] + [len(r) for r in rows]).astype(np.int32)
+    tokens = np.array([v for r in rows for v in sorted(r)], dtype=np.uint16)
+    want = np.full((len(rows), 10), -1, dtype=np.int32)
+    j = 0
+    for r, children in enumerate(rows):
+        for v in sorted(children):
+            want[r, v] = j
+            j += 1
+    got = dense_next(indptr, tokens, len(rows), 10)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)

@@ -16,7 +16,7 @@ from zerogr_build.catalog import read_catalog
 from zerogr_build.index import build_index
 from zerogr_build.index.build import build_index_packed
 from zerogr_build.index.pack import pack_sids, packable
-from zerogr_build.index.sort import _lexsort_layout, sort_and_mark
+from zerogr_build.index.sort import _lexsort_layout, layout_from_packed, sort_and_mark
 
 
 def _assert_same_index(a, b) -> None:
@@ -51,13 +51,14 @@ def test_packed_build_matches_lexsort_reference(data, sizes, n):
     packed = pack_sids(sids, sizes)
     np.testing.assert_array_equal(packed.unpack(), sids)
     reference = _lexsort_layout(sids)
-    layout = sort_and_mark(sids, sizes, workers=2)
-    np.testing.assert_array_equal(layout.item_order, reference.item_order)
-    np.testing.assert_array_equal(layout.leaf_offsets, reference.leaf_offsets)
-    for got, want in zip(layout.prefix_tokens, reference.prefix_tokens, strict=True):
-        np.testing.assert_array_equal(got, want)
-    for got, want in zip(layout.prefix_starts, reference.prefix_starts, strict=True):
-        np.testing.assert_array_equal(got, want)
+    # the in-memory path (packed and scattered from [N, L] in one pass) and the packed path (as read)
+    for layout in (sort_and_mark(sids, sizes, workers=2), layout_from_packed(packed, workers=2)):
+        np.testing.assert_array_equal(layout.item_order, reference.item_order)
+        np.testing.assert_array_equal(layout.leaf_offsets, reference.leaf_offsets)
+        for got, want in zip(layout.prefix_tokens, reference.prefix_tokens, strict=True):
+            np.testing.assert_array_equal(got, want)
+        for got, want in zip(layout.prefix_starts, reference.prefix_starts, strict=True):
+            np.testing.assert_array_equal(got, want)
     _assert_same_index(build_index_packed(packed, workers=2), build_index(sids, sizes, workers=2))
 
 

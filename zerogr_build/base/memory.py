@@ -19,6 +19,7 @@ for rows that arrive, so a footer that claims a billion rows costs nothing until
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import operator
 
@@ -59,6 +60,11 @@ def _mapping_of(array: np.ndarray) -> tuple[mmap.mmap, int] | None:
     if not isinstance(owner, mmap.mmap):
         return None
     return owner, array.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+
+
+def is_mapped(array: np.ndarray) -> bool:
+    """Whether `array` lies in a fresh_zeros mapping (so release_rows can hand its rows back)."""
+    return _mapping_of(array) is not None
 
 
 def populate_rows(array: np.ndarray, start: int, stop: int) -> None:
@@ -102,3 +108,11 @@ def populated_zeros(shape: int | tuple[int, ...], dtype: np.dtype | type) -> np.
     array = fresh_zeros(shape, dtype)
     populate_rows(array, 0, array.shape[0] if array.ndim else 0)
     return array
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the kernel (glibc malloc_trim), so memory that a phase freed in
+    small blocks (numba's per-thread scratch, numpy arrays below malloc's mapping threshold) stops counting
+    before the next phase allocates. A no-op where there is no such call."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)

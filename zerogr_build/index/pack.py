@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
-from ..base.memory import fresh_zeros, populate_rows
+from ..base.memory import fresh_zeros, populate_rows, populated_zeros
 from .formats import bits_for
 
 #: Test-only: a smaller one-word limit (bits), so the tests can build catalogs "past the key width" with
@@ -129,3 +129,32 @@ def _pack_block(tokens, row0, shifts, first, words):
             word |= np.uint64(tokens[i, t]) << np.uint64(shifts[t])
         first[row0 + i] = tokens[i, 0]
         words[row0 + i] = word
+
+
+def pack_by_first_token(
+    sids: np.ndarray, shifts: np.ndarray, segments: np.ndarray, seg_offsets: np.ndarray
+) -> np.ndarray:
+    """uint64 [N]: the packed words of validated sids int [N, L] (tokens 1.. and the row, as PackedSids
+    packs them) already in a stable counting-sort order by first token: packing and the counting sort's
+    scatter in one pass, with no PackedSids in between (the in-memory build's path).
+
+    segments int64 [S+1]: contiguous row ranges scattered in parallel; seg_offsets int64 [S, B]: where
+    segment s writes its first word of bucket b (bucket b = first token b). The destination's pages are
+    mapped in bulk first (populated_zeros), so the scattered writes never fault."""
+    words = populated_zeros(sids.shape[0], np.uint64)
+    cursor = np.ascontiguousarray(seg_offsets, dtype=np.int64).copy()
+    _pack_scatter(sids, segments, shifts, cursor, words)
+    return words
+
+
+@njit(cache=True, parallel=True)
+def _pack_scatter(tokens, segments, shifts, cursor, words):
+    num_steps = tokens.shape[1]
+    for s in prange(segments.shape[0] - 1):
+        for i in range(segments[s], segments[s + 1]):
+            word = np.uint64(i)
+            for t in range(1, num_steps):
+                word |= np.uint64(tokens[i, t]) << np.uint64(shifts[t])
+            b = tokens[i, 0]
+            words[cursor[s, b]] = word
+            cursor[s, b] += 1
