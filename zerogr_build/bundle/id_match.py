@@ -22,7 +22,7 @@ _FNV_PRIME = np.uint64(0x100000001B3)
 SLOT_PAIRS_LIMIT = 4096
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _mix(x):
     # splitmix64's finaliser: spreads any 64-bit value over all bits (ids are often consecutive). Each of
     # its steps is invertible, so it is a bijection of the 64-bit values.
@@ -31,7 +31,7 @@ def _mix(x):
     return x ^ (x >> np.uint64(31))
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _hash_ints(values, seed):
     out = np.empty(values.shape[0], dtype=np.uint64)
     for i in range(values.shape[0]):
@@ -39,7 +39,7 @@ def _hash_ints(values, seed):
     return out
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _hash_bytes(offsets, data, seed):
     n = offsets.shape[0] - 1
     out = np.empty(n, dtype=np.uint64)

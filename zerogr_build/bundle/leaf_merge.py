@@ -27,7 +27,7 @@ from .id_match import SLOT_PAIRS_LIMIT
 _NO_BYTES = (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.uint8))
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, inline="always")
 def _compare(a_keys, i, b_keys, j):
     # -1, 0 or 1: the packed SID a_keys[i] against b_keys[j], word by word (lexicographic SID order).
     for w in range(a_keys.shape[1]):
@@ -57,7 +57,7 @@ def _below(keys, bound_keys, bound):
     return lo
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, inline="always")
 def _same_id(a_hashes, a_offsets, a_data, x, b_hashes, b_offsets, b_data, y, byte_ids):
     if a_hashes[x] != b_hashes[y]:
         return False
@@ -145,6 +145,13 @@ def _merge(
                 i_end += 1
             while j_end < b_stop and _compare(b_keys, j_end, b_keys, j) == 0:
                 j_end += 1
+            if i_end - i == 1 and j_end - j == 1:  # one item under this SID on each side (the usual case)
+                if _same_id(a_hashes, a_off, a_data, i, b_hashes, b_off, b_data, j, byte_ids):
+                    a_left[i] = False
+                    b_left[j] = False
+                    same += 1
+                i, j = i_end, j_end
+                continue
             same += _match_run(
                 a_hashes,
                 a_off,
