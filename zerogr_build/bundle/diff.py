@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import secrets
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from ..base.errors import BundleError
 from ..base.progress import NULL_PROGRESS, Progress
+from ..base.threads import prefetched
 from . import diff_math as dm
 from . import diff_parts as dp
 from . import id_match as im
@@ -46,6 +47,8 @@ BUILD_PEAK_BYTES_PER_ITEM = 26
 MIN_MEMORY_BYTES = 256 << 20
 #: At most 2^this parts (each part takes up to 4 open files per version while spilling).
 MAX_PART_BITS = 7
+#: Threads sharing the matching of the leftovers (the kernels release the GIL).
+MATCH_WORKERS = min(len(os.sched_getaffinity(0)), 8)
 #: Items read per batch of items.parquet.
 DEFAULT_BATCH_ROWS = 1 << 20
 
@@ -253,7 +256,7 @@ def diff_versions(
         match.part_bits = _part_bits(old, new, kind, budget)
         progress.stage("diff", old.items + new.items)
         with contextlib.ExitStack() as stack:
-            leftovers = _Leftovers(match, budget, stack, spill_dir)
+            leftovers = dp.Leftovers(match, budget, stack, SPILL_PREFIX, spill_dir)
             same = match.merge(old, new, leftovers)
             moved = leftovers.matched()
         common, changed = same + moved, moved
@@ -320,16 +323,29 @@ class _Match:
             else:
                 keys = np.zeros((len(ids), 0), dtype=np.uint64)
             yield dp.Part(hashes, keys, strings)
-            self.progress.advance(len(ids))
 
-    def merge(self, old: _Version, new: _Version, leftovers: _Leftovers) -> int:
-        """Walk both versions' items in leaf order (leaf_merge.merge_leaves), batch by batch: returns how
-        many ids are under the same SID in both, and hands every other item to `leftovers`. Without a
-        common layout (SIDs of different lengths), every item is a leftover."""
-        streams = [self.batches(old), self.batches(new)]
+    def merge(self, old: _Version, new: _Version, leftovers: dp.Leftovers) -> int:
+        """Walk both versions' items in leaf order (leaf_merge.merge_leaves), batch by batch, each version
+        read, hashed and keyed on its own helper thread: returns how many ids are under the same SID in
+        both, and hands every other item to `leftovers`. Without a common layout (SIDs of different
+        lengths), every item is a leftover."""
+        streams = [prefetched(self.batches(side), name="zerogr-diff-read") for side in (old, new)]
+        try:
+            return self._merge(streams, leftovers, f"{old.items_file} / {new.items_file}")
+        finally:
+            for stream in streams:
+                stream.close()
+
+    def _next(self, stream: Iterator[dp.Part]) -> dp.Part | None:
+        batch = next(stream, None)
+        if batch is not None:
+            self.progress.advance(len(batch))
+        return batch
+
+    def _merge(self, streams: list[Iterator[dp.Part]], leftovers: dp.Leftovers, where: str) -> int:
         if self.layout is None:
-            for side, stream in enumerate(streams):
-                for batch in stream:
+            for side in (0, 1):
+                while (batch := self._next(streams[side])) is not None:
                     leftovers.add(side, batch)
             return 0
         empty = dp.Part(np.zeros(0, np.uint64), np.zeros((0, self.words), np.uint64), None)
@@ -340,7 +356,7 @@ class _Match:
         while True:
             for s in (0, 1):
                 while need[s] and not final[s]:
-                    batch = next(streams[s], None)
+                    batch = self._next(streams[s])
                     if batch is None:
                         final[s] = True
                     elif len(batch):
@@ -353,7 +369,7 @@ class _Match:
                     a_bytes=a.strings, b_bytes=b.strings,
                 )  # fmt: skip
             except ValueError as exc:
-                raise BundleError(f"{old.items_file} / {new.items_file}: {exc}") from exc
+                raise BundleError(f"{where}: {exc}") from exc
             same += got.same
             leftovers.add(0, a.take(got.a_left, 0))
             leftovers.add(1, b.take(got.b_left, 0))
@@ -374,53 +390,6 @@ class _Match:
 
     def join(self, a: dp.Part, b: dp.Part) -> int:
         """How many ids of the two versions' leftovers of one part are in both (id_match.match_part)."""
-        return im.match_part(a.hashes, a.keys, b.hashes, b.keys, a_bytes=a.strings, b_bytes=b.strings).common
-
-
-class _Leftovers:
-    """Both versions' leftover ids (no SIDs: a leftover found in both versions changed its SID), held
-    in memory while their matching fits `budget`; past it, spilled to part files in a temporary dir
-    (entered on `stack`), appended in chunks of a quarter of the budget."""
-
-    def __init__(self, match: _Match, budget: int, stack: contextlib.ExitStack, spill_dir: str | Path | None):
-        self.match, self.budget, self.stack, self.spill_dir = match, budget, stack, spill_dir
-        self.held: tuple[list[dp.Part], list[dp.Part]] = ([], [])
-        self.need = 0.0
-        self.where: Path | None = None
-
-    def add(self, side: int, part: dp.Part) -> None:
-        """Hold (or spill) `part`'s ids as leftovers of version `side` (0 old, 1 new)."""
-        if not len(part):
-            return
-        self.held[side].append(dp.Part(part.hashes, part.keys[:, :0], part.strings))
-        self.need += 2 * part.nbytes() + 8 * len(part)
-        if self.need > (self.budget if self.where is None else self.budget / 4):
-            self.flush()
-
-    def flush(self) -> None:
-        """Spill what is held (the temporary dir made on the first call)."""
-        if self.where is None:
-            self.where = Path(
-                self.stack.enter_context(tempfile.TemporaryDirectory(prefix=SPILL_PREFIX, dir=self.spill_dir))
-            )
-        for side, name in enumerate("ab"):
-            self.match.spill(self.held[side], self.where / name)
-            self.held[side].clear()
-        self.need = 0.0
-
-    def matched(self) -> int:
-        """How many leftover ids are in both versions."""
-        if self.where is None:
-            sides = []
-            for held in self.held:  # joined, then let go: the matching holds one copy besides its own
-                sides.append(dp.concat(held, 0))
-                held.clear()
-            return self.match.join(*sides)
-        self.flush()
-        parts = 1 << self.match.part_bits
-        self.match.progress.stage("diff: match", parts)
-        common = 0
-        for k in range(parts):
-            common += self.match.join(*(self.match.load(self.where / name, k) for name in "ab"))
-            self.match.progress.advance(1)
-        return common
+        return im.match_part(
+            a.hashes, a.keys, b.hashes, b.keys, a_bytes=a.strings, b_bytes=b.strings, workers=MATCH_WORKERS
+        ).common

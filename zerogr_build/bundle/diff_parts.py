@@ -1,18 +1,23 @@
 """The ids of `zerogr diff`'s matching as arrays (bundle/diff.py streams the files and calls these): one
 batch of a version's item ids hashed into a `Part`, parts taken, joined, spilled into 2^k part files and
-loaded back. The file handling is here; the arithmetic is id_match's.
+loaded back, and the `Leftovers` of the leaf-order merge (held in memory, or spilled past the matching
+budget). The file handling is here; the arithmetic is id_match's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from ..base.errors import BundleError
+from ..base.progress import Progress
 from . import id_match as im
 
 
@@ -43,6 +48,11 @@ class Part:
 
     def take(self, mask: np.ndarray, words: int) -> Part:
         """Its first mask.shape[0] ids where `mask` (bool) is set, with `words` key words kept (0: none)."""
+        if mask.all():  # every one (a model update: nothing under the same SID): views, no copy
+            count = mask.shape[0]
+            texts = None if self.strings is None else (self.strings[0][: count + 1], self.strings[1])
+            keys = self.keys[:count, :words] if words else np.zeros((count, 0), dtype=np.uint64)
+            return Part(self.hashes[:count], keys, texts)
         where = np.flatnonzero(mask)
         keys = self.keys[where, :words] if words else np.zeros((where.shape[0], 0), dtype=np.uint64)
         strings = None
@@ -161,3 +171,74 @@ def byte_buffers(ids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.frombuffer(buffers[1], dtype=np.int64)[ids.offset : ids.offset + len(ids) + 1]
     data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
     return offsets, data
+
+
+class Matcher(Protocol):
+    """What Leftovers needs of the diff's matching: the part count, the spill of one version's parts, a
+    part loaded back, the join of two versions' ids (how many in both), and the progress."""
+
+    part_bits: int
+    progress: Progress
+
+    def spill(self, parts: list[Part], where: Path) -> Path: ...
+
+    def load(self, where: Path, k: int) -> Part: ...
+
+    def join(self, a: Part, b: Part) -> int: ...
+
+
+class Leftovers:
+    """Both versions' leftover ids (no SIDs: a leftover found in both versions changed its SID), held
+    in memory while their matching fits `budget`; past it, spilled to part files in a temporary dir
+    (entered on `stack`), appended in chunks of a quarter of the budget."""
+
+    def __init__(
+        self,
+        match: Matcher,
+        budget: int,
+        stack: contextlib.ExitStack,
+        prefix: str,
+        spill_dir: str | Path | None,
+    ) -> None:
+        self.match, self.budget, self.stack = match, budget, stack
+        self.prefix, self.spill_dir = prefix, spill_dir
+        self.held: tuple[list[Part], list[Part]] = ([], [])
+        self.need = 0.0
+        self.where: Path | None = None
+
+    def add(self, side: int, part: Part) -> None:
+        """Hold (or spill) `part`'s ids as leftovers of version `side` (0 old, 1 new)."""
+        if not len(part):
+            return
+        self.held[side].append(Part(part.hashes, np.zeros((len(part), 0), np.uint64), part.strings))
+        self.need += 2 * part.nbytes() + 8 * len(part)
+        if self.need > (self.budget if self.where is None else self.budget / 4):
+            self.flush()
+
+    def flush(self) -> None:
+        """Spill what is held (the temporary dir made on the first call)."""
+        if self.where is None:
+            self.where = Path(
+                self.stack.enter_context(tempfile.TemporaryDirectory(prefix=self.prefix, dir=self.spill_dir))
+            )
+        for side, name in enumerate("ab"):
+            self.match.spill(self.held[side], self.where / name)
+            self.held[side].clear()
+        self.need = 0.0
+
+    def matched(self) -> int:
+        """How many leftover ids are in both versions."""
+        if self.where is None:
+            sides = []
+            for held in self.held:  # joined, then let go: the matching holds one copy besides its own
+                sides.append(concat(held, 0))
+                held.clear()
+            return self.match.join(*sides)
+        self.flush()
+        parts = 1 << self.match.part_bits
+        self.match.progress.stage("diff: match", parts)
+        common = 0
+        for k in range(parts):
+            common += self.match.join(*(self.match.load(self.where / name, k) for name in "ab"))
+            self.match.progress.advance(1)
+        return common
