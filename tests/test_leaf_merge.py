@@ -229,3 +229,31 @@ def test_fanout_of_a_wide_codebook_is_sized_by_the_children_not_the_codebook():
 
     got = fanout(np.array([0, 2, 3], dtype=np.int64), 2**62)
     assert (got.mean, got.p99, got.max) == (1.5, 2, 2)
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    ids=st.lists(st.integers(-(2**63), 2**63 - 1), unique=True, max_size=300),
+    picks=st.lists(st.sampled_from(["a", "b", "both"]), min_size=300, max_size=300),
+    strings=st.booleans(),
+    workers=st.integers(2, 5),
+    seed=st.integers(0, 2**64 - 1),
+)
+def test_match_part_shared_by_threads_counts_the_common_ids_exactly(ids, picks, strings, workers, seed):
+    """match_part with its groups shared by several threads finds every id in both sides, once."""
+    a_ids = [i for i, p in zip(ids, picks, strict=False) if p != "b"]
+    b_ids = [i for i, p in zip(ids, picks, strict=False) if p != "a"]
+    sides = []
+    for side in (a_ids, b_ids):
+        if strings:
+            texts = _strings([str(i).encode() for i in side])
+            sides.append((im.hash_byte_ids(*texts, seed), texts))
+        else:
+            sides.append((im.hash_int_ids(np.array(side, dtype=np.int64), seed), None))
+    (a_hash, a_bytes), (b_hash, b_bytes) = sides
+    no_keys = np.zeros((0, 0), dtype=np.uint64)
+    got = im.match_part(
+        a_hash, no_keys.reshape(len(a_ids), 0), b_hash, no_keys.reshape(len(b_ids), 0),
+        a_bytes=a_bytes, b_bytes=b_bytes, workers=workers,
+    )  # fmt: skip
+    assert got.common == len(set(a_ids) & set(b_ids))
