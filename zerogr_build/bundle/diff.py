@@ -49,8 +49,9 @@ MIN_MEMORY_BYTES = 256 << 20
 MAX_PART_BITS = 7
 #: Threads sharing the matching of the leftovers (the kernels release the GIL).
 MATCH_WORKERS = min(len(os.sched_getaffinity(0)), 8)
-#: Items read per batch of items.parquet.
-DEFAULT_BATCH_ROWS = 1 << 20
+#: Items read per batch of items.parquet (each version has about three batches in flight: read ahead,
+#: merged, and carried over to the next merge).
+DEFAULT_BATCH_ROWS = 1 << 18
 
 
 @dataclass(frozen=True)
