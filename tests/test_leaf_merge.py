@@ -55,26 +55,29 @@ def _leaf_order(side: dict, words: int, rng: np.random.Generator) -> tuple[list,
 
 
 def _merge_in_batches(a, b, sizes_a, sizes_b, pairs_limit):
-    """Feed merge_leaves the two sides in batches as diff._Match.merge does: returns (same, leftover ids
-    of a, leftover ids of b)."""
-    (a_ids, a_keys, a_hash, a_bytes), (b_ids, b_keys, b_hash, b_bytes) = a, b
-    sides = [[0, 0, a_ids, a_keys, a_hash, a_bytes, sizes_a], [0, 0, b_ids, b_keys, b_hash, b_bytes, sizes_b]]
-    final, need = [False, False], [True, True]
+    """Feed merge_leaves the two sides in batches as diff._Match.merge does (each batch `sizes` items,
+    extended to the end of the leaf it ends in; a side reads its next batch once its buffer is used up):
+    returns (same, (leftover ids of a, leftover ids of b))."""
+    sides = [list(a), list(b)]  # ids, keys, hashes, bytes
+    starts, ends, final = [0, 0], [0, 0], [False, False]
     same, left = 0, ([], [])
+    for side, sizes in zip(sides, (sizes_a, sizes_b), strict=True):
+        side.append(list(sizes))
     while True:
-        for s, side in enumerate(sides):  # side: [start, end, ids, keys, hashes, bytes, batch sizes]
-            if need[s] and not final[s]:
-                step = side[6].pop(0) if side[6] else 5
-                side[1] = min(side[1] + step, len(side[2]))
-                final[s] = side[1] == len(side[2])
+        for s, (ids, keys, _, _, sizes) in enumerate(sides):
+            if starts[s] == ends[s] and not final[s]:
+                if ends[s] == len(ids):
+                    final[s] = True
+                    continue
+                end = min(ends[s] + (sizes.pop(0) if sizes else 5), len(ids))
+                while end < len(ids) and (keys[end] == keys[end - 1]).all():  # to the end of its leaf
+                    end += 1
+                ends[s] = end
         views = []
-        for lo, hi, _ids, keys, hashes, strings, _ in sides:
+        for (_, keys, hashes, strings, _), lo, hi in zip(sides, starts, ends, strict=True):
             strs = None if strings is None else (strings[0][lo : hi + 1], strings[1])
             views.append((keys[lo:hi], hashes[lo:hi], strs))
         (ak, ah, ab), (bk, bh, bb) = views
-        if (not final[0] and not len(ak)) or (not final[1] and not len(bk)):
-            need = [not len(ak), not len(bk)]
-            continue
         got = lm.merge_leaves(
             ak,
             ah,
@@ -88,18 +91,12 @@ def _merge_in_batches(a, b, sizes_a, sizes_b, pairs_limit):
         )
         same += got.same
         for s, (mask, stop) in enumerate(((got.a_left, got.a_stop), (got.b_left, got.b_stop))):
-            lo = sides[s][0]
-            left[s].extend(sides[s][2][lo + k] for k in np.flatnonzero(mask))
             assert mask.shape[0] == stop
+            left[s].extend(sides[s][0][starts[s] + k] for k in np.flatnonzero(mask))
+            starts[s] += stop
         if final[0] and final[1]:
-            assert got.a_stop == len(ak) and got.b_stop == len(bk)
+            assert starts == ends
             return same, left
-        need = [
-            final[1] or (not final[0] and tuple(ak[-1]) <= tuple(bk[-1])),
-            not final[1] and (final[0] or tuple(bk[-1]) <= tuple(ak[-1])),
-        ]
-        sides[0][0] += got.a_stop
-        sides[1][0] += got.b_stop
 
 
 @settings(deadline=None, max_examples=200)

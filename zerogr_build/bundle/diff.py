@@ -320,16 +320,34 @@ class _Match:
         self.part_bits = 0
 
     def batches(self, side: _Version) -> Iterator[dp.Part]:
-        """Every batch of `side`'s items as a Part (ids hashed, SIDs rebuilt from the step tables)."""
+        """Every batch of `side`'s items as a Part (ids hashed, SIDs rebuilt from the step tables), cut at
+        leaf boundaries: the items of a leaf a batch of the file ends in go with the next batch."""
+        pending: tuple[int, pa.Array] | None = None
         for first, ids in side.item_batches(self.rows):
-            hashes, strings = dp.hash_ids(ids, self.kind, self.seed)
-            if self.layout is not None:
-                keys = dm.item_keys(
-                    side.starts, side.tokens, side.offsets, self.layout, first, first + len(ids)
-                )
-            else:
-                keys = np.zeros((len(ids), 0), dtype=np.uint64)
-            yield dp.Part(hashes, keys, strings)
+            if pending is not None:
+                first, ids = pending[0], pa.concat_arrays([pending[1], ids])
+            cut = self._leaf_cut(side, first, len(ids))
+            pending = (first + cut, ids.slice(cut)) if cut < len(ids) else None
+            if cut:
+                yield self._part(side, first, ids.slice(0, cut))
+        if pending is not None:
+            yield self._part(side, *pending)
+
+    def _leaf_cut(self, side: _Version, first: int, count: int) -> int:
+        """Where the leaf that items first .. first+count-1 end in starts, relative to `first` (count when
+        leaves are not compared or hold one item each)."""
+        if self.layout is None or side.offsets is None:
+            return count
+        start = int(side.offsets[dm.rank_right(side.offsets, first + count - 1) - 1])
+        return max(start - first, 0)
+
+    def _part(self, side: _Version, first: int, ids: pa.Array) -> dp.Part:
+        hashes, strings = dp.hash_ids(ids, self.kind, self.seed)
+        if self.layout is not None:
+            keys = dm.item_keys(side.starts, side.tokens, side.offsets, self.layout, first, first + len(ids))
+        else:
+            keys = np.zeros((len(ids), 0), dtype=np.uint64)
+        return dp.Part(hashes, keys, strings)
 
     def merge(self, old: _Version, new: _Version, leftovers: dp.Leftovers) -> int:
         """Walk both versions' items in leaf order (leaf_merge.merge_leaves), batch by batch, each version
@@ -358,17 +376,19 @@ class _Match:
         empty = dp.Part(np.zeros(0, np.uint64), np.zeros((0, self.words), np.uint64), None)
         if self.kind == "bytes":
             empty.strings = (np.zeros(1, np.int64), np.zeros(0, np.uint8))
-        held, final, need = [empty, empty], [False, False], [True, True]
+        held, final = [empty, empty], [False, False]
+        last: list[tuple[int, ...] | None] = [None, None]
         same = 0
         while True:
             for s in (0, 1):
-                while need[s] and not final[s]:
+                if not len(held[s]) and not final[s]:  # used up: its next batch
                     batch = self._next(streams[s])
                     if batch is None:
                         final[s] = True
-                    elif len(batch):
-                        held[s] = dp.concat([held[s], batch], self.words) if len(held[s]) else batch
-                        break
+                        continue
+                    if last[s] is not None and tuple(batch.keys[0]) <= last[s]:
+                        raise BundleError(f"{where}: items not in leaf order (SIDs not ascending)")
+                    held[s], last[s] = batch, tuple(batch.keys[-1])
             a, b = held
             try:
                 got = lm.merge_leaves(
@@ -382,8 +402,6 @@ class _Match:
             leftovers.add(1, b.take(got.b_left, 0))
             if final[0] and final[1]:
                 return same
-            a_first = final[1] or (not final[0] and tuple(a.keys[-1]) <= tuple(b.keys[-1]))
-            need = [a_first, not final[1] and (final[0] or tuple(b.keys[-1]) <= tuple(a.keys[-1]))]
             held = [a.tail(got.a_stop), b.tail(got.b_stop)]
 
     def spill(self, parts: list[dp.Part], where: Path) -> Path:

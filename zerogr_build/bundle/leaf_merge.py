@@ -9,10 +9,11 @@ other item (its SID only on one side, or its id not under the same SID on the ot
 *leftover*: matched by id afterwards (id_match), where a leftover id found on both sides is a common item
 whose SID changed (had it kept its SID, the merge would have met it).
 
-The items arrive in batches, so `merge_leaves` merges what two buffers hold up to a bound: the items
-whose SID is below the last SID of the buffer that ends first are complete on both sides (the rest of
-either version's items come later in SID order); the items from the bound on are kept for the next call,
-with the next batch of the side that ended first.
+The items arrive in batches that end at leaf boundaries (a SID's items are never split between two
+batches), so `merge_leaves` merges two buffers up to a bound: the smaller of the last SIDs of the two
+buffers (of the sides with items still to come). Every item at or below it is present on both sides
+(the rest of either version's items have larger SIDs); the other side's items past it wait for the next
+call, and the side whose last SID was the bound is used up and reads its next batch.
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ def _in_order(keys):
 
 
 @nb.njit(cache=True, nogil=True)
-def _below(keys, bound_keys, bound):
-    # How many rows of the ascending keys are < bound_keys[bound] (binary search).
+def _at_most(keys, bound_keys, bound):
+    # How many rows of the ascending keys are <= bound_keys[bound] (binary search).
     lo, hi = 0, keys.shape[0]
     while lo < hi:
         mid = (lo + hi) // 2
-        if _compare(keys, mid, bound_keys, bound) < 0:
+        if _compare(keys, mid, bound_keys, bound) <= 0:
             lo = mid + 1
         else:
             hi = mid
@@ -126,9 +127,9 @@ def _merge(
     a_stop, b_stop = na, nb_
     if not (a_final and b_final):
         if not a_final and (b_final or _compare(a_keys, na - 1, b_keys, nb_ - 1) <= 0):
-            a_stop, b_stop = _below(a_keys, a_keys, na - 1), _below(b_keys, a_keys, na - 1)
+            a_stop, b_stop = na, _at_most(b_keys, a_keys, na - 1)
         else:
-            a_stop, b_stop = _below(a_keys, b_keys, nb_ - 1), _below(b_keys, b_keys, nb_ - 1)
+            a_stop, b_stop = _at_most(a_keys, b_keys, nb_ - 1), nb_
     a_left = np.ones(a_stop, dtype=np.bool_)
     b_left = np.ones(b_stop, dtype=np.bool_)
     same = 0
@@ -175,7 +176,7 @@ def _merge(
 @dataclass(frozen=True)
 class Merged:
     """One merge_leaves step: `same` ids found under the same SID on both sides; the first `a_stop` /
-    `b_stop` items of each buffer were merged (the rest wait for the next batch), and `a_left` bool
+    `b_stop` items of each buffer were merged (the rest wait for the next call), and `a_left` bool
     [a_stop] / `b_left` bool [b_stop] mark which of those are leftovers."""
 
     same: int
@@ -200,10 +201,12 @@ def merge_leaves(
     """Merge two buffers of items in leaf order: packed SIDs a_keys uint64 [na, W] / b_keys [nb, W]
     (one KeyLayout, ascending) and id hashes a_hashes / b_hashes uint64 [na] / [nb] (id_match.hash_int_ids,
     or hash_byte_ids with a_bytes / b_bytes the ids' (offsets int64 [n+1], data uint8): equal hashes are
-    then compared byte for byte). `a_final` / `b_final`: the buffer holds all that side's remaining items;
-    a side that is not final must hold at least one item. Items with a SID at or past the smaller last SID
-    of the sides not final are not merged (Merged.a_stop, b_stop). Raises ValueError when a buffer's SIDs
-    are not ascending (a version whose items are not in leaf order)."""
+    then compared byte for byte). Each buffer ends at a leaf boundary: that side's items still to come
+    have larger SIDs. `a_final` / `b_final`: no items of that side are still to come; a side that is not
+    final must hold at least one item. Merged are the items with a SID at or below the smaller last SID of
+    the sides not final (all of them when both are final): Merged.a_stop, b_stop, one of which is the
+    whole buffer. Raises ValueError when a buffer's SIDs are not ascending (a version whose items are not
+    in leaf order)."""
     byte_ids = a_bytes is not None
     if byte_ids != (b_bytes is not None):
         raise ValueError("both sides' ids are strings, or neither's")
