@@ -2,21 +2,21 @@
 changed (matched by item id), and each version's shape (items, distinct SIDs, items in shared SIDs,
 fan-out per step, the first token's largest share, model tag).
 
-Streaming, each version's items read once: the item files are read in batches, never whole, each
-version on its own helper thread; each item's id is hashed (with a seed drawn per comparison) and its SID
-rebuilt from the rows above its leaves only (the step tables and leaf offsets are memory-mapped), packed
-into words that compare in SID order. Both versions store their items in leaf order (SIDs ascending), so
-the two streams are merged like two sorted lists (leaf_merge): an id under the same SID in both versions
-is common with its SID unchanged; every other item is a leftover. The leftovers (after a normal churn a
-few percent of the items, after a model update nearly all) are matched by id: an id left over in both
-versions changed its SID, the others were added or removed. They are held in memory while their matching
-fits the budget (`memory_bytes`; by default half of what a build of the larger version holds at its
-peak); past it, split into 2^k parts by the top bits of the hash and appended to that part's spill files
-(a temporary dir, removed at the end), then matched one part at a time: the same id lands in the same
-part in both versions. Matching a part groups each side into slots by the hash's low bits and walks the
-two sides' slots in step (linear time), its groups shared by threads. When the versions' SIDs have
-different lengths, no SID can be equal and every item is a leftover. The arithmetic is diff_math's,
-leaf_merge's and id_match's; the leftovers' arrays and files are diff_parts'.
+Streaming, each version's items read once: the item files are read in batches, never whole, cut at leaf
+boundaries, each version on its own helper thread; each item's id is hashed (with a seed drawn per
+comparison) and its SID rebuilt from the rows above its leaves only (the step tables and leaf offsets are
+memory-mapped), packed into words that compare in SID order. Both versions store their items in leaf order
+(SIDs ascending), so the two streams are merged like two sorted lists (leaf_merge): an id under the same SID
+in both versions is common with its SID unchanged; every other item is a leftover. The leftovers (after a
+normal churn a few percent of the items, after a model update nearly all) are matched by id: an id left over
+in both versions changed its SID, the others were added or removed. They are held in memory while their
+matching fits the budget (`memory_bytes`; by default half of what a build of the larger version holds at its
+peak); past it, split into 2^k parts by the top bits of the hash and appended to that part's spill files (a
+temporary dir, removed at the end), then matched one part at a time: the same id lands in the same part in
+both versions. Matching a part groups each side into slots by the hash's low bits and walks the two sides'
+slots in step (linear time), its groups shared by threads. When the versions' SIDs have different lengths,
+no SID can be equal and every item is a leftover. The arithmetic is diff_math's, leaf_merge's and
+id_match's; the leftovers' arrays and files are diff_parts'.
 """
 
 from __future__ import annotations
