@@ -2,23 +2,29 @@
 changed (matched by item id), and each version's shape (items, distinct SIDs, items in shared SIDs,
 fan-out per step, the first token's largest share, model tag).
 
-Streaming, each version's items read once: the item files are read in batches, never whole; each item's
-id is hashed (with a seed drawn per comparison) and its SID rebuilt from the rows above its leaves only
-(the step tables and leaf offsets are memory-mapped). When both versions' hashes and packed SIDs fit the
-matching budget (`memory_bytes`; by default half of what a build of the larger version holds at its
-peak), they are matched in memory. Otherwise each batch is split into 2^k parts by the top bits of the
-hash and appended to that part's spill files (a temporary dir, removed at the end), and then the parts
-are matched one at a time: the same id lands in the same part in both versions. Matching a part groups
-each side into slots by the hash's low bits and walks the two sides' slots in step (linear time). The
-arithmetic is diff_math's and id_match's.
+Streaming, each version's items read once: the item files are read in batches, never whole, cut at leaf
+boundaries, each version on its own helper thread; each item's id is hashed (with a seed drawn per
+comparison) and its SID rebuilt from the rows above its leaves only (the step tables and leaf offsets are
+memory-mapped), packed into words that compare in SID order. Both versions store their items in leaf order
+(SIDs ascending), so the two streams are merged like two sorted lists (leaf_merge): an id under the same SID
+in both versions is common with its SID unchanged; every other item is a leftover. The leftovers (after a
+normal churn a few percent of the items, after a model update nearly all) are matched by id: an id left over
+in both versions changed its SID, the others were added or removed. They are held in memory while their
+matching fits the budget (`memory_bytes`; by default half of what a build of the larger version holds at its
+peak); past it, split into 2^k parts by the top bits of the hash and appended to that part's spill files (a
+temporary dir, removed at the end), then matched one part at a time: the same id lands in the same part in
+both versions. Matching a part groups each side into slots by the hash's low bits and walks the two sides'
+slots in step (linear time), its groups shared by threads. When the versions' SIDs have different lengths,
+no SID can be equal and every item is a leftover. The arithmetic is diff_math's, leaf_merge's and
+id_match's; the leftovers' arrays and files are diff_parts'.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 import secrets
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,8 +35,11 @@ import pyarrow as pa
 
 from ..base.errors import BundleError
 from ..base.progress import NULL_PROGRESS, Progress
+from ..base.threads import prefetched
 from . import diff_math as dm
+from . import diff_parts as dp
 from . import id_match as im
+from . import leaf_merge as lm
 from .format import ITEM_COLUMN, TEMP_PREFIX
 from .reader import Bundle, open_bundle
 
@@ -44,8 +53,11 @@ BUILD_PEAK_BYTES_PER_ITEM = 26
 MIN_MEMORY_BYTES = 256 << 20
 #: At most 2^this parts (each part takes up to 4 open files per version while spilling).
 MAX_PART_BITS = 7
-#: Items read per batch of items.parquet.
-DEFAULT_BATCH_ROWS = 1 << 20
+#: Threads sharing the matching of the leftovers (the kernels release the GIL).
+MATCH_WORKERS = min(len(os.sched_getaffinity(0)), 8)
+#: Items read per batch of items.parquet (each version has about three batches in flight: read ahead,
+#: merged, and carried over to the next merge).
+DEFAULT_BATCH_ROWS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -235,8 +247,8 @@ def diff_versions(
     progress: Progress = NULL_PROGRESS,
 ) -> VersionDiff:
     """Compare version `new_dir` with `old_dir` (each a version dir, or an OUT dir: its LATEST). Exact
-    counts, each version's items read once. The matching holds about `memory_bytes` (None:
-    matching_budget of the larger version); more items than that are spilled, split into parts, to a
+    counts, each version's items read once. The matching of the leftovers holds about `memory_bytes`
+    (None: matching_budget of the larger version); more than that are spilled, split into parts, to a
     temporary dir in `spill_dir` (None: the system's temporary dir, $TMPDIR), removed before this
     returns. Its name is SPILL_PREFIX + random: in an OUT dir, one a killed process left is a stale temp
     that the next writer holding the OUT lock removes (lock.remove_stale_temps, after an hour). Raises
@@ -247,27 +259,14 @@ def diff_versions(
     common = changed = 0
     if kind is not None:
         budget = matching_budget(max(old.items, new.items)) if memory_bytes is None else memory_bytes
-        part_bits = _part_bits(old, new, layout, kind, budget)
-        sides = (old, new)
-        match = _Match(layout, kind, part_bits, secrets.randbits(64), batch_rows, progress)
-        if part_bits == 0:
-            progress.stage("diff", old.items + new.items)
-            counts = match.join(*(match.in_memory(side) for side in sides))
-        else:
-            with tempfile.TemporaryDirectory(prefix=SPILL_PREFIX, dir=spill_dir) as tmp:
-                progress.stage(f"diff: spill {1 << part_bits} parts", old.items + new.items)
-                spilled = [
-                    match.spill(side, Path(tmp) / name) for side, name in zip(sides, "ab", strict=True)
-                ]
-                progress.stage("diff: match", 1 << part_bits)
-                counts = im.MatchCounts(0, 0)
-                for k in range(1 << part_bits):
-                    got = match.join(*(match.load(where, k) for where in spilled))
-                    counts = im.MatchCounts(counts.common + got.common, counts.changed + got.changed)
-                    progress.advance(1)
-        common, changed = counts.common, counts.changed
-        if layout is None:
-            changed = common  # SIDs of different lengths: every common item's SID changed
+        match = _Match(layout, kind, secrets.randbits(64), batch_rows, progress)
+        match.part_bits = _part_bits(old, new, kind, budget)
+        progress.stage("diff", old.items + new.items)
+        with contextlib.ExitStack() as stack:
+            leftovers = dp.Leftovers(match, budget, stack, SPILL_PREFIX, spill_dir)
+            same = match.merge(old, new, leftovers)
+            moved = leftovers.matched()
+        common, changed = same + moved, moved
     return VersionDiff(
         old=version_stats(old),
         new=version_stats(new),
@@ -294,147 +293,128 @@ def _id_kind(old: pa.DataType, new: pa.DataType) -> str | None:
     return None
 
 
-def _part_bits(old: _Version, new: _Version, layout: dm.KeyLayout | None, kind: str, budget: int) -> int:
-    """log2 of the parts needed for one part's arrays to fit `budget`: per item its hash (8 bytes) and
-    packed SID (8 per word), twice while grouped into slots, plus the slot starts (8); string ids their
-    bytes, offsets and positions too."""
-    words = layout.words if layout is not None else 0
-    per_item = 2 * (8 + 8 * words) + 8
-    if kind == "bytes":
-        per_item += 2 * max(old.id_bytes(), new.id_bytes()) + 24
-    need = (old.items + new.items) * per_item
+def _per_item(kind: str, id_bytes: float = 0.0) -> float:
+    """Matching memory per leftover id: its hash (8 bytes) twice while grouped into slots, plus its slot
+    start (8); string ids their bytes, offsets and positions too."""
+    return 2 * 8 + 8 + (2 * id_bytes + 24 if kind == "bytes" else 0)
+
+
+def _part_bits(old: _Version, new: _Version, kind: str, budget: int) -> int:
+    """log2 of the parts needed for one part's arrays to fit `budget` were every item a leftover."""
+    id_bytes = max(old.id_bytes(), new.id_bytes()) if kind == "bytes" else 0.0
+    need = (old.items + new.items) * _per_item(kind, id_bytes)
     parts = max(1, math.ceil(need / max(int(budget), 1)))
     return min((parts - 1).bit_length(), MAX_PART_BITS)
 
 
-@dataclass
-class _Part:
-    """One version's ids of one part: hashes uint64 [n], packed SIDs uint64 [n, W] (W = 0: not
-    compared), and for string ids their (offsets int64 [n+1], data uint8)."""
-
-    hashes: np.ndarray
-    keys: np.ndarray
-    strings: tuple[np.ndarray, np.ndarray] | None
-
-
 class _Match:
-    """How both versions' ids are hashed, split into parts, spilled and joined (the same for both)."""
+    """How both versions' items are streamed (ids hashed with one seed, SIDs packed with one layout),
+    merged in leaf order, and their leftovers spilled into parts and joined."""
 
     def __init__(
-        self, layout: dm.KeyLayout | None, kind: str, part_bits: int, seed: int, rows: int, progress: Progress
+        self, layout: dm.KeyLayout | None, kind: str, seed: int, rows: int, progress: Progress
     ) -> None:
-        self.layout, self.kind, self.part_bits, self.seed = layout, kind, part_bits, seed
+        self.layout, self.kind, self.seed = layout, kind, seed
         self.rows, self.progress = rows, progress
         self.words = layout.words if layout is not None else 0
+        self.part_bits = 0
 
-    def batches(self, side: _Version) -> Iterator[_Part]:
-        """Every batch of `side`'s items as a _Part (ids hashed, SIDs rebuilt from the step tables)."""
+    def batches(self, side: _Version) -> Iterator[dp.Part]:
+        """Every batch of `side`'s items as a Part (ids hashed, SIDs rebuilt from the step tables), cut at
+        leaf boundaries: the items of a leaf a batch of the file ends in go with the next batch."""
+        pending: tuple[int, pa.Array] | None = None
         for first, ids in side.item_batches(self.rows):
-            strings = None
-            if self.kind == "bytes":
-                strings = _byte_buffers(ids.cast(pa.large_binary()))
-                hashes = im.hash_byte_ids(*strings, self.seed)
-            else:
-                hashes = im.hash_int_ids(_int_values(ids, self.kind), self.seed)
-            if self.layout is not None:
-                keys = dm.item_keys(
-                    side.starts, side.tokens, side.offsets, self.layout, first, first + len(ids)
-                )
-            else:
-                keys = np.zeros((len(ids), 0), dtype=np.uint64)
-            yield _Part(hashes, keys, strings)
-            self.progress.advance(len(ids))
+            if pending is not None:
+                first, ids = pending[0], pa.concat_arrays([pending[1], ids])
+            cut = self._leaf_cut(side, first, len(ids))
+            pending = (first + cut, ids.slice(cut)) if cut < len(ids) else None
+            if cut:
+                yield self._part(side, first, ids.slice(0, cut))
+        if pending is not None:
+            yield self._part(side, *pending)
 
-    def in_memory(self, side: _Version) -> _Part:
-        """All of `side`'s ids as one part."""
-        return _concat(list(self.batches(side)), self.words)
+    def _leaf_cut(self, side: _Version, first: int, count: int) -> int:
+        """Where the leaf that items first .. first+count-1 end in starts, relative to `first` (count when
+        leaves are not compared or hold one item each)."""
+        if self.layout is None or side.offsets is None:
+            return count
+        start = int(side.offsets[dm.rank_right(side.offsets, first + count - 1) - 1])
+        return max(start - first, 0)
 
-    def spill(self, side: _Version, where: Path) -> Path:
-        """Write `side`'s ids into one set of files per part under `where` (created): hashes, SIDs, and
-        for string ids their lengths and bytes. Returns `where`."""
-        where.mkdir()
-        parts = 1 << self.part_bits
-        names = ("hashes", "keys", "lengths", "data") if self.kind == "bytes" else ("hashes", "keys")
-        with contextlib.ExitStack() as stack:
-            files = [
-                [stack.enter_context(open(where / f"{k}.{n}", "wb")) for n in names] for k in range(parts)
-            ]
-            for batch in self.batches(side):
-                part = im.part_of(batch.hashes, self.part_bits)
-                order = np.argsort(part, kind="stable")
-                bounds = np.searchsorted(part[order], np.arange(parts + 1), side="left")
-                hashes, keys = batch.hashes[order], batch.keys[order]
-                if batch.strings is not None:
-                    offsets, data = batch.strings
-                    lengths = np.diff(offsets)[order]
-                    data = _gather_bytes(offsets, data, order)
-                    ends = np.concatenate([[0], np.cumsum(lengths)])
-                for k in range(parts):
-                    lo, hi = bounds[k], bounds[k + 1]
-                    if lo == hi:
+    def _part(self, side: _Version, first: int, ids: pa.Array) -> dp.Part:
+        hashes, strings = dp.hash_ids(ids, self.kind, self.seed)
+        if self.layout is not None:
+            keys = dm.item_keys(side.starts, side.tokens, side.offsets, self.layout, first, first + len(ids))
+        else:
+            keys = np.zeros((len(ids), 0), dtype=np.uint64)
+        return dp.Part(hashes, keys, strings)
+
+    def merge(self, old: _Version, new: _Version, leftovers: dp.Leftovers) -> int:
+        """Walk both versions' items in leaf order (leaf_merge.merge_leaves), batch by batch, each version
+        read, hashed and keyed on its own helper thread: returns how many ids are under the same SID in
+        both, and hands every other item to `leftovers`. Without a common layout (SIDs of different
+        lengths), every item is a leftover."""
+        streams = [prefetched(self.batches(side), name="zerogr-diff-read") for side in (old, new)]
+        try:
+            return self._merge(streams, leftovers, f"{old.items_file} / {new.items_file}")
+        finally:
+            for stream in streams:
+                stream.close()
+
+    def _next(self, stream: Iterator[dp.Part]) -> dp.Part | None:
+        batch = next(stream, None)
+        if batch is not None:
+            self.progress.advance(len(batch))
+        return batch
+
+    def _merge(self, streams: list[Iterator[dp.Part]], leftovers: dp.Leftovers, where: str) -> int:
+        if self.layout is None:
+            for side in (0, 1):
+                while (batch := self._next(streams[side])) is not None:
+                    leftovers.add(side, batch)
+            return 0
+        empty = dp.Part(np.zeros(0, np.uint64), np.zeros((0, self.words), np.uint64), None)
+        if self.kind == "bytes":
+            empty.strings = (np.zeros(1, np.int64), np.zeros(0, np.uint8))
+        held, final = [empty, empty], [False, False]
+        last: list[tuple[int, ...] | None] = [None, None]
+        same = 0
+        while True:
+            for s in (0, 1):
+                if not len(held[s]) and not final[s]:  # used up: its next batch
+                    batch = self._next(streams[s])
+                    if batch is None:
+                        final[s] = True
                         continue
-                    files[k][0].write(memoryview(hashes[lo:hi]).cast("B"))
-                    if self.words:
-                        files[k][1].write(memoryview(np.ascontiguousarray(keys[lo:hi])).cast("B"))
-                    if batch.strings is not None:
-                        files[k][2].write(memoryview(lengths[lo:hi]).cast("B"))
-                        files[k][3].write(memoryview(data[ends[lo] : ends[hi]]).cast("B"))
+                    if last[s] is not None and tuple(batch.keys[0]) <= last[s]:
+                        raise BundleError(f"{where}: items not in leaf order (SIDs not ascending)")
+                    held[s], last[s] = batch, tuple(batch.keys[-1])
+            a, b = held
+            try:
+                got = lm.merge_leaves(
+                    a.keys, a.hashes, b.keys, b.hashes, a_final=final[0], b_final=final[1],
+                    a_bytes=a.strings, b_bytes=b.strings,
+                )  # fmt: skip
+            except ValueError as exc:
+                raise BundleError(f"{where}: {exc}") from exc
+            same += got.same
+            leftovers.add(0, a.take(got.a_left, 0))
+            leftovers.add(1, b.take(got.b_left, 0))
+            if final[0] and final[1]:
+                return same
+            held = [a.tail(got.a_stop), b.tail(got.b_stop)]
+
+    def spill(self, parts: list[dp.Part], where: Path) -> Path:
+        """Append `parts` (one version's leftovers) to its part files under `where`. Returns `where`."""
+        dp.spill(parts, where, self.part_bits)
         return where
 
-    def load(self, where: Path, k: int) -> _Part:
+    def load(self, where: Path, k: int) -> dp.Part:
         """Part k of the ids spilled to `where`."""
-        hashes = np.fromfile(where / f"{k}.hashes", dtype=np.uint64)
-        keys = np.fromfile(where / f"{k}.keys", dtype=np.uint64).reshape(hashes.shape[0], self.words)
-        strings = None
-        if self.kind == "bytes":
-            lengths = np.fromfile(where / f"{k}.lengths", dtype=np.int64)
-            offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
-            strings = (offsets, np.fromfile(where / f"{k}.data", dtype=np.uint8))
-        return _Part(hashes, keys, strings)
+        return dp.load(where, k, 0, self.kind == "bytes")
 
-    def join(self, a: _Part, b: _Part) -> im.MatchCounts:
-        """The two versions' ids of one part matched (id_match.match_part)."""
-        return im.match_part(a.hashes, a.keys, b.hashes, b.keys, a_bytes=a.strings, b_bytes=b.strings)
-
-
-def _concat(batches: list[_Part], words: int) -> _Part:
-    """One _Part of several (string ids: their offsets joined)."""
-    hashes = np.concatenate([b.hashes for b in batches]) if batches else np.zeros(0, dtype=np.uint64)
-    keys = np.concatenate([b.keys for b in batches]) if batches else np.zeros((0, words), dtype=np.uint64)
-    strings = None
-    if batches and batches[0].strings is not None:
-        lengths = np.concatenate([np.diff(b.strings[0]) for b in batches if b.strings is not None])
-        offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
-        data = np.concatenate(
-            [b.strings[1][b.strings[0][0] : b.strings[0][-1]] for b in batches if b.strings]
-        )
-        strings = (offsets, data)
-    return _Part(hashes, keys, strings)
-
-
-def _gather_bytes(offsets: np.ndarray, data: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """uint8: the strings offsets/data in `order`, end to end."""
-    strings = pa.LargeBinaryArray.from_buffers(
-        pa.large_binary(), offsets.shape[0] - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-    )
-    taken_offsets, taken_data = _byte_buffers(strings.take(pa.array(order)))
-    return taken_data[taken_offsets[0] : taken_offsets[-1]]
-
-
-def _int_values(ids: pa.Array, kind: str) -> np.ndarray:
-    """int64 [n] of integer ids. "mixed" (uint64 against signed ids): a uint64 id past int64 equals no
-    signed id, so it is refused rather than wrapped into one."""
-    values = ids.to_numpy(zero_copy_only=False)
-    if values.dtype == np.uint64:
-        if kind == "mixed" and values.size and values.max() > np.iinfo(np.int64).max:
-            raise BundleError("item ids past 2^63-1 (uint64) cannot be compared with signed item ids")
-        return values.view(np.int64)
-    return values.astype(np.int64, copy=False)
-
-
-def _byte_buffers(ids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets int64 [n+1], data uint8) of a large_binary array (its slice offset applied)."""
-    buffers = ids.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int64)[ids.offset : ids.offset + len(ids) + 1]
-    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    return offsets, data
+    def join(self, a: dp.Part, b: dp.Part) -> int:
+        """How many ids of the two versions' leftovers of one part are in both (id_match.match_part)."""
+        return im.match_part(
+            a.hashes, a.keys, b.hashes, b.keys, a_bytes=a.strings, b_bytes=b.strings, workers=MATCH_WORKERS
+        ).common

@@ -80,7 +80,10 @@ class Fanout:
 
 def fanout(starts: np.ndarray, codebook_size: int) -> Fanout:
     """Fan-out of a step from its row starts int [rows+1] (children per row <= codebook_size)."""
-    hist = _count_histogram(np.asarray(starts), int(codebook_size))
+    starts = np.asarray(starts)
+    # no row has more children than the step has, so a wide codebook never sizes the histogram
+    width = min(int(codebook_size), int(starts[-1] - starts[0])) if starts.shape[0] else 0
+    hist = _count_histogram(starts, width)
     rows = int(hist.sum())
     counts = np.cumsum(hist)
     rank = max(math.ceil(0.99 * rows), 1)
@@ -154,13 +157,15 @@ class KeyLayout:
         return cls(radices, tuple(words))
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _expand_step(starts, tokens, row_lo, pos_lo, pos_hi, prev, radix, word, out):
+    words = out.shape[1]
     row = row_lo
     for pos in range(pos_lo, pos_hi):
         while starts[row + 1] <= pos:
             row += 1
-        out[pos - pos_lo, :] = prev[row - row_lo, :]
+        for w in range(words):
+            out[pos - pos_lo, w] = prev[row - row_lo, w]
         out[pos - pos_lo, word] = prev[row - row_lo, word] * radix + np.uint64(tokens[pos])
 
 
@@ -196,13 +201,15 @@ def leaf_keys(
     return keys
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _spread(offsets, leaf_lo, keys, first, out):
+    words = out.shape[1]
     leaf = leaf_lo
     for i in range(out.shape[0]):
         while offsets[leaf + 1] <= first + i:
             leaf += 1
-        out[i, :] = keys[leaf - leaf_lo, :]
+        for w in range(words):
+            out[i, w] = keys[leaf - leaf_lo, w]
 
 
 def rank_right(sorted_values: np.ndarray, value: int) -> int:

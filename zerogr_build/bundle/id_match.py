@@ -22,7 +22,7 @@ _FNV_PRIME = np.uint64(0x100000001B3)
 SLOT_PAIRS_LIMIT = 4096
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _mix(x):
     # splitmix64's finaliser: spreads any 64-bit value over all bits (ids are often consecutive). Each of
     # its steps is invertible, so it is a bijection of the 64-bit values.
@@ -31,7 +31,7 @@ def _mix(x):
     return x ^ (x >> np.uint64(31))
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _hash_ints(values, seed):
     out = np.empty(values.shape[0], dtype=np.uint64)
     for i in range(values.shape[0]):
@@ -39,7 +39,7 @@ def _hash_ints(values, seed):
     return out
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _hash_bytes(offsets, data, seed):
     n = offsets.shape[0] - 1
     out = np.empty(n, dtype=np.uint64)
@@ -85,7 +85,7 @@ class SlotTable:
     index: np.ndarray
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _slot_sort(hashes, keys, bits, with_index):
     n = hashes.shape[0]
     words = keys.shape[1]
@@ -126,7 +126,7 @@ def slot_table(hashes: np.ndarray, keys: np.ndarray, bits: int, *, with_index: b
     return SlotTable(*_slot_sort(np.asarray(hashes, dtype=np.uint64), keys, np.int64(bits), with_index))
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _same_bytes(a_offsets, a_data, i, b_offsets, b_data, j):
     length = a_offsets[i + 1] - a_offsets[i]
     if b_offsets[j + 1] - b_offsets[j] != length:
@@ -137,7 +137,7 @@ def _same_bytes(a_offsets, a_data, i, b_offsets, b_data, j):
     return True
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _same_id(x, y, a_hashes, a_index, a_offsets, a_data, b_hashes, b_index, b_offsets, b_data, byte_ids):
     if a_hashes[x] != b_hashes[y]:
         return False
@@ -146,7 +146,7 @@ def _same_id(x, y, a_hashes, a_index, a_offsets, a_data, b_hashes, b_index, b_of
     return _same_bytes(a_offsets, a_data, a_index[x], b_offsets, b_data, b_index[y])
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _keys_differ(a_keys, x, b_keys, y):
     for w in range(a_keys.shape[1]):  # noqa: SIM110 - numba compiles loops, not generator expressions
         if a_keys[x, w] != b_keys[y, w]:
@@ -154,7 +154,7 @@ def _keys_differ(a_keys, x, b_keys, y):
     return False
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _join(
     a_starts, a_hashes, a_keys, a_index, a_offsets, a_data,
     b_starts, b_hashes, b_keys, b_index, b_offsets, b_data, byte_ids, pairs_limit,
@@ -209,7 +209,7 @@ def _join(
 GROUP_BITS = 8
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _group(hashes, keys, bits, with_index):
     # The same counting sort as _slot_sort, by the low `bits` bits (few groups: sequential writes).
     return _slot_sort(hashes, keys, bits, with_index)
@@ -265,28 +265,42 @@ def match_part(
     *,
     a_bytes: tuple[np.ndarray, np.ndarray] | None = None,
     b_bytes: tuple[np.ndarray, np.ndarray] | None = None,
+    workers: int = 1,
 ) -> MatchCounts:
     """Match two versions' ids of one part: hashes uint64 [n] (hash_int_ids, or hash_byte_ids with
     a_bytes/b_bytes the strings' (offsets, data)), keys uint64 [n, W]. Each side is split into
     2^GROUP_BITS groups by the hash's low bits, and each group matched by slot tables on the bits above
-    (join_slots); the same as one join_slots of the whole part, in cache-sized pieces."""
+    (join_slots); the same as one join_slots of the whole part, in cache-sized pieces, the groups shared
+    by `workers` threads (the kernels release the GIL)."""
     strings = a_bytes is not None
     grouped = []
     for hashes, keys in ((a_hashes, a_keys), (b_hashes, b_keys)):
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
         grouped.append(_group(np.asarray(hashes, dtype=np.uint64), keys, np.int64(GROUP_BITS), strings))
     (a_starts, a_h, a_k, a_pos), (b_starts, b_h, b_k, b_pos) = grouped
-    common = changed = 0
-    for g in range(a_starts.shape[0] - 1):
-        a0, a1, b0, b1 = a_starts[g], a_starts[g + 1], b_starts[g], b_starts[g + 1]
-        if a0 == a1 or b0 == b1:
-            continue
-        bits = slot_bits(max(a1 - a0, b1 - b0))
-        a = slot_table(a_h[a0:a1] >> np.uint64(GROUP_BITS), a_k[a0:a1], bits, with_index=strings)
-        b = slot_table(b_h[b0:b1] >> np.uint64(GROUP_BITS), b_k[b0:b1], bits, with_index=strings)
-        if strings:  # positions in the group -> positions in the input (where the strings' bytes are)
-            a = SlotTable(a.starts, a.hashes, a.keys, a_pos[a0 + a.index])
-            b = SlotTable(b.starts, b.hashes, b.keys, b_pos[b0 + b.index])
-        got = join_slots(a, b, a_bytes=a_bytes, b_bytes=b_bytes)
-        common, changed = common + got.common, changed + got.changed
-    return MatchCounts(common, changed)
+
+    def groups(first: int, stop: int) -> tuple[int, int]:
+        common = changed = 0
+        for g in range(first, stop):
+            a0, a1, b0, b1 = a_starts[g], a_starts[g + 1], b_starts[g], b_starts[g + 1]
+            if a0 == a1 or b0 == b1:
+                continue
+            bits = slot_bits(max(a1 - a0, b1 - b0))
+            a = slot_table(a_h[a0:a1] >> np.uint64(GROUP_BITS), a_k[a0:a1], bits, with_index=strings)
+            b = slot_table(b_h[b0:b1] >> np.uint64(GROUP_BITS), b_k[b0:b1], bits, with_index=strings)
+            if strings:  # positions in the group -> positions in the input (where the strings' bytes are)
+                a = SlotTable(a.starts, a.hashes, a.keys, a_pos[a0 + a.index])
+                b = SlotTable(b.starts, b.hashes, b.keys, b_pos[b0 + b.index])
+            got = join_slots(a, b, a_bytes=a_bytes, b_bytes=b_bytes)
+            common, changed = common + got.common, changed + got.changed
+        return common, changed
+
+    count = a_starts.shape[0] - 1
+    if workers <= 1:
+        return MatchCounts(*groups(0, count))
+    from concurrent.futures import ThreadPoolExecutor
+
+    bounds = [count * w // workers for w in range(workers + 1)]
+    with ThreadPoolExecutor(workers, thread_name_prefix="zerogr-match") as pool:
+        got = list(pool.map(groups, bounds[:-1], bounds[1:]))
+    return MatchCounts(sum(c for c, _ in got), sum(c for _, c in got))
