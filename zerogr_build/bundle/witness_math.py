@@ -34,7 +34,7 @@ def steps_as_csr(steps) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _leaf_of(leaf_offsets, j):
     """The leaf k with leaf_offsets[k] <= j < leaf_offsets[k+1] (binary search)."""
     lo, hi = 0, leaf_offsets.shape[0] - 1
@@ -47,7 +47,7 @@ def _leaf_of(leaf_offsets, j):
     return lo
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def walk_up(indptr, tokens, children, shift, keys, parents):
     """One step of the walk from leaves to the root: keys[i] |= tokens[children[i]] << shift, and
     parents[i] = the row r with indptr[r] <= children[i] < indptr[r+1]. children: nondecreasing ints in
@@ -112,7 +112,7 @@ def unpack_keys(keys: np.ndarray, bits: list[int]) -> np.ndarray:
     return out
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def check_keys(order, lo, hi, leaf_offsets, first_leaf, leaf_key, keys, seen, state, ids, got):
     """Check positions lo..hi-1 of the witness, SIDs as 64-bit keys.
 
@@ -146,7 +146,7 @@ def check_keys(order, lo, hi, leaf_offsets, first_leaf, leaf_key, keys, seen, st
     return -1
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def check_tokens(
     order, lo, hi, leaf_offsets, first_leaf, tokens, first, words, shifts, masks, sids, seen, state
 ):
