@@ -171,7 +171,9 @@ class _Version:
         import pyarrow.parquet as pq
 
         try:
-            parquet = pq.ParquetFile(self.items_file)
+            # No pre-buffering: it keeps every row group's bytes it read until the file is closed (the
+            # whole id column, 8 B per item, for each version being read).
+            parquet = pq.ParquetFile(self.items_file, pre_buffer=False)
             if parquet.metadata.num_rows != self.items:
                 raise BundleError(
                     f"{self.items_file}: {parquet.metadata.num_rows} items, manifest says {self.items}"
