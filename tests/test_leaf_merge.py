@@ -254,3 +254,36 @@ def test_match_part_shared_by_threads_counts_the_common_ids_exactly(ids, picks, 
         a_bytes=a_bytes, b_bytes=b_bytes, workers=workers,
     )  # fmt: skip
     assert got.common == len(set(a_ids) & set(b_ids))
+
+
+def test_the_diff_holds_no_more_than_a_few_batches_of_item_ids_in_arrow_memory(tmp_path, monkeypatch):
+    """Each version's items.parquet is streamed: Arrow memory in use while both are read stays a few
+    batches, not the id columns read so far (Parquet pre-buffering keeps every row group it has read)."""
+    import pyarrow as pa
+
+    from zerogr_build.bundle import publish as publish_module
+
+    rows_per_group = 2048
+    monkeypatch.setattr(publish_module.write_items_in_leaf_order, "__defaults__", (rows_per_group,))
+    n, sizes = 200_000, (64, 64, 64)
+    rng = np.random.default_rng(7)
+    ids = rng.permutation(4 * n)[:n].astype(np.int64)
+    sids = rng.integers(0, 64, size=(n, 3))
+    old = publish(tmp_path / "a", ids.tolist(), sids, sizes, "m1")
+    moved = sids.copy()
+    moved[::2] = rng.integers(0, 64, size=(moved[::2].shape[0], 3))  # half the items change SID
+    new = publish(tmp_path / "b", ids.tolist(), moved, sizes, "m1")
+    peak = [0]
+    batches = diff_module._Version.item_batches
+
+    def sampled(self, rows):
+        for first, batch in batches(self, rows):
+            peak[0] = max(peak[0], pa.total_allocated_bytes())
+            yield first, batch
+
+    monkeypatch.setattr(diff_module._Version, "item_batches", sampled)
+    before = pa.total_allocated_bytes()
+    got = diff_versions(old, new, batch_rows=rows_per_group)
+    assert got.items_common == n
+    id_column_bytes = 8 * n
+    assert peak[0] - before < id_column_bytes / 2, (peak[0] - before, id_column_bytes)
