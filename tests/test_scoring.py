@@ -64,6 +64,24 @@ def test_all_empty_rows_are_minus_inf_never_nan():
         assert torch.isneginf(out).all()
 
 
+@given(st.integers(1, 6), st.integers(1, 40), st.integers(0, 2**31 - 1))
+@settings(max_examples=40, deadline=None)
+def test_in_place_masked_log_softmax_is_bit_identical(rows, cols, seed):
+    """masked_log_softmax_ writes into its argument and returns the same bits as masked_log_softmax, with
+    -inf slots, all -inf rows and +inf / NaN entries among them."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(rows, cols, generator=g) * 10
+    pick = torch.rand(rows, cols, generator=g)
+    scores[pick < 0.3] = float("-inf")
+    scores[0] = float("-inf")
+    if rows > 1:
+        scores[1, 0] = float("nan") if seed % 2 else float("inf")
+    want = selective_torch.masked_log_softmax(scores)
+    got = selective_torch.masked_log_softmax_(scores)
+    assert got.data_ptr() == scores.data_ptr()
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
 def test_registry():
     assert available_modes("cpu") == ["full", "selective", "selective_numba"]
     assert set(MODE_NAMES) >= {"full", "selective", "selective_cuda"}

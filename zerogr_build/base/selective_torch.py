@@ -38,9 +38,19 @@ def masked_log_softmax(scores: torch.Tensor) -> torch.Tensor:
 
     logsumexp of an all -inf row is -inf and -inf - (-inf) would be NaN, so such rows subtract 0 instead.
     """
+    return scores - _finite_lse(scores)
+
+
+def masked_log_softmax_(scores: torch.Tensor) -> torch.Tensor:
+    """masked_log_softmax computed in place in scores fp32 [R, K] (no [R, K] result allocated); returns
+    scores."""
+    return scores.sub_(_finite_lse(scores))
+
+
+def _finite_lse(scores: torch.Tensor) -> torch.Tensor:
+    """fp32 [R, 1]: logsumexp of each row of scores [R, K], 0 where it is not finite."""
     lse = torch.logsumexp(scores, dim=1, keepdim=True)
-    lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-    return scores - lse
+    return torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
 
 
 def slot_validity(slot_tokens: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..base.errors import InputError
-from ..base.selective_torch import masked_log_softmax
+from ..base.selective_torch import masked_log_softmax_
 from ..cuda.bundle_kernels import load_bundle_kernels
 from ..index import SidIndex
 from .beams import BeamState, SearchResult
@@ -350,13 +350,13 @@ class Decoder(ConstrainedDecoding):
             assert table.next is not None
             empty = dense_emptier(state.constraints, table, state.rows, state.batch)  # in place
             logp = (
-                masked_log_softmax(empty(logits))
+                masked_log_softmax_(empty(logits))
                 if state.order == "filter_first"
                 else empty(log_softmax(logits))
             )
         b = state.batch_size
         per = state.num_beams // b
-        totals = (state.scores[:, None] + logp).view(b, per * vocab)
+        totals = logp.add_(state.scores[:, None]).view(b, per * vocab)  # logp is this step's own tensor
         values, cols = self._select(state, totals)
         cols = cols.clamp(max=per * vocab - 1)
         beam = torch.arange(b, device=self.device)[:, None] * per + cols // vocab
@@ -400,7 +400,7 @@ class Decoder(ConstrainedDecoding):
                 if scoring.log_softmax_totals is not None:  # the add inside the kernel's pass
                     return scoring.log_softmax_totals(h, weight, bias, slot_tokens, scores)
                 if scoring.uses_full_logits:
-                    return scores[:, None] + masked_log_softmax(read_slots(sub, slot_tokens))
+                    return masked_log_softmax_(read_slots(sub, slot_tokens)).add_(scores[:, None])
                 return scores[:, None] + scoring.selective_log_softmax(h, weight, bias, slot_tokens)
             raw = (
                 read_slots(sub, slot_tokens)
