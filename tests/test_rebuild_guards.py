@@ -228,7 +228,7 @@ def _leave_free(mount: Path, free: int) -> None:
 
 
 def test_a_full_disk_prunes_beyond_keep_then_exits_8_naming_the_path(catalogs, tmp_path, small_fs):
-    from zerogr_build.rebuild.preflight import SPACE_MARGIN, version_bytes
+    from zerogr_build.rebuild.preflight import needed_bytes, version_bytes
 
     out = small_fs / "out"
     path, tag = catalogs["base"]
@@ -236,7 +236,7 @@ def test_a_full_disk_prunes_beyond_keep_then_exits_8_naming_the_path(catalogs, t
         built = invoke("build", path, "--out", out, "--codebook-sizes", "32,32,32", "--model-version", tag,
                        "--keep", "3", "-q")  # fmt: skip
         assert built.exit_code == 0, built.output
-    need = version_bytes(out / "v000003") * SPACE_MARGIN
+    need = needed_bytes(out / "v000003")
     _leave_free(small_fs, int(need - version_bytes(out / "v000001") / 2))
     pruned = rebuild(catalogs, "base", out, "--keep", "3", "--force")
     assert pruned.exit_code == 0, pruned.output

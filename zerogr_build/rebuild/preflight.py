@@ -20,6 +20,10 @@ from .request import PushSpec
 
 #: The next version is expected to take LATEST's bytes times this (a catalog grows between runs).
 SPACE_MARGIN = 1.2
+#: What a run also writes to OUT for a while, per item of LATEST: the build's copy of the catalog SIDs
+#: for verify (8 bytes per item, more for SIDs wider than 64 bits), then the guards' spilled ids when the
+#: comparison passes its memory budget (up to 8 bytes per item of each version).
+TRANSIENT_BYTES_PER_ITEM = 16
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
@@ -53,15 +57,22 @@ def version_bytes(version_dir: Path) -> int:
     )
 
 
+def needed_bytes(previous: Path) -> int:
+    """What a run that follows version `previous` needs free in OUT: the new version and what the run
+    writes meanwhile (TRANSIENT_BYTES_PER_ITEM), both estimated from `previous`, times SPACE_MARGIN."""
+    items = int(load_manifest(previous)["leaves"]["items"])
+    return int((version_bytes(previous) + TRANSIENT_BYTES_PER_ITEM * items) * SPACE_MARGIN)
+
+
 def make_room(out: Path, previous: Path | None, keep: int, log: Callable[[str], None]) -> None:
-    """Room in OUT for the next version (estimated as `previous`'s size x SPACE_MARGIN; nothing to go by
-    without a previous version). When short and `keep` > 0, first remove versions beyond the newest
+    """Room in OUT for the next version and what the run writes meanwhile (needed_bytes; nothing to go
+    by without a previous version). When short and `keep` > 0, first remove versions beyond the newest
     keep - 1 (the new one makes keep), never the one LATEST names nor the one before it (the rollback).
     DiskFull naming OUT, the space free and needed, when it is still short."""
     if previous is None:
         return
     size = version_bytes(previous)
-    need = int(size * SPACE_MARGIN)
+    need = needed_bytes(previous)
     free = shutil.disk_usage(out).free
     if free >= need:
         return
@@ -73,9 +84,9 @@ def make_room(out: Path, previous: Path | None, keep: int, log: Callable[[str], 
         free = shutil.disk_usage(out).free
     if free < need:
         raise DiskFull(
-            f"{out}: disk full: {human_bytes(free)} free, the next version needs about {human_bytes(need)} "
-            f"(LATEST {previous.name} takes {human_bytes(size)}); free space or lower --keep (retrying alone "
-            "will not help)"
+            f"{out}: disk full: {human_bytes(free)} free, the next version and the run's temporary files "
+            f"need about {human_bytes(need)} (LATEST {previous.name} takes {human_bytes(size)}); free space "
+            "or lower --keep (retrying alone will not help)"
         )
 
 
