@@ -127,7 +127,8 @@ def slot_table(hashes: np.ndarray, keys: np.ndarray, bits: int, *, with_index: b
 
 
 @nb.njit(cache=True, nogil=True)
-def _same_bytes(a_offsets, a_data, i, b_offsets, b_data, j):
+def same_bytes(a_offsets, a_data, i, b_offsets, b_data, j):
+    """Byte id i of (a_offsets, a_data) equals byte id j of (b_offsets, b_data)."""
     length = a_offsets[i + 1] - a_offsets[i]
     if b_offsets[j + 1] - b_offsets[j] != length:
         return False
@@ -143,7 +144,7 @@ def _same_id(x, y, a_hashes, a_index, a_offsets, a_data, b_hashes, b_index, b_of
         return False
     if not byte_ids:
         return True  # integer ids: the hash is a bijection
-    return _same_bytes(a_offsets, a_data, a_index[x], b_offsets, b_data, b_index[y])
+    return same_bytes(a_offsets, a_data, a_index[x], b_offsets, b_data, b_index[y])
 
 
 @nb.njit(cache=True, nogil=True)

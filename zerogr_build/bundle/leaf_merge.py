@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
-from .id_match import SLOT_PAIRS_LIMIT
+from .id_match import SLOT_PAIRS_LIMIT, same_bytes
 
 _NO_BYTES = (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.uint8))
 
@@ -64,13 +64,7 @@ def _same_id(a_hashes, a_offsets, a_data, x, b_hashes, b_offsets, b_data, y, byt
         return False
     if not byte_ids:
         return True  # integer ids: the hash is a bijection
-    length = a_offsets[x + 1] - a_offsets[x]
-    if b_offsets[y + 1] - b_offsets[y] != length:
-        return False
-    for k in range(length):  # noqa: SIM110 - numba compiles loops, not generator expressions
-        if a_data[a_offsets[x] + k] != b_data[b_offsets[y] + k]:
-            return False
-    return True
+    return same_bytes(a_offsets, a_data, x, b_offsets, b_data, y)
 
 
 @nb.njit(cache=True, nogil=True)
