@@ -112,6 +112,16 @@ def unpack_keys(keys: np.ndarray, bits: list[int]) -> np.ndarray:
     return out
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _mark_row(seen, state, leaf, row):
+    # Row `row` named at the next position, in leaf `leaf`: seen, and state's catalog-order flag (see
+    # check_keys) set when the leaf's rows go backwards.
+    seen[row] = 1
+    if state[0] == leaf and state[1] > row:
+        state[2] = 1
+    state[0], state[1] = leaf, row
+
+
 @nb.njit(cache=True, nogil=True)
 def check_keys(order, lo, hi, leaf_offsets, first_leaf, leaf_key, keys, seen, state, ids, got):
     """Check positions lo..hi-1 of the witness, SIDs as 64-bit keys.
@@ -139,10 +149,7 @@ def check_keys(order, lo, hi, leaf_offsets, first_leaf, leaf_key, keys, seen, st
             return j
         if with_ids and ids[r] != got[j - lo]:
             return j
-        seen[r] = 1
-        if state[0] == k and state[1] > r:
-            state[2] = 1
-        state[0], state[1] = k, r
+        _mark_row(seen, state, k, r)
     return -1
 
 
@@ -178,8 +185,5 @@ def check_tokens(
             for t in range(num_steps):
                 if sids[r, t] < 0 or np.uint64(sids[r, t]) != tokens[t, c]:
                     return j
-        seen[r] = 1
-        if state[0] == k and state[1] > r:
-            state[2] = 1
-        state[0], state[1] = k, r
+        _mark_row(seen, state, k, r)
     return -1
