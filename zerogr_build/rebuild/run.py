@@ -56,6 +56,7 @@ from .push import never_pushed, push_stage, renew_stage
 from .request import RebuildRequest, check_request, previous_version
 
 if TYPE_CHECKING:
+    from ..base.device_probe import DeviceInfoProbe
     from ..bundle.files import HashCache
     from ..bundle.witness import KeepWitness
 
@@ -180,13 +181,18 @@ def _new_version(
 ) -> None:
     """Build, verify, guard, tune, gate and promote a new version; remove it unless it was promoted (or
     kept for inspection)."""
+    from ..base.device_probe import DeviceInfoProbe
     from ..bundle.witness import KeepWitness
 
     kept = KeepWitness(spill_dir=out)  # the catalog as the build read it, for verify (bundle/witness.py)
     if not _build(request, out, result, stage, progress, log, kept):
         return
+    # A plan that may be reused needs only the device's identity: a child process names it while verify
+    # and the guards run, so tune does not import torch here.
+    may_reuse = previous is not None and not request.retune
     try:
-        _after_build(request, result, stage, previous, progress, log, kept)
+        with DeviceInfoProbe(request.tune_device) if may_reuse else contextlib.nullcontext() as probe:
+            _after_build(request, result, stage, previous, progress, log, kept, probe)
     except Exception as exc:  # a bug past every stage's own handling: remove the unpromoted version, re-raise
         result.fail(EXIT_CRASH, "crash", failure_message(exc))
         remove_unpromoted(result, log)
@@ -296,6 +302,7 @@ def _after_build(
     progress: Progress,
     log: Log,
     kept: KeepWitness,
+    probe: DeviceInfoProbe | None,
 ) -> None:
     from ..bundle.files import HashCache
     from ..pipeline import verify_with_catalog
@@ -314,7 +321,7 @@ def _after_build(
     if request.guards is not None and not _guards(request, vdir, result, stage, progress, log):
         return
     with stage("tune"):
-        tuned = _tune(request, vdir, previous, progress, log)
+        tuned = _tune(request, vdir, previous, progress, log, probe)
     with stage("verify"):
         if not _verify(lambda: _verify_files(vdir, hashes), "verify after tune", result, log):
             return
@@ -402,18 +409,28 @@ def _verify(check: Callable[[], Any], what: str, result: RebuildResult, log: Log
     return True
 
 
-def _tune(request: RebuildRequest, vdir: Path, previous: Path | None, progress: Progress, log: Log) -> bool:
-    """Reuse `previous`'s plan when allowed, else measure. False (logged) when tune failed."""
-    from ..tune import tune_bundle
+def _tune(
+    request: RebuildRequest,
+    vdir: Path,
+    previous: Path | None,
+    progress: Progress,
+    log: Log,
+    probe: DeviceInfoProbe | None,
+) -> bool:
+    """Reuse `previous`'s plan when allowed (the device's identity from `probe` when given), else measure.
+    False (logged) when tune failed. torch is imported only to measure."""
     from ..tune.reuse import reuse_plan
 
     try:
         if previous is not None and not request.retune:
-            reused = reuse_plan(vdir, previous, request.tune_device, request.tune_settings)
+            info = probe.info() if probe is not None else None
+            reused = reuse_plan(vdir, previous, request.tune_device, request.tune_settings, info=info)
             if reused.reused:
                 log(f"tune: reused the plan of {previous.name} (same device, settings and step shapes)")
                 return True
             log(f"tune: not reusing the plan of {previous.name}: {reused.refusal}; measuring")
+        from ..tune.measure import tune_bundle
+
         log(f"tune {vdir.name} on {request.tune_device}")
         tune_bundle(vdir, request.tune_device, request.tune_settings, progress=progress)
     except Exception as exc:  # noqa: BLE001 - the version stays valid; decoders use heuristic modes

@@ -126,16 +126,18 @@ def reuse_plan(
     settings: TuneSettings,
     *,
     tolerance: float = REUSE_TOLERANCE,
+    info: Mapping[str, Any] | None = None,
 ) -> ReuseOutcome:
     """Copy PREV's plan for `device` (and the kernel files it names) into the bundle when the rule of the
     module docstring holds; otherwise return the refusal and write nothing. Problems with PREV (missing,
     unreadable, a broken plan, a kernel file whose checksum fails) are refusals too: the caller then
-    measures as usual. Problems with the bundle being tuned raise as they would in tune."""
+    measures as usual. Problems with the bundle being tuned raise as they would in tune. `info`: the
+    device's `device_info` when the caller has it already (base/device_probe.py), else it is read here."""
     if not 0 <= tolerance < 1:
         raise InputError(f"the plan-reuse tolerance must be in [0, 1), got {tolerance}")
     vdir = resolve_bundle(bundle_path)
     new_manifest = load_manifest(vdir)
-    info = device_info(device)
+    info = dict(info) if info is not None else device_info(device)
     key = device_key(info)
     hidden_dim = settings.hidden_dim
     if settings.weights:
