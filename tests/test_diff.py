@@ -312,6 +312,36 @@ def test_a_diff_spills_each_version_once_into_parts(tmp_path, monkeypatch):
     assert list(spill.iterdir()) == []
 
 
+def test_a_spill_that_fails_on_its_thread_fails_the_diff_and_leaves_no_spill(tmp_path, monkeypatch):
+    """Spills run on a helper thread while the merge goes on: a spill that fails there (a full disk) is
+    raised by the diff itself, after the thread has stopped writing, and its temporary dir is removed."""
+    import errno
+    import threading
+
+    from zerogr_build.bundle import diff as diff_module
+
+    rng = np.random.default_rng(5)
+    out = tmp_path / "out"
+    old = publish(out, list(range(300)), rng.integers(0, 4, (300, 2)), (4, 4), "m")
+    new = publish(out, list(range(50, 350)), rng.integers(0, 4, (300, 2)), (4, 4), "m")
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
+    threads: list[str] = []
+    real = diff_module._Match.spill
+
+    def full(self, parts, where):
+        threads.append(threading.current_thread().name)
+        if len(threads) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(where))
+        return real(self, parts, where)
+
+    monkeypatch.setattr(diff_module._Match, "spill", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        diff_versions(old, new, memory_bytes=2000, batch_rows=64, spill_dir=spill_dir)
+    assert threads and all(name.startswith("zerogr-diff-spill") for name in threads)
+    assert list(spill_dir.iterdir()) == []
+
+
 def test_a_spill_left_in_out_by_a_killed_diff_is_swept_as_a_stale_temp(tmp_path, monkeypatch):
     """The guards spill into OUT: a process killed mid-diff leaves its spill dir there, and it is named so
     that the OUT's stale-temp sweep (run by every writer holding the OUT lock) removes it once stale."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -205,6 +206,8 @@ class Leftovers:
         self.held: tuple[list[Part], list[Part]] = ([], [])
         self.need = 0.0
         self.where: Path | None = None
+        self._writer: ThreadPoolExecutor | None = None
+        self._spilling: Future | None = None
 
     def add(self, side: int, part: Part) -> None:
         """Hold (or spill) `part`'s ids as leftovers of version `side` (0 old, 1 new)."""
@@ -216,15 +219,30 @@ class Leftovers:
             self.flush()
 
     def flush(self) -> None:
-        """Spill what is held (the temporary dir made on the first call)."""
+        """Hand what is held to the spill thread (the temporary dir and the thread made on the first call),
+        after the spill before it has finished (its error raised here)."""
         if self.where is None:
             self.where = Path(
                 self.stack.enter_context(tempfile.TemporaryDirectory(prefix=self.prefix, dir=self.spill_dir))
             )
-        for side, name in enumerate("ab"):
-            self.match.spill(self.held[side], self.where / name)
-            self.held[side].clear()
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerogr-diff-spill")
+            self.stack.callback(self._writer.shutdown)  # before the dir is removed: the stack is LIFO
+        chunk = (list(self.held[0]), list(self.held[1]))
+        for held in self.held:
+            held.clear()
         self.need = 0.0
+        self._wait()
+        assert self._writer is not None
+        self._spilling = self._writer.submit(self._spill, chunk, self.where)
+
+    def _spill(self, chunk: tuple[list[Part], list[Part]], where: Path) -> None:
+        for side, name in enumerate("ab"):
+            self.match.spill(chunk[side], where / name)
+
+    def _wait(self) -> None:
+        spilling, self._spilling = self._spilling, None
+        if spilling is not None:
+            spilling.result()
 
     def matched(self) -> int:
         """How many leftover ids are in both versions."""
@@ -235,6 +253,7 @@ class Leftovers:
                 held.clear()
             return self.match.join(*sides)
         self.flush()
+        self._wait()
         parts = 1 << self.match.part_bits
         self.match.progress.stage("diff: match", parts)
         common = 0
