@@ -129,6 +129,26 @@ def _cpu_kernel_applies(constraints: RequestConstraints, tokens: torch.Tensor, s
 def _mask_slots_cpu(constraints: RequestConstraints, table: Any, tokens: torch.Tensor, start: torch.Tensor,
                     used: torch.Tensor, request: torch.Tensor) -> None:  # fmt: skip
     """mask_slots on the CPU in one serial numba pass, in place (see _slot_kernels.mask_slot_rows)."""
+    offset = torch.arange(tokens.shape[0], dtype=torch.int64) * tokens.shape[1]
+    _mask_runs_cpu(constraints, table, tokens.view(-1), offset, start, used, request)
+
+
+def mask_slot_runs(constraints: RequestConstraints | None, table: Any, tokens: torch.Tensor,
+                   offset: torch.Tensor, start: torch.Tensor, used: torch.Tensor,
+                   request: torch.Tensor) -> bool:  # fmt: skip
+    """mask_slots for slot rows laid end to end (CPU): int32 tokens [n], slot k of row i at
+    tokens[offset[i] + k], holding child start[i] + k for k < used[i]; emptied in place. False (tokens
+    untouched) where the CPU kernel does not apply (several set words per row): use mask_slots then."""
+    if constraints is None:
+        return True
+    if not _cpu_kernel_applies(constraints, tokens, table.step + 1):
+        return False
+    _mask_runs_cpu(constraints, table, tokens, offset, start, used, request)
+    return True
+
+
+def _mask_runs_cpu(constraints: RequestConstraints, table: Any, tokens: torch.Tensor, offset: torch.Tensor,
+                   start: torch.Tensor, used: torch.Tensor, request: torch.Tensor) -> None:  # fmt: skip
     from ._slot_kernels import mask_slot_rows
 
     step = table.step + 1
@@ -140,8 +160,8 @@ def _mask_slots_cpu(constraints: RequestConstraints, table: Any, tokens: torch.T
     else:
         bits = words = _NO_WORDS
     query = _NO_KILLS if kills is None else kills.slot_query.numpy()
-    mask_slot_rows(tokens.numpy(), start.numpy(), used.numpy(), request.numpy(), bits, words, query,
-                   table.nnz + 1)  # fmt: skip
+    mask_slot_rows(tokens.numpy(), offset.numpy(), start.numpy(), used.numpy(), request.numpy(), bits, words,
+                   query, table.nnz + 1)  # fmt: skip
 
 
 _NO_WORDS = np.zeros(0, dtype=np.int64)
@@ -309,6 +329,7 @@ __all__ = [
     "dense_next",
     "include_ok",
     "mask_children",
+    "mask_slot_runs",
     "mask_slots",
     "slot_source",
 ]

@@ -44,6 +44,9 @@ class ScoringMode:
     # Optional: (hidden, weight, bias, slot_tokens, beam_scores fp32 [R]) -> beam_scores[:, None] +
     # selective_log_softmax(...), bit for bit, in one pass (the filter-first step's beam totals).
     log_softmax_totals: Callable[..., torch.Tensor] | None = None
+    # Optional: a filter-first sparse step's top-M per request from its slot tokens in one pass, without the
+    # [R, K] totals (selective_numba.select_top's contract).
+    select_top: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
 
 
 _BUILTIN: dict[str, ScoringMode] = {
@@ -64,6 +67,7 @@ _BUILTIN: dict[str, ScoringMode] = {
         False,
         ("cpu",),
         log_softmax_totals=selective_numba.log_softmax_totals,
+        select_top=selective_numba.select_top,
     ),
 }
 

@@ -173,3 +173,147 @@ def score_slots(
             score = beam_scores[r]
             for k in range(slots):
                 out[r, k] = _plus(score, out[r, k])
+
+
+#: A candidate's rank within its request: (its beam's index in the request) * SLOT_SPAN + its slot.
+SLOT_SPAN = np.int64(1) << np.int64(32)
+
+
+@njit(cache=True, inline="always")
+def _better(value_a, rank_a, value_b, rank_b):
+    """Candidate a goes before candidate b: the larger total (NaN above every number, as torch.topk
+    orders them), then the smaller rank."""
+    if value_a != value_a:
+        return value_b == value_b or rank_a < rank_b
+    if value_b != value_b:
+        return False
+    if value_a != value_b:
+        return value_a > value_b
+    return rank_a < rank_b
+
+
+@njit(cache=True, inline="always")
+def _sift_down(values, ranks, size, node):
+    # Min-heap on _better: the root is the worst candidate held.
+    while True:
+        child = 2 * node + 1
+        if child >= size:
+            return
+        if child + 1 < size and _better(values[child], ranks[child], values[child + 1], ranks[child + 1]):
+            child += 1
+        if not _better(values[node], ranks[node], values[child], ranks[child]):
+            return
+        values[node], values[child] = values[child], values[node]
+        ranks[node], ranks[child] = ranks[child], ranks[node]
+        node = child
+
+
+@njit(cache=True, parallel=True, fastmath=_FASTMATH)
+def select_slots(
+    hidden: np.ndarray,
+    weight: np.ndarray,
+    row_stride: int,
+    bias: np.ndarray,
+    tokens: np.ndarray,
+    first: np.ndarray,
+    used: np.ndarray,
+    vocab: int,
+    beam_scores: np.ndarray,
+    out_values: np.ndarray,
+    out_beam: np.ndarray,
+    out_slot: np.ndarray,
+) -> None:
+    """A filter-first step's best M candidates per request, without an [R, K] array of totals: each beam's
+    slots scored and log-softmaxed over its valid slots exactly as score_slots does (log_softmax=True, the
+    beam's score added last), and each request's candidates kept in a heap of M.
+
+    Args:
+        hidden, weight, row_stride, bias, vocab: as score_slots.
+        tokens: int32, the slots' tokens end to end (tokens outside [0, vocab) are empty slots).
+        first, used: int64 [R]: beam r's slots are tokens[first[r] : first[r] + used[r]] (its slot k is
+            tokens[first[r] + k]; slots past used[r] would be empty).
+        beam_scores: float32 [R].
+        out_values: float32 [B, M], written: request b's best totals, best first (R = B * beams per
+            request, in request order); -inf past its last candidate.
+        out_beam: int64 [B, M], written: the beam (0..R-1) of each; request b's first beam past its last.
+        out_slot: int64 [B, M], written: the slot of each; 0 past the last.
+
+    Order: larger totals first (NaN first, as torch.topk), equal totals by beam, then slot. Parallel over
+    requests; the work is the valid slots, not R * K.
+    """
+    num_requests, m = out_values.shape
+    per = first.shape[0] // num_requests
+    dim = hidden.shape[1]
+    has_bias = bias.shape[0] > 0
+    neg_inf = np.float32(-np.inf)
+    width = 0
+    for r in range(used.shape[0]):
+        width = max(width, used[r])
+    for b in prange(num_requests):
+        totals = np.empty(width, dtype=np.float32)
+        heap_values = np.empty(m, dtype=np.float32)
+        heap_ranks = np.empty(m, dtype=np.int64)
+        size = 0
+        for i in range(per):
+            r = b * per + i
+            row = tokens[first[r] : first[r] + used[r]]
+            slots = row.shape[0]
+            h = hidden[r]
+            best = neg_inf
+            for k in range(slots):
+                token = row[k]
+                if token < 0 or token >= vocab:
+                    totals[k] = neg_inf
+                    continue
+                base = np.int64(token) * row_stride
+                w = weight[base : base + dim]
+                acc = np.float32(0.0)
+                for j in range(dim):
+                    acc += h[j] * widen(w[j])
+                if has_bias:
+                    acc += widen(bias[token])
+                totals[k] = acc
+                if acc > best:
+                    best = acc
+            if best > neg_inf:
+                total = np.float32(0.0)
+                for k in range(slots):
+                    if totals[k] > neg_inf:
+                        total += np.exp(totals[k] - best)
+                lse = best + np.log(total)
+                if np.isfinite(lse):
+                    for k in range(slots):
+                        totals[k] -= lse
+            score = beam_scores[r]
+            for k in range(slots):
+                token = row[k]
+                if token < 0 or token >= vocab:
+                    continue  # an empty slot: a -inf candidate, like the padding past the last one
+                value = _plus(score, totals[k])
+                rank = np.int64(i) * SLOT_SPAN + k
+                if size < m:
+                    node = size
+                    heap_values[node], heap_ranks[node] = value, rank
+                    size += 1
+                    while node > 0:
+                        parent = (node - 1) // 2
+                        if not _better(heap_values[parent], heap_ranks[parent], heap_values[node],
+                                       heap_ranks[node]):  # fmt: skip
+                            break
+                        heap_values[node], heap_values[parent] = heap_values[parent], heap_values[node]
+                        heap_ranks[node], heap_ranks[parent] = heap_ranks[parent], heap_ranks[node]
+                        node = parent
+                elif _better(value, rank, heap_values[0], heap_ranks[0]):
+                    heap_values[0], heap_ranks[0] = value, rank
+                    _sift_down(heap_values, heap_ranks, size, 0)
+        for idx in range(m - 1, size - 1, -1):
+            out_values[b, idx] = neg_inf
+            out_beam[b, idx] = b * per
+            out_slot[b, idx] = 0
+        for idx in range(size - 1, -1, -1):  # the worst held goes last
+            rank = heap_ranks[0]
+            out_values[b, idx] = heap_values[0]
+            out_beam[b, idx] = b * per + rank // SLOT_SPAN
+            out_slot[b, idx] = rank % SLOT_SPAN
+            heap_values[0], heap_ranks[0] = heap_values[idx], heap_ranks[idx]
+            _sift_down(heap_values, heap_ranks, idx, 0)

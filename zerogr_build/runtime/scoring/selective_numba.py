@@ -9,7 +9,8 @@ token names. torch has no gathered dot product, so selective_torch.py copies eve
 tile first (`F.embedding`) and computes every slot, empty or not. The kernel (_numba_kernels.score_slots)
 runs in parallel over beams, reads each valid slot's weight row where it lies, skips empty slots, and
 log-softmaxes each row over its valid slots in the same pass (`log_softmax_totals`, what the decoder's
-filter-first steps call, also adds each beam's score there, bit for bit torch's add). At a mid-density
+filter-first steps call, also adds each beam's score there, bit for bit torch's add; `select_top` goes
+on to keep each request's best M in the same pass, so no [R, K] totals are written). At a mid-density
 step (1M items, V=8192: ~100 children per row against V=8192) that is ~70x fewer multiply-adds than the
 full GEMM.
 
@@ -177,6 +178,56 @@ def log_softmax_totals(
     """fp32 [R, K]: beam_scores fp32 [R] plus selective_log_softmax, in the same pass - bit for bit
     `beam_scores[:, None] + selective_log_softmax(...)`, without the [R, K] add after the kernel (CPU)."""
     return _run(hidden, weight, bias, slot_tokens, True, beam_scores)
+
+
+def select_top(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    tokens: torch.Tensor,
+    first: torch.Tensor,
+    used: torch.Tensor,
+    beam_scores: torch.Tensor,
+    requests: int,
+    beam_width: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A filter-first sparse step's best `beam_width` candidates per request in one pass (CPU), without
+    an [R, K] array of totals: (values fp32 [B, M], beam int64 [B, M], slot int64 [B, M]), the candidates
+    topk would pick from every beam's `log_softmax_totals` over its slots, totals bit for bit; equal totals
+    ordered by beam, then slot; past a request's last candidate: -inf, its first beam, slot 0.
+
+    tokens int32 [n]: slot tokens end to end (a step table's own tokens, or slot rows flattened); beam r's
+    slots are tokens[first[r] : first[r] + used[r]] (first, used int64 [R]; outside [0, V): empty);
+    hidden [R, d]; beam_scores fp32 [R]; R = requests * the beams per request, in request order."""
+    for name, t in (("hidden", hidden), ("weight", weight), ("tokens", tokens), ("first", first)):
+        if t.device.type != "cpu":
+            raise ValueError(f"selective_numba runs on CPU tensors, got {name} on {t.device}")
+    rows = int(hidden.shape[0])
+    if requests < 1 or rows % requests or beam_width < 1:
+        raise ValueError(f"{rows} beams do not split into {requests} requests, or beam_width < 1")
+    if tokens.dtype != torch.int32 or tokens.dim() != 1:
+        raise ValueError(f"tokens must be int32 [n], got {tokens.dtype} {tuple(tokens.shape)}")
+    if first.shape != (rows,) or used.shape != (rows,) or beam_scores.shape != (rows,):
+        raise ValueError(f"first, used and beam_scores must be [{rows}]")
+    if beam_scores.dtype != torch.float32 or weight.shape[1] != hidden.shape[1]:
+        raise ValueError("beam_scores must be float32, and hidden [R, d] with weight [V, d]")
+    lo, hi = (first.min(), (first + used).max()) if rows else (0, 0)
+    if rows and (int(lo) < 0 or int(hi) > tokens.shape[0] or int(used.min()) < 0):
+        raise ValueError("a beam's slots reach outside tokens")
+    vocab = int(weight.shape[0])
+    weight, hidden = weight.detach(), hidden.detach()
+    flat, row_stride = weight_rows(weight)
+    raw_bias = np.empty(0, flat.dtype) if bias is None else raw_elements(bias.detach().contiguous())
+    values = torch.empty((requests, beam_width), dtype=torch.float32)
+    beam = torch.empty((requests, beam_width), dtype=torch.int64)
+    slot = torch.empty((requests, beam_width), dtype=torch.int64)
+    set_kernel_threads(int(used.sum()) * int(hidden.shape[1]))
+    _kernels().select_slots(
+        hidden.float().contiguous().numpy(), flat, row_stride, raw_bias, tokens.contiguous().numpy(),
+        first.to(torch.int64).contiguous().numpy(), used.to(torch.int64).contiguous().numpy(), vocab,
+        beam_scores.detach().contiguous().numpy(), values.numpy(), beam.numpy(), slot.numpy(),
+    )  # fmt: skip
+    return values, beam, slot
 
 
 def warm_up(dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)) -> None:
