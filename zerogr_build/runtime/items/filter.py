@@ -257,8 +257,8 @@ def dense_emptier(constraints: RequestConstraints | None, table: Any, rows: torc
     (dense_next), or none the request may return (mask_children). Without constraints one pass over the
     values (slots.empty_dense_slots, a kernel on the CPU); with them the validity is built first."""
     source = dense_next(constraints, table)
-    if constraints is None:
-        return lambda values: empty_dense_slots(values, source, rows)
+    if constraints is None or (constraints.set_mask is None and constraints.kills[table.step] is None):
+        return lambda values: empty_dense_slots(values, source, rows)  # availability alone: its table
     child = source[rows.clamp(min=0)]
     valid = mask_children(constraints, table.step, (child >= 0) & (rows >= 0)[:, None], child, rows, request)
     return lambda values: values.masked_fill_(~valid, float("-inf"))

@@ -108,6 +108,11 @@ def _per_request(arg: Any, batch_size: int, what: str) -> list[Any]:
     return arg
 
 
+def _nothing(entry: Any) -> bool:
+    """An include or exclude entry that restricts nothing: None or an empty list / tuple."""
+    return entry is None or (type(entry) in (list, tuple) and not entry)
+
+
 def _python_int_lists(exclude: list[Any]) -> np.ndarray | None:
     """int64 [total]: the ids of every request when each entry is None or a list of Python ints that all
     fit int64, else None (each entry then goes through as_ids, whose errors name its request)."""
@@ -166,6 +171,13 @@ def request_constraints(resident: Resident, ids: ItemIds, include: Any, exclude:
         _per_request(include, batch_size, "include"),
         _per_request(exclude, batch_size, "exclude"),
     )
+    if all(_nothing(names) for names in include) and all(_nothing(ids) for ids in exclude):
+        # Availability alone: no set words, no kills (what the general path below makes of it, without
+        # its passes; the steps read the resident's masked tables).
+        empty = tuple(np.zeros(0, np.int64) for _ in range(batch_size))
+        steps = len(resident.space.bounds)
+        return RequestConstraints(resident, None, (None,) * steps, empty, (None,) * batch_size, batch_size,
+                                  static)  # fmt: skip
     n = resident.space.num_items
     set_bits = resident.set_bits
     chosen: list[np.ndarray] = []
