@@ -465,3 +465,12 @@ def test_cli_compare_with_nothing_available_is_one_refusal_without_numpy_warning
     assert res.exit_code == 2, res.output
     assert [line for line in stderr_lines(res.stderr) if "nothing to compare" in line], res.stderr
     assert not [line for line in stderr_lines(res.stderr) if line.startswith("WARNING")], res.stderr
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-(2**62), 2**62), max_size=60))
+def test_sorted_unique_is_each_key_once_ascending(keys):
+    from zerogr_build.runtime.items.kills import sorted_unique
+
+    got = sorted_unique(np.asarray(keys, dtype=np.int64))
+    assert got.dtype == np.int64 and got.tolist() == sorted(set(keys))

@@ -26,18 +26,16 @@ import numpy as np
 from .space import Resident
 
 
-def unique_counts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(unique int64 [u] ascending, inverse int64 [k] with unique[inverse] == keys, counts int64 [u]) of
-    keys int64 [k], by one sort (np.unique's hash path is slower for a few thousand int64 keys)."""
-    order = np.argsort(keys, kind="stable")
-    ordered = keys[order]
-    first = np.ones(ordered.shape[0], dtype=bool)
-    first[1:] = ordered[1:] != ordered[:-1]
-    group = np.cumsum(first) - 1
-    inverse = np.empty(keys.shape[0], dtype=np.int64)
-    inverse[order] = group
-    starts = np.flatnonzero(first)
-    return ordered[first], inverse, np.diff(np.append(starts, ordered.shape[0]))
+def sorted_unique(keys: np.ndarray) -> np.ndarray:
+    """int64 [u]: the distinct keys of int64 [k], ascending, by one sort (np.unique's hash path is slower
+    for a few thousand int64 keys)."""
+    ordered = np.sort(keys)
+    if ordered.shape[0] < 2:
+        return ordered
+    first = np.empty(ordered.shape[0], dtype=bool)
+    first[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    return ordered[first]
 
 
 def expand_sets(req: np.ndarray, set_flat: np.ndarray, set_off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -98,4 +96,4 @@ def killed_rows(resident: Resident, req: np.ndarray, pos: np.ndarray, set_req: n
 _NO_WORDS = np.zeros(1, dtype=np.uint64)
 _NO_BEFORE = np.zeros(2, dtype=np.int64)
 
-__all__ = ["expand_sets", "killed_rows", "unique_counts"]
+__all__ = ["expand_sets", "killed_rows", "sorted_unique"]

@@ -20,7 +20,7 @@ from ...base.errors import InputError
 from ...index import SidIndex
 from .constraints import POSITIONS, ItemIds
 from .ids import IdValues, as_ids
-from .kills import expand_sets, killed_rows, unique_counts
+from .kills import expand_sets, killed_rows, sorted_unique
 from .space import Resident, signed_words
 
 
@@ -212,7 +212,8 @@ def request_constraints(resident: Resident, ids: ItemIds, include: Any, exclude:
     if (found < 0).any():
         warnings.warn(f"{int((found < 0).sum())} of {found.shape[0]} excluded item ids are not in the "
                       "catalog (ignored)", stacklevel=4)  # fmt: skip
-    keys = unique_counts(owner[found >= 0] * (n + 1) + found[found >= 0])[0]
+    real = found >= 0
+    keys = sorted_unique(owner[real] * (n + 1) + found[real])
     req, pos = keys // (n + 1), keys % (n + 1)
     cut = np.searchsorted(req, np.arange(batch_size + 1))
     host_exclude = tuple(pos[cut[b] : cut[b + 1]] for b in range(batch_size))
