@@ -21,9 +21,7 @@ One step, four stages, all on the decoder's device (see slots.py for slots, the 
   4. select: top-M per request over all of its beams' slots (and lanes), best first; next rows come from
      the index (sparse: the child's flat position; dense: next[row, token]; a leaf at the last step).
 On the CPU, a filter-first sparse step in "selective_numba" runs 2-4 in one kernel pass per request
-(selective_numba.select_top): each beam's children read where they lie in the table (or, under
-constraints, from the filled and emptied slots), the same totals bit for bit, each request's best M kept
-in a heap; equal totals go by beam, then slot.
+(selected_step.py): the same candidates and totals, without the slot rows.
 
 Padding: a request with fewer than M valid continuations gets padded beams - score -inf, row/leaf -1,
 prefix token 0 (so a step_fn can still embed it), sids -1 in the result. -inf never beats a finite
@@ -44,14 +42,15 @@ from ..base.selective_torch import masked_log_softmax_
 from ..cuda.bundle_kernels import load_bundle_kernels
 from ..index import SidIndex
 from .beams import BeamState, SearchResult
-from .device_tables import DeviceStep, index_to_device
-from .items.filter import ConstrainedDecoding, dense_emptier, mask_slot_runs, mask_slots, slot_source
+from .device_tables import DeviceStep, index_to_device, walk_step_tables
+from .items.filter import ConstrainedDecoding, dense_emptier, mask_slots, slot_source
 from .lanes import plan_lanes
 from .order import auto_order
 from .plan import ModeChooser, load_plan, resolve_auto_plan
 from .scoring import available_modes, get_mode
 from .scoring.full_torch import full_logits, read_slots
-from .slots import fill_slots, row_extent, slot_runs
+from .selected_step import selected_sparse_step
+from .slots import fill_slots, row_extent
 from .stream import load_marker
 from .weights import normalize_weights
 
@@ -278,22 +277,7 @@ class Decoder(ConstrainedDecoding):
     # ------------------------------------------------------------------ leaves -> items
     def lookup_leaves(self, sids: torch.Tensor) -> torch.Tensor:
         """int64 [n]: leaf of each SID of int [n, L] (walks the step tables); -1 where not in the catalog."""
-        sids = torch.as_tensor(sids, device=self.device).long()
-        row = torch.zeros(sids.shape[0], dtype=torch.int64, device=self.device)
-        for t, table in enumerate(self.steps):
-            tok = sids[:, t]
-            ok = (row >= 0) & (tok >= 0) & (tok < table.codebook_size)
-            safe_row, safe_tok = row.clamp(min=0), tok.clamp(0, table.codebook_size - 1)
-            if table.format == "dense":
-                assert table.next is not None
-                nxt = table.next[safe_row, safe_tok].long()
-            else:
-                keys = table.flat_keys()
-                key = safe_row * table.codebook_size + safe_tok
-                pos = torch.searchsorted(keys, key).clamp(max=table.nnz - 1)
-                nxt = torch.where(keys[pos] == key, pos, torch.full_like(pos, -1))
-            row = torch.where(ok, nxt, torch.full_like(nxt, -1))
-        return row
+        return walk_step_tables(self.steps, torch.as_tensor(sids, device=self.device).long())
 
     def items(
         self, res: SearchResult, items: Sequence[Any] | np.ndarray | None = None
@@ -381,7 +365,7 @@ class Decoder(ConstrainedDecoding):
         k = table.cap
         start, count = row_extent(table, state.rows)
         if state.order == "filter_first" and scoring.select_top is not None and not self.static_shapes:
-            selected = self._step_sparse_selected(state, hidden, table, scoring, start, count)
+            selected = selected_sparse_step(state, hidden, table, weight, bias, scoring, start, count)
             if selected is not None:
                 return selected
         heavy = count > k
@@ -423,7 +407,11 @@ class Decoder(ConstrainedDecoding):
         if lanes.count:
             assert lanes.beam is not None
             lane_beam = lanes.beam.clamp(min=0)
-            lane_tokens = self._lane_tokens(state, table, source, start, count, lanes)
+            lane_count = torch.where(lanes.beam >= 0, count[lane_beam], 0)
+            lane_tokens = fill_slots(source, start[lane_beam], lane_count, lanes.width)
+            lane_tokens = mask_slots(
+                state.constraints, table, lane_tokens, start[lane_beam], lane_count, state.batch[lane_beam]
+            )
             lane_totals = totals(lane_beam, lane_tokens)
             keep = min(m, lanes.width)
             lane_values, lane_slot = torch.topk(lane_totals, keep, dim=1, sorted=False)
@@ -447,59 +435,6 @@ class Decoder(ConstrainedDecoding):
         assert table.tokens is not None
         token = table.tokens[flat].long()
         return state.advance(values, beam, token, flat)
-
-    def _lane_tokens(
-        self, state: BeamState, table: DeviceStep, source: Any, start: torch.Tensor, count: torch.Tensor,
-        lanes: Any,
-    ) -> torch.Tensor:  # fmt: skip
-        """int32 [lanes, width]: lane i's slots, the whole row of its beam lanes.beam[i] (-1: unused lane,
-        empty), emptied where the request's constraints leave no item."""
-        assert lanes.beam is not None
-        lane_beam = lanes.beam.clamp(min=0)
-        lane_count = torch.where(lanes.beam >= 0, count[lane_beam], 0)
-        lane_tokens = fill_slots(source, start[lane_beam], lane_count, lanes.width)
-        return mask_slots(
-            state.constraints, table, lane_tokens, start[lane_beam], lane_count, state.batch[lane_beam]
-        )
-
-    def _step_sparse_selected(
-        self, state: BeamState, hidden: torch.Tensor, table: DeviceStep, scoring, start: torch.Tensor,
-        count: torch.Tensor,
-    ) -> BeamState | None:  # fmt: skip
-        """_step_sparse under filter_first when the mode picks each request's best M itself (selective_numba
-        on the CPU): the same candidates and totals, without slot rows, lanes, an [R, K] array of totals or
-        a top-M over it. Each beam's children are read where they lie in the table (or its availability-
-        masked copy); with include sets or exclusions at this step, from a copy of them end to end, emptied
-        for each request. None where that does not apply (the caller takes the slot rows then)."""
-        constraints = state.constraints
-        source = slot_source(constraints, table)
-        if not _reads_in_place(source):
-            return None
-        if constraints is None or (constraints.set_mask is None and constraints.kills[table.step] is None):
-            tokens, first = source.tokens, start
-        else:
-            first = torch.cumsum(count, 0) - count
-            tokens = slot_runs(source, start, count, first)
-            if not mask_slot_runs(constraints, table, tokens, first, start, count, state.batch):
-                return None
-        weight, bias = self.weights[table.step]
-        values, beam, slot = scoring.select_top(
-            hidden, weight, bias, tokens, first, count, state.scores, state.batch_size, state.beam_width
-        )
-        flat = (start[beam] + slot).clamp(max=table.nnz - 1)
-        assert table.tokens is not None
-        token = table.tokens[flat].long()
-        return state.advance(values, beam, token, flat)
-
-
-def _reads_in_place(table: DeviceStep) -> bool:
-    """Whether a sparse step's tokens can be read where they lie by selective_numba.select_top."""
-    assert table.tokens is not None
-    return (
-        table.tokens.dtype == torch.int32
-        and table.tokens.is_contiguous()
-        and table.tokens.device.type == "cpu"
-    )
 
 
 __all__ = ["ORDERS", "BeamState", "Decoder", "SearchResult"]

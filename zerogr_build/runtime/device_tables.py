@@ -2,6 +2,7 @@
 bundle) to the tensors the Decoder reads.
 
     steps = index_to_device(index, "cuda:0", caps=None)    # tuple[DeviceStep, ...], one per step
+    leaves = walk_step_tables(steps, sids)                  # SIDs -> leaves (-1: not in the catalog)
 
 The Decoder's working dtypes are wider than the bundle's (indptr int64, tokens and next int32). On CUDA
 the tables travel in their stored (narrow) dtypes through stream.py's double-buffered loader and are
@@ -13,7 +14,7 @@ there). `zerogr build --device` times exactly this path: what serving pays to ma
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -170,6 +171,26 @@ def index_to_device(
     if sink is not None or torch.device(device).type == "cuda":
         resident = step_tables_on_device(index, device, low_priority=low_priority, sink=sink, stats=stats)
     return tuple(to_device(table, device, per_step[t], resident[t]) for t, table in enumerate(index.steps))
+
+
+def walk_step_tables(steps: Sequence[DeviceStep], sids: torch.Tensor) -> torch.Tensor:
+    """int64 [n]: the leaf of each SID of int64 [n, L] (sids on the tables' device), walking the step tables
+    from the root; -1 where a SID is not in the catalog (a token out of range or without a child)."""
+    row = torch.zeros(sids.shape[0], dtype=torch.int64, device=sids.device)
+    for t, table in enumerate(steps):
+        tok = sids[:, t]
+        ok = (row >= 0) & (tok >= 0) & (tok < table.codebook_size)
+        safe_row, safe_tok = row.clamp(min=0), tok.clamp(0, table.codebook_size - 1)
+        if table.format == "dense":
+            assert table.next is not None
+            nxt = table.next[safe_row, safe_tok].long()
+        else:
+            keys = table.flat_keys()
+            key = safe_row * table.codebook_size + safe_tok
+            pos = torch.searchsorted(keys, key).clamp(max=table.nnz - 1)
+            nxt = torch.where(keys[pos] == key, pos, torch.full_like(pos, -1))
+        row = torch.where(ok, nxt, torch.full_like(nxt, -1))
+    return row
 
 
 def measure_device_load(index: SidIndex, device: str) -> dict:
