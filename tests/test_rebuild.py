@@ -235,7 +235,7 @@ def test_a_crash_after_the_build_is_exit_1_named_crash_and_leaves_no_version(cat
     def broken(*args, **kwargs):
         raise RuntimeError("a bug after the build")
 
-    monkeypatch.setattr("zerogr_build.rebuild.run._tune", broken)
+    monkeypatch.setattr("zerogr_build.rebuild.run.tune_stage", broken)
     out, prom = tmp_path / "b", tmp_path / "m.prom"
     done = invoke("rebuild", *_args(catalog, out, "--metrics-file", prom))
     assert done.exit_code == 1 and "RuntimeError: a bug after the build" in done.stderr

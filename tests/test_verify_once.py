@@ -143,14 +143,14 @@ def test_a_file_changed_after_the_first_verification_fails_the_rebuild(catalog, 
     the verification after tune hashes it again and refuses the version (exit 4, kept, not promoted)."""
     import zerogr_build.rebuild.run as run
 
-    real_tune = run._tune
+    real_tune = run.tune_stage
 
     def tune_then_corrupt(request, vdir, *args, **kwargs):
         tuned = real_tune(request, vdir, *args, **kwargs)
         _rewrite_in_place_keeping_size_and_mtime(vdir / "items.parquet")
         return tuned
 
-    monkeypatch.setattr(run, "_tune", tune_then_corrupt)
+    monkeypatch.setattr(run, "tune_stage", tune_then_corrupt)
     out = tmp_path / "bundles"
     done = _rebuild(catalog, out)
     assert done.exit_code == 4, done.stderr

@@ -3,8 +3,9 @@ quality gate -> promote -> push, for cron (`zerogr rebuild`).
 
 Modules: `run` (the stages in order), `request` (what a run is asked to do, and its set-up checks),
 `preflight` (push target, room on disk, a full disk named), `inputs` (unchanged since LATEST: no new
-version), `leftovers` (unpromoted versions, and those of runs that never finished), `gate` (the quality
-gate's inputs and run), `outcome` (exit codes and the result).
+version), `leftovers` (unpromoted versions, and those of runs that never finished), `tune_stage` (plan
+reuse, else a measured tune), `gate` (the quality gate's inputs and run), `outcome` (exit codes and the
+result).
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ from .outcome import (
 from .preflight import DiskFull, check_push_target, disk_full_message, is_disk_full, make_room
 from .push import never_pushed, push_stage, renew_stage
 from .request import RebuildRequest, check_request, previous_version
+from .tune_stage import tune_stage
 
 if TYPE_CHECKING:
     from ..base.device_probe import DeviceInfoProbe
@@ -321,7 +322,7 @@ def _after_build(
     if request.guards is not None and not _guards(request, vdir, result, stage, progress, log):
         return
     with stage("tune"):
-        tuned = _tune(request, vdir, previous, progress, log, probe)
+        tuned = tune_stage(request, vdir, previous, progress, log, probe)
     with stage("verify"):
         if not _verify(lambda: _verify_files(vdir, hashes), "verify after tune", result, log):
             return
@@ -404,39 +405,6 @@ def _verify(check: Callable[[], Any], what: str, result: RebuildResult, log: Log
         log(
             f"VERIFY FAILED ({what}) for {result.version_dir}: do not serve it; LATEST was not moved; "
             f"kept for inspection: {failure_message(exc)}"
-        )
-        return False
-    return True
-
-
-def _tune(
-    request: RebuildRequest,
-    vdir: Path,
-    previous: Path | None,
-    progress: Progress,
-    log: Log,
-    probe: DeviceInfoProbe | None,
-) -> bool:
-    """Reuse `previous`'s plan when allowed (the device's identity from `probe` when given), else measure.
-    False (logged) when tune failed. torch is imported only to measure."""
-    from ..tune.reuse import reuse_plan
-
-    try:
-        if previous is not None and not request.retune:
-            info = probe.info() if probe is not None else None
-            reused = reuse_plan(vdir, previous, request.tune_device, request.tune_settings, info=info)
-            if reused.reused:
-                log(f"tune: reused the plan of {previous.name} (same device, settings and step shapes)")
-                return True
-            log(f"tune: not reusing the plan of {previous.name}: {reused.refusal}; measuring")
-        from ..tune.measure import tune_bundle
-
-        log(f"tune {vdir.name} on {request.tune_device}")
-        tune_bundle(vdir, request.tune_device, request.tune_settings, progress=progress)
-    except Exception as exc:  # noqa: BLE001 - the version stays valid; decoders use heuristic modes
-        log(
-            f"tune failed: {failure_message(exc)}; the version is valid but untuned (heuristic modes); "
-            f"rerun: zerogr tune {vdir} --device {request.tune_device}"
         )
         return False
     return True
