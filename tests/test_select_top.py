@@ -22,17 +22,21 @@ from zerogr_build.testing import SeededModel
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def brute_force(hidden, weight, bias, tokens, first, used, scores, requests, m):
+def brute_force(hidden, weight, bias, tokens, first, used, scores, requests, m, allowed=None):
     """(values [B, M], beam [B, M], slot [B, M]): every beam's slots as one row each through
     log_softmax_totals (the kernel the [R, K] path runs), all candidates of a request sorted by total
-    (NaN first), then beam, then slot; -inf / first beam / slot 0 past the last."""
+    (NaN first), then beam, then slot; -inf / first beam / slot 0 past the last. allowed(b, p): whether
+    request b may take the slot at tokens[p] (else it is emptied first)."""
     rows = hidden.shape[0]
+    per = rows // requests
     width = max(1, int(used.max()) if rows else 1)
     grid = torch.full((rows, width), -1, dtype=torch.int32)
     for r in range(rows):
-        grid[r, : used[r]] = tokens[first[r] : first[r] + used[r]]
+        for k in range(int(used[r])):
+            p = int(first[r]) + k
+            if allowed is None or allowed(r // per, p):
+                grid[r, k] = tokens[p]
     totals = selective_numba.log_softmax_totals(hidden, weight, bias, grid, scores)
-    per = rows // requests
     values = torch.full((requests, m), float("-inf"))
     beam = torch.zeros((requests, m), dtype=torch.int64)
     slot = torch.zeros((requests, m), dtype=torch.int64)
@@ -63,10 +67,14 @@ def brute_force(hidden, weight, bias, tokens, first, used, scores, requests, m):
     bias=st.booleans(),
     dtype=st.sampled_from(sorted(DTYPES)),
     ties=st.booleans(),
+    words=st.sampled_from([None, np.uint8, np.int32]),
+    kill_share=st.sampled_from([0.0, 0.2, 0.6]),
     seed=st.integers(0, 2**31 - 1),
 )
 def test_select_top_matches_the_sorted_totals_of_every_slot(requests, per, m, dim, vocab, bias, dtype,
-                                                             ties, seed):  # fmt: skip
+                                                             ties, words, kill_share, seed):  # fmt: skip
+    """Also with slots emptied by include-set words (every word type) and by kills (sorted request *
+    stride + slot keys, duplicates and keys of no beam's slots among them)."""
     g = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     rows = requests * per
@@ -83,8 +91,27 @@ def test_select_top_matches_the_sorted_totals_of_every_slot(requests, per, m, di
     scores = torch.randn(rows, generator=g)
     if rows > 1:
         scores[rng.integers(0, rows)] = float("-inf")  # a beam with no real continuation
-    got = selective_numba.select_top(hidden, weight, b, tokens, first, used, scores, requests, m)
-    want = brute_force(hidden, weight, b, tokens, first, used, scores, requests, m)
+    limits, allowed = {}, None
+    if words is not None or kill_share:
+        n, stride = tokens.shape[0], tokens.shape[0] + int(rng.integers(0, 3))
+        slot_words = rng.integers(0, 4, n).astype(words or np.int64)
+        request_words = rng.integers(0, 4, requests).astype(words or np.int64)
+        killed = [int(q) for q in range(requests * stride) if q % stride < n and rng.random() < kill_share]
+        killed += killed[: len(killed) // 3]  # duplicates
+        kills = np.sort(np.asarray(killed, dtype=np.int64))
+        if words is not None:
+            limits.update(
+                slot_words=torch.from_numpy(slot_words), request_words=torch.from_numpy(request_words)
+            )
+        if kill_share:
+            limits.update(kills=torch.from_numpy(kills), kill_stride=stride)
+
+        def allowed(req, p):
+            word_ok = words is None or (slot_words[p] & request_words[req]) != 0
+            return bool(word_ok) and not (kill_share and req * stride + p in set(killed))
+
+    got = selective_numba.select_top(hidden, weight, b, tokens, first, used, scores, requests, m, **limits)
+    want = brute_force(hidden, weight, b, tokens, first, used, scores, requests, m, allowed)
     for x, y in zip(got, want, strict=True):
         assert torch.equal(x, y), (x, y)
 

@@ -1,4 +1,4 @@
-"""The CPU numba kernels of runtime/slots.py (fill_slots, slot_runs, empty_dense_slots) against brute-force
+"""The CPU numba kernels of runtime/slots.py (fill_slots, empty_dense_slots) against brute-force
 references and the torch expressions they replace on other devices."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerogr_build.runtime.slots import empty_dense_slots, fill_slots, fill_slots_torch, slot_runs
+from zerogr_build.runtime.slots import empty_dense_slots, fill_slots, fill_slots_torch
 
 
 def brute_force(tokens: np.ndarray, start: np.ndarray, count: np.ndarray, width: int) -> np.ndarray:
@@ -97,18 +97,3 @@ def test_a_row_outside_the_dense_table_is_refused():
     values = torch.zeros(1, 3)
     with pytest.raises(IndexError):
         empty_dense_slots(values, torch.zeros(2, 3, dtype=torch.int32), torch.tensor([2]))
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.integers(1, 40), st.integers(0, 12), st.integers(0, 2**31 - 1))
-def test_slot_runs_lay_every_beams_children_end_to_end(nnz, beams, seed):
-    rng = np.random.default_rng(seed)
-    tokens = torch.as_tensor(rng.integers(-1, 50, nnz), dtype=torch.int32)
-    start = torch.as_tensor(rng.integers(0, nnz, beams), dtype=torch.int64)
-    count = torch.as_tensor([int(rng.integers(0, nnz - s + 1)) for s in start.tolist()], dtype=torch.int64)
-    first = torch.cumsum(count, 0) - count
-    got = slot_runs(SimpleNamespace(tokens=tokens, nnz=nnz), start, count, first)
-    want = [
-        t for s, c in zip(start.tolist(), count.tolist(), strict=True) for t in tokens[s : s + c].tolist()
-    ]
-    assert got.dtype == torch.int32 and got.tolist() == want

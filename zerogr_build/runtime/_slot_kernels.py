@@ -38,26 +38,6 @@ def fill_slot_rows(tokens: np.ndarray, start: np.ndarray, count: np.ndarray, out
 
 
 @njit(cache=True, nogil=True)
-def copy_slot_runs(
-    tokens: np.ndarray, start: np.ndarray, count: np.ndarray, first: np.ndarray, out: np.ndarray
-) -> None:
-    """out[first[r] + k] = tokens[start[r] + k] for k < count[r]: every beam's children end to end.
-
-    Args:
-        tokens: int32 [nnz], the step's child tokens (or its availability-masked copy).
-        start, count: int64 [R], each beam's first child position and its children (<= 0: none).
-        first: int64 [R], where beam r's run starts in `out` (runs do not overlap; the caller's layout).
-        out: int32 [>= max(first + count)].
-    Positions are clamped into [0, nnz - 1], as fill_slot_rows clamps them.
-    """
-    last = tokens.shape[0] - 1
-    for r in range(start.shape[0]):
-        at, base = first[r], start[r]
-        for k in range(count[r] if last >= 0 else 0):
-            out[at + k] = tokens[min(max(base + k, 0), last)]
-
-
-@njit(cache=True, nogil=True)
 def empty_dense_slots(values: np.ndarray, next_rows: np.ndarray, rows: np.ndarray) -> None:
     """values[r, k] = -inf where beam r is padding (rows[r] < 0) or its row has no child k
     (next_rows[rows[r], k] < 0), in place; other entries untouched.

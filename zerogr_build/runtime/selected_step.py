@@ -5,9 +5,9 @@ slot rows, overflow lanes, [R, K] totals and top-M over them.
     selected_sparse_step(state, hidden, table, weight, bias, scoring, start, count) -> BeamState | None
 
 The same candidates and totals as the slot-row path (bit for bit; equal totals ordered by beam, then
-slot). The children are read from the step table, or its availability-masked copy; with include sets or
-exclusions at this step, from a copy of them end to end (slots.slot_runs), emptied for each request
-(items.filter.mask_slot_runs). None where that does not apply: the decoder takes the slot rows then.
+slot). The children are read from the step table, or its availability-masked copy, where they lie; the
+kernel also empties the ones a request's include sets or exclusions rule out (items.filter.select_filter).
+None where that does not apply: the decoder takes the slot rows then.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import torch
 
 from .beams import BeamState
 from .device_tables import DeviceStep
-from .items.filter import mask_slot_runs, slot_source
-from .slots import slot_runs
+from .items.filter import select_filter, slot_source
 
 
 def selected_sparse_step(
@@ -37,20 +36,16 @@ def selected_sparse_step(
     hidden [R, d]; weight [V, d] and bias [V] or None of the step; start, count int64 [R]: each beam's
     first child position and child count (slots.row_extent). None when the step's tokens cannot be read
     in place or the request constraints need the slot-row path."""
-    constraints = state.constraints
-    source = slot_source(constraints, table)
+    source = slot_source(state.constraints, table)
     if not _reads_in_place(source):
         return None
-    if constraints is None or (constraints.set_mask is None and constraints.kills[table.step] is None):
-        tokens, first = source.tokens, start
-    else:
-        first = torch.cumsum(count, 0) - count
-        tokens = slot_runs(source, start, count, first)
-        if not mask_slot_runs(constraints, table, tokens, first, start, count, state.batch):
-            return None
+    limits = select_filter(state.constraints, table, source.tokens)
+    if limits is None:
+        return None
     values, beam, slot = scoring.select_top(
-        hidden, weight, bias, tokens, first, count, state.scores, state.batch_size, state.beam_width
-    )
+        hidden, weight, bias, source.tokens, start, count, state.scores, state.batch_size, state.beam_width,
+        **limits,
+    )  # fmt: skip
     flat = (start[beam] + slot).clamp(max=table.nnz - 1)
     assert table.tokens is not None
     token = table.tokens[flat].long()

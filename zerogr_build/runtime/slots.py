@@ -91,21 +91,6 @@ def fill_slots(step: SparseStepTensors, start: torch.Tensor, count: torch.Tensor
     return fill_slots_torch(step, start, count, width)
 
 
-def slot_runs(
-    step: SparseStepTensors, start: torch.Tensor, count: torch.Tensor, first: torch.Tensor
-) -> torch.Tensor:
-    """int32 [sum(count)]: every beam's children end to end (CPU, int32 tokens): beam r's children
-    tokens[start[r] + k], k < count[r], at first[r] + k (first int64 [R]: the exclusive prefix sums of
-    count int64 [R]). One serial numba pass (_slot_kernels.copy_slot_runs)."""
-    from ._slot_kernels import copy_slot_runs
-
-    assert step.tokens is not None
-    out = torch.empty(int(count.sum()), dtype=torch.int32)
-    copy_slot_runs(step.tokens.numpy(), start.contiguous().numpy(), count.contiguous().numpy(),
-                   first.contiguous().numpy(), out.numpy())  # fmt: skip
-    return out
-
-
 def _fills_on_cpu(tokens: torch.Tensor, start: torch.Tensor, count: torch.Tensor) -> bool:
     """Whether fill_slots takes the numba kernel: CPU tensors of the kernel's dtypes."""
     return (

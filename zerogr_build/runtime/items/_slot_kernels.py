@@ -1,10 +1,11 @@
-"""numba kernel of the CPU item-constraint filter on sparse-step slots (compiled on first use, cached on
-disk; filter.py imports this module on the first constrained CPU step, so numba is not loaded before).
+"""numba kernels of the CPU item-constraint filter on sparse-step slots and dense-step values (compiled on
+first use, cached on disk; filter.py imports this module on the first constrained CPU step, so numba is not
+loaded before).
 
-One serial pass over the used slots replaces the torch window copy, AND, bool, where and the numpy kill
-lookup (about ten array passes over [n, width] and a dozen small numpy calls per step): a constrained step
-then costs O(used slots + slot rows x log kills) on the calling thread, with no temporary and no thread
-pool to wake.
+One serial pass over the used slots (or the [R, V] values) replaces the torch window copy or row gather,
+AND, bool, where and the numpy kill lookup (about ten array passes and a dozen small numpy calls per step):
+a constrained step then costs O(slots + beams x log kills) on the calling thread, with no temporary and no
+thread pool to wake.
 """
 
 from __future__ import annotations
@@ -61,4 +62,60 @@ def mask_slot_rows(
             j = first_at_least(kill_query, key)
             while j < num_kills and kill_query[j] < key + count:
                 tokens[at + kill_query[j] - key] = -1
+                j += 1
+
+
+@njit(cache=True, nogil=True)
+def empty_dense_disallowed(
+    values: np.ndarray,
+    next_rows: np.ndarray,
+    rows: np.ndarray,
+    request: np.ndarray,
+    dense_words: np.ndarray,
+    request_words: np.ndarray,
+    beam_query: np.ndarray,
+    column: np.ndarray,
+    parent_stride: int,
+) -> None:
+    """values[r, k] = -inf (in place) where beam r may not take token k of a dense step: it is padding
+    (rows[r] < 0), its row has no (available) child k, the child holds no item of its request's sets, or
+    the (request, child) pair is a kill.
+
+    Args:
+        values: float32 [R, V], C-contiguous.
+        next_rows: int32 [rows_t, V], the dense step's next table (or its availability-masked copy).
+        rows, request: int64 [R], each beam's row (-1: padding) and request.
+        dense_words: [rows_t, V] signed words of the children's sets (Resident.dense_bits); empty: no
+            include sets in this search.
+        request_words: [B] the same word type, each request's set word (unused when dense_words is empty).
+        beam_query, column: int64 [k], one kill each: request * parent_stride + row of the beam's row, and
+            the token it empties; beam_query ascending.
+        parent_stride: rows_t + 1.
+    A row outside the table raises IndexError (as torch's row gather does).
+    """
+    beams, vocab = values.shape
+    neg_inf = np.float32(-np.inf)
+    with_words = dense_words.shape[0] > 0
+    num_kills = beam_query.shape[0]
+    for r in range(beams):
+        row = rows[r]
+        if row >= next_rows.shape[0]:
+            raise IndexError("a beam's row is outside the dense step table")
+        if row < 0:
+            values[r, :] = neg_inf
+            continue
+        if with_words:
+            word = request_words[request[r]]
+            for k in range(vocab):
+                if next_rows[row, k] < 0 or (dense_words[row, k] & word) == 0:
+                    values[r, k] = neg_inf
+        else:
+            for k in range(vocab):
+                if next_rows[row, k] < 0:
+                    values[r, k] = neg_inf
+        if num_kills:
+            key = request[r] * parent_stride + row
+            j = first_at_least(beam_query, key)
+            while j < num_kills and beam_query[j] == key:
+                values[r, column[j]] = neg_inf
                 j += 1

@@ -133,18 +133,29 @@ def _mask_slots_cpu(constraints: RequestConstraints, table: Any, tokens: torch.T
     _mask_runs_cpu(constraints, table, tokens.view(-1), offset, start, used, request)
 
 
-def mask_slot_runs(constraints: RequestConstraints | None, table: Any, tokens: torch.Tensor,
-                   offset: torch.Tensor, start: torch.Tensor, used: torch.Tensor,
-                   request: torch.Tensor) -> bool:  # fmt: skip
-    """mask_slots for slot rows laid end to end (CPU): int32 tokens [n], slot k of row i at
-    tokens[offset[i] + k], holding child start[i] + k for k < used[i]; emptied in place. False (tokens
-    untouched) where the CPU kernel does not apply (several set words per row): use mask_slots then."""
+def select_filter(constraints: RequestConstraints | None, table: Any,
+                  tokens: torch.Tensor) -> dict[str, Any] | None:  # fmt: skip
+    """The item-constraint arguments of scoring.select_top for a sparse step whose children it reads
+    where they lie (`tokens`, slot_source's, on the CPU):
+      slot_words / request_words: include sets, the child rows' words (indexed by flat child position)
+        and each request's word;
+      kills / kill_stride: this step's killed (request, child) pairs (Kills.slot_query).
+    {} when the search restricts nothing at this step; None where the CPU kernel does not apply (several
+    set words per row): the slot-row path (mask_slots) then."""
     if constraints is None:
-        return True
-    if not _cpu_kernel_applies(constraints, tokens, table.step + 1):
-        return False
-    _mask_runs_cpu(constraints, table, tokens, offset, start, used, request)
-    return True
+        return {}
+    step = table.step + 1
+    if constraints.set_mask is None and constraints.kills[step - 1] is None:
+        return {}
+    if not _cpu_kernel_applies(constraints, tokens, step):
+        return None
+    limits: dict[str, Any] = {}
+    if constraints.set_mask is not None:
+        limits.update(slot_words=constraints.resident.row_bits[step - 1], request_words=constraints.set_mask)
+    kills = constraints.kills[step - 1]
+    if kills is not None:
+        limits.update(kills=kills.slot_query, kill_stride=table.nnz + 1)
+    return limits
 
 
 def _mask_runs_cpu(constraints: RequestConstraints, table: Any, tokens: torch.Tensor, offset: torch.Tensor,
@@ -254,14 +265,53 @@ def dense_emptier(constraints: RequestConstraints | None, table: Any, rows: torc
                   request: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:  # fmt: skip
     """The in-place mask of a dense step's fp32 [R, V] values (logits or log-probabilities): -inf where beam
     r (rows int64 [R], -1 padding; request int64 [R]) may not take token k - no available child
-    (dense_next), or none the request may return (mask_children). Without constraints one pass over the
-    values (slots.empty_dense_slots, a kernel on the CPU); with them the validity is built first."""
+    (dense_next), or none the request may return (mask_children). On the CPU one pass over the values
+    (slots.empty_dense_slots without constraints, _slot_kernels.empty_dense_disallowed with them);
+    elsewhere the validity is built first."""
     source = dense_next(constraints, table)
     if constraints is None or (constraints.set_mask is None and constraints.kills[table.step] is None):
         return lambda values: empty_dense_slots(values, source, rows)  # availability alone: its table
+    if _dense_kernel_applies(constraints, table, rows):
+        return lambda values: _empty_dense_cpu(constraints, table, source, values, rows, request)
     child = source[rows.clamp(min=0)]
     valid = mask_children(constraints, table.step, (child >= 0) & (rows >= 0)[:, None], child, rows, request)
     return lambda values: values.masked_fill_(~valid, float("-inf"))
+
+
+def _dense_kernel_applies(constraints: RequestConstraints, table: Any, rows: torch.Tensor) -> bool:
+    """Whether a constrained dense step takes the numba kernel: CPU, no static shapes, one set word per row
+    (or no sets)."""
+    if rows.device.type != "cpu" or not NUMPY_ON_CPU or constraints.static:
+        return False
+    return constraints.set_mask is None or constraints.resident.dense_bits[table.step] is not None
+
+
+def _empty_dense_cpu(constraints: RequestConstraints, table: Any, source: torch.Tensor, values: torch.Tensor,
+                     rows: torch.Tensor, request: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """dense_emptier's mask in one serial numba pass (values fp32 [R, V], in place); returns values."""
+    from ._slot_kernels import empty_dense_disallowed
+
+    if values.dtype != torch.float32 or not values.is_contiguous():
+        raise ValueError("a dense step's values must be contiguous float32")
+    if constraints.set_mask is not None:
+        words, wanted = constraints.resident.dense_bits[table.step].numpy(), constraints.set_mask.numpy()
+    else:
+        words, wanted = _NO_DENSE_WORDS, _NO_WORDS
+    kills = constraints.kills[table.step]
+    query, column = _NO_KILLS, _NO_KILLS
+    if kills is not None:
+        query, column = kills.beam_query.numpy(), kills.column.numpy()
+    if query.shape[0] > 1 and (query[1:] < query[:-1]).any():  # kills come by (request, child row)
+        order = np.argsort(query, kind="stable")
+        query, column = query[order], column[order]
+    parent_rows = constraints.resident.space.rows[table.step - 1] if table.step >= 1 else 1
+    empty_dense_disallowed(values.numpy(), source.contiguous().numpy(), rows.contiguous().numpy(),
+                           request.contiguous().numpy(), words, wanted, query, column,
+                           parent_rows + 1)  # fmt: skip
+    return values
+
+
+_NO_DENSE_WORDS = np.zeros((0, 0), dtype=np.int64)
 
 
 class ConstrainedDecoding:
@@ -329,7 +379,7 @@ __all__ = [
     "dense_next",
     "include_ok",
     "mask_children",
-    "mask_slot_runs",
+    "select_filter",
     "mask_slots",
     "slot_source",
 ]

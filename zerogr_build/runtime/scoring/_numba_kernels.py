@@ -219,13 +219,19 @@ def select_slots(
     used: np.ndarray,
     vocab: int,
     beam_scores: np.ndarray,
+    slot_words: np.ndarray,
+    request_words: np.ndarray,
+    kills: np.ndarray,
+    kill_from: np.ndarray,
+    kill_stride: int,
     out_values: np.ndarray,
     out_beam: np.ndarray,
     out_slot: np.ndarray,
 ) -> None:
     """A filter-first step's best M candidates per request, without an [R, K] array of totals: each beam's
     slots scored and log-softmaxed over its valid slots exactly as score_slots does (log_softmax=True, the
-    beam's score added last), and each request's candidates kept in a heap of M.
+    beam's score added last), and each request's candidates kept in a heap of M. Slots may also be
+    emptied here by a request's item constraints (include sets, exclusions), read where the slots lie.
 
     Args:
         hidden, weight, row_stride, bias, vocab: as score_slots.
@@ -233,6 +239,12 @@ def select_slots(
         first, used: int64 [R]: beam r's slots are tokens[first[r] : first[r] + used[r]] (its slot k is
             tokens[first[r] + k]; slots past used[r] would be empty).
         beam_scores: float32 [R].
+        slot_words, request_words: slot p of `tokens` is also empty when (slot_words[p] &
+            request_words[b]) == 0, b its beam's request (one signed integer word per slot / request;
+            slot_words empty: no such test).
+        kills, kill_from, kill_stride: int64 ascending [k], slot p of beam r (request b) is also empty
+            when b * kill_stride + p is in `kills`; beam r's first candidate is kills[kill_from[r]] (int64
+            [R], the first kill >= b * kill_stride + first[r]); kills empty: none.
         out_values: float32 [B, M], written: request b's best totals, best first (R = B * beams per
             request, in request order); -inf past its last candidate.
         out_beam: int64 [B, M], written: the beam (0..R-1) of each; request b's first beam past its last.
@@ -246,23 +258,40 @@ def select_slots(
     dim = hidden.shape[1]
     has_bias = bias.shape[0] > 0
     neg_inf = np.float32(-np.inf)
+    with_words = slot_words.shape[0] > 0
+    num_kills = kills.shape[0]
     width = 0
     for r in range(used.shape[0]):
         width = max(width, used[r])
     for b in prange(num_requests):
         totals = np.empty(width, dtype=np.float32)
+        valid = np.empty(width, dtype=np.bool_)
         heap_values = np.empty(m, dtype=np.float32)
         heap_ranks = np.empty(m, dtype=np.int64)
         size = 0
+        word = request_words[b] if with_words else 0
         for i in range(per):
             r = b * per + i
-            row = tokens[first[r] : first[r] + used[r]]
+            at = first[r]
+            row = tokens[at : at + used[r]]
             slots = row.shape[0]
             h = hidden[r]
             best = neg_inf
+            key = b * kill_stride + at  # kills[j] - key: the slot that kill j empties
+            kill = kill_from[r] if num_kills else 0
+            next_kill = kills[kill] - key if kill < num_kills else np.int64(slots)
             for k in range(slots):
                 token = row[k]
-                if token < 0 or token >= vocab:
+                empty = token < 0 or token >= vocab
+                if with_words and not empty:
+                    empty = (slot_words[at + k] & word) == 0
+                if k == next_kill:
+                    empty = True
+                    while kill < num_kills and kills[kill] - key <= k:
+                        kill += 1
+                    next_kill = kills[kill] - key if kill < num_kills else np.int64(slots)
+                valid[k] = not empty
+                if empty:
                     totals[k] = neg_inf
                     continue
                 base = np.int64(token) * row_stride
@@ -286,8 +315,7 @@ def select_slots(
                         totals[k] -= lse
             score = beam_scores[r]
             for k in range(slots):
-                token = row[k]
-                if token < 0 or token >= vocab:
+                if not valid[k]:
                     continue  # an empty slot: a -inf candidate, like the padding past the last one
                 value = _plus(score, totals[k])
                 rank = np.int64(i) * SLOT_SPAN + k

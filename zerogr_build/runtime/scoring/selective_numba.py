@@ -49,6 +49,8 @@ _RAW_VIEW = {torch.float32: None, torch.bfloat16: np.uint16, torch.float16: np.i
 
 _WARM_LOCK = threading.Lock()
 _NO_SCORES = np.zeros(0, dtype=np.float32)
+_NO_WORDS = np.zeros(0, dtype=np.int64)
+_NO_KILLS = np.zeros(0, dtype=np.int64)
 
 PARALLEL_MIN_WORK = 1 << 22
 """Calls with fewer multiply-adds than this (R * K * d, counting empty slots too) run on one thread: waking
@@ -190,6 +192,11 @@ def select_top(
     beam_scores: torch.Tensor,
     requests: int,
     beam_width: int,
+    *,
+    slot_words: torch.Tensor | None = None,
+    request_words: torch.Tensor | None = None,
+    kills: torch.Tensor | None = None,
+    kill_stride: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A filter-first sparse step's best `beam_width` candidates per request in one pass (CPU), without
     an [R, K] array of totals: (values fp32 [B, M], beam int64 [B, M], slot int64 [B, M]), the candidates
@@ -198,7 +205,13 @@ def select_top(
 
     tokens int32 [n]: slot tokens end to end (a step table's own tokens, or slot rows flattened); beam r's
     slots are tokens[first[r] : first[r] + used[r]] (first, used int64 [R]; outside [0, V): empty);
-    hidden [R, d]; beam_scores fp32 [R]; R = requests * the beams per request, in request order."""
+    hidden [R, d]; beam_scores fp32 [R]; R = requests * the beams per request, in request order.
+
+    Item constraints, applied where the slots lie (items.filter.select_filter gives a search's):
+      slot_words [>= n], request_words [requests]: one signed integer word each, the same dtype; slot p of
+        a beam of request b is empty when (slot_words[p] & request_words[b]) == 0;
+      kills int64 [k] ascending: slot p of a beam of request b is empty when b * kill_stride + p is one.
+    """
     for name, t in (("hidden", hidden), ("weight", weight), ("tokens", tokens), ("first", first)):
         if t.device.type != "cpu":
             raise ValueError(f"selective_numba runs on CPU tensors, got {name} on {t.device}")
@@ -221,13 +234,43 @@ def select_top(
     values = torch.empty((requests, beam_width), dtype=torch.float32)
     beam = torch.empty((requests, beam_width), dtype=torch.int64)
     slot = torch.empty((requests, beam_width), dtype=torch.int64)
+    first_np, used_np = first.to(torch.int64).contiguous().numpy(), used.to(torch.int64).contiguous().numpy()
+    words, wanted = _slot_words(slot_words, request_words, requests, int(hi) if rows else 0)
+    kill_keys, kill_from = _kill_starts(kills, kill_stride, first_np, requests)
     set_kernel_threads(int(used.sum()) * int(hidden.shape[1]))
     _kernels().select_slots(
         hidden.float().contiguous().numpy(), flat, row_stride, raw_bias, tokens.contiguous().numpy(),
-        first.to(torch.int64).contiguous().numpy(), used.to(torch.int64).contiguous().numpy(), vocab,
-        beam_scores.detach().contiguous().numpy(), values.numpy(), beam.numpy(), slot.numpy(),
+        first_np, used_np, vocab, beam_scores.detach().contiguous().numpy(), words, wanted, kill_keys,
+        kill_from, kill_stride, values.numpy(), beam.numpy(), slot.numpy(),
     )  # fmt: skip
     return values, beam, slot
+
+
+def _slot_words(slot_words: torch.Tensor | None, request_words: torch.Tensor | None, requests: int,
+                reach: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """select_top's include-set words as numpy (empty: no test), checked against the slots they cover."""
+    if slot_words is None:
+        return _NO_WORDS, _NO_WORDS
+    if request_words is None or request_words.shape != (requests,) or slot_words.dim() != 1:
+        raise ValueError(f"slot_words must be [n] and request_words [{requests}]")
+    if slot_words.dtype != request_words.dtype or slot_words.dtype.is_floating_point:
+        raise ValueError("slot_words and request_words must be integer words of one dtype")
+    if slot_words.shape[0] < reach:
+        raise ValueError("slot_words do not cover every beam's slots")
+    return slot_words.contiguous().numpy(), request_words.contiguous().numpy()
+
+
+def _kill_starts(kills: torch.Tensor | None, stride: int, first: np.ndarray,
+                 requests: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """select_top's kills as int64 numpy and each beam's first kill at or past its first slot."""
+    if kills is None or kills.shape[0] == 0:
+        return _NO_KILLS, _NO_KILLS
+    if kills.dtype != torch.int64 or kills.dim() != 1 or stride < 1:
+        raise ValueError("kills must be int64 [k] and kill_stride >= 1")
+    keys = kills.contiguous().numpy()
+    per = first.shape[0] // requests
+    request = np.arange(first.shape[0], dtype=np.int64) // per
+    return keys, np.searchsorted(keys, request * stride + first)
 
 
 def warm_up(dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)) -> None:
