@@ -256,6 +256,30 @@ def test_join_slots_counts_common_and_changed_ids_exactly(data, strings, seed, b
     assert (grouped.common, grouped.changed) == want
 
 
+@settings(deadline=None, max_examples=40)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    low_bits=st.integers(0, 64 - im.GROUP_BITS),
+    words=st.integers(0, 2),
+    workers=st.sampled_from([1, 3]),
+)
+def test_match_part_of_integer_ids_counts_crowded_groups_exactly(seed, low_bits, words, workers):
+    """Integer ids take the probe join: hashes that share their `low_bits` lowest bits (one group, and one
+    probe run as long as the group, wrapping around the table) still match exactly: against Python sets,
+    with keys that differ for some common ids."""
+    rng = np.random.default_rng(seed)
+    pool = np.unique(rng.integers(0, 2**63, 3000, dtype=np.int64).view(np.uint64) << np.uint64(low_bits))
+    pool |= np.uint64((1 << low_bits) - 1) & np.uint64(seed)  # low bits alike: one group, crowded probes
+    pool = np.unique(pool)
+    a_hash, b_hash = pool[rng.random(pool.shape[0]) < 0.6], pool[rng.random(pool.shape[0]) < 0.6]
+    rng.shuffle(b_hash)
+    a_keys = rng.integers(0, 2, size=(a_hash.shape[0], words)).astype(np.uint64)
+    b_keys = rng.integers(0, 2, size=(b_hash.shape[0], words)).astype(np.uint64)
+    got = im.match_part(a_hash, a_keys, b_hash, b_keys, workers=workers)
+    want = _reference(a_hash.tolist(), b_hash.tolist(), a_keys, b_keys)
+    assert (got.common, got.changed) == want
+
+
 @settings(deadline=None, max_examples=80)
 @given(
     st.lists(st.binary(max_size=3), unique=True, max_size=40),
