@@ -274,3 +274,42 @@ def test_swaps_reuse_retired_tables_but_never_a_held_snapshot():
         tokens = dec.steps[t].tokens.numpy()
         expect = np.where(np.isin(np.arange(tokens.shape[0]), sorted(valid[t])), tokens, -1)
         np.testing.assert_array_equal(dec._resident.tables[t].numpy(), expect)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    rows=st.integers(1, 12),
+    masked=st.booleans(),
+    shuffled=st.booleans(),
+)
+def test_plain_step_kills_match_brute_force_in_any_entry_order(seed, rows, masked, shuffled):
+    """plain_step_kills: a (request, row) pair is killed iff its entries are all the row's available items,
+    and the entries of killed pairs are kept; entries given out of (request, row) order are grouped as
+    sorted ones are."""
+    from zerogr_build.runtime.items._kill_kernels import plain_step_kills
+    from zerogr_build.runtime.items.space import AvailabilityRank
+
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 5, rows)
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    items = int(bounds[-1])
+    available = rng.random(items) < 0.7 if masked else np.ones(items, dtype=bool)
+    rank = AvailabilityRank.of(available)
+    drawn = zip(rng.integers(0, 3, 30).tolist(), rng.integers(0, items, 30).tolist(), strict=True)
+    pairs = sorted({(b, p) for b, p in drawn if available[p]})
+    req = np.asarray([b for b, _ in pairs], dtype=np.int64)
+    pos = np.asarray([p for _, p in pairs], dtype=np.int64)
+    row = np.searchsorted(bounds, pos, side="right") - 1
+    if shuffled:
+        order = rng.permutation(req.shape[0])
+        req, pos, row = req[order], pos[order], row[order]
+    killed, keep = plain_step_kills(req, row, rows, bounds, rank.words, rank.before, masked)
+    groups: dict[tuple[int, int], int] = {}
+    for b, r in zip(req.tolist(), row.tolist(), strict=True):
+        groups[(b, r)] = groups.get((b, r), 0) + 1
+    dead = {
+        key for key, n in groups.items() if n == int(available[bounds[key[1]] : bounds[key[1] + 1]].sum())
+    }
+    assert killed.tolist() == sorted(b * rows + r for b, r in dead)
+    assert keep.tolist() == [(b, r) in dead for b, r in zip(req.tolist(), row.tolist(), strict=True)]

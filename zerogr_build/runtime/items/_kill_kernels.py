@@ -52,6 +52,13 @@ def plain_step_kills(req, row, rows, bounds, words, before, with_mask):
     """
     order = _pair_order(req, row, rows)
     k = order.shape[0]
+    # Each entry's row count first, in a loop of independent reads (the rows are scattered through
+    # tables the search keeps pushing out of the caches, so the reads' misses overlap), then the groups.
+    available = np.empty(k, dtype=np.int64)
+    for e in range(k):
+        r = row[order[e]]
+        lo, hi = bounds[r], bounds[r + 1]
+        available[e] = rank(words, before, hi) - rank(words, before, lo) if with_mask else hi - lo
     keep = np.zeros(k, dtype=np.bool_)
     killed = np.empty(k, dtype=np.int64)
     found = 0
@@ -61,9 +68,7 @@ def plain_step_kills(req, row, rows, bounds, words, before, with_mask):
         j = i + 1
         while j < k and req[order[j]] == b and row[order[j]] == r:
             j += 1
-        lo, hi = bounds[r], bounds[r + 1]
-        available = rank(words, before, hi) - rank(words, before, lo) if with_mask else hi - lo
-        if available == j - i:
+        if available[i] == j - i:
             killed[found] = b * rows + r
             found += 1
             for e in range(i, j):
