@@ -21,7 +21,7 @@ from ...index import SidIndex
 from .constraints import POSITIONS, ItemIds
 from .ids import IdValues, as_ids
 from .kills import expand_sets, killed_rows, sorted_unique
-from .space import Resident, signed_words
+from .space import Resident, SetBits, signed_words
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,6 +127,28 @@ def _python_int_lists(exclude: list[Any]) -> np.ndarray | None:
         return None
 
 
+def _include_sets(include: list[Any], set_bits: SetBits | None) -> tuple[np.ndarray, np.ndarray]:
+    """(set_flat, set_off) int64: the sets request b names are set_flat[set_off[b] : set_off[b + 1]],
+    sorted and distinct (none for None or []). InputError for an entry that is not set names, or names
+    without item sets attached."""
+    if all(_nothing(names) for names in include):
+        return np.zeros(0, np.int64), np.zeros(len(include) + 1, np.int64)
+    chosen: list[np.ndarray] = []
+    for names in include:
+        if names is not None and not isinstance(names, (str, Iterable)):
+            raise InputError(f"include: expected set names (a list of str) or None, got {names!r}")
+        if names is None or not len(names):
+            chosen.append(np.zeros(0, np.int64))
+            continue
+        if set_bits is None:
+            raise InputError("include needs item sets: call Decoder.set_item_sets first")
+        names = [names] if isinstance(names, str) else list(names)
+        chosen.append(np.asarray(sorted(set(set_bits.sets.lookup(names))), dtype=np.int64))
+    set_off = np.zeros(len(chosen) + 1, np.int64)
+    np.cumsum([c.shape[0] for c in chosen], out=set_off[1:])
+    return np.concatenate(chosen), set_off
+
+
 def _kills_on_device(resident: Resident, step: int, b: np.ndarray, r: np.ndarray, batch_size: int,
                      static: bool) -> Kills | None:  # fmt: skip
     """Kills of step `step` (request b, row r int64 [k]) as the lookups filter.py makes (see Kills)."""
@@ -147,10 +169,10 @@ def _kills_on_device(resident: Resident, step: int, b: np.ndarray, r: np.ndarray
         beam_q = np.concatenate([beam_q, np.full(pad, batch_size * (parent_rows + 1), np.int64)])
         column = np.concatenate([column, np.zeros(pad, np.int64)])
     dev = space.device
-    tensors = (
-        torch.as_tensor(np.ascontiguousarray(x, dtype=np.int64)).to(dev) for x in (slot_q, beam_q, column)
-    )
-    return Kills(*tensors)
+    arrays = (np.ascontiguousarray(x, dtype=np.int64) for x in (slot_q, beam_q, column))
+    if dev.type == "cpu":
+        return Kills(*map(torch.from_numpy, arrays))
+    return Kills(*(torch.from_numpy(x).to(dev) for x in arrays))
 
 
 def request_constraints(resident: Resident, ids: ItemIds, include: Any, exclude: Any, batch_size: int, *,
@@ -180,19 +202,7 @@ def request_constraints(resident: Resident, ids: ItemIds, include: Any, exclude:
                                   static)  # fmt: skip
     n = resident.space.num_items
     set_bits = resident.set_bits
-    chosen: list[np.ndarray] = []
-    for names in include:
-        if names is not None and not isinstance(names, (str, Iterable)):
-            raise InputError(f"include: expected set names (a list of str) or None, got {names!r}")
-        if names is None or not len(names):
-            chosen.append(np.zeros(0, np.int64))
-            continue
-        if set_bits is None:
-            raise InputError("include needs item sets: call Decoder.set_item_sets first")
-        names = [names] if isinstance(names, str) else list(names)
-        chosen.append(np.asarray(sorted(set(set_bits.sets.lookup(names))), dtype=np.int64))
-    set_off = np.concatenate([[0], np.cumsum([c.shape[0] for c in chosen])]).astype(np.int64)
-    set_flat = np.concatenate(chosen).astype(np.int64)
+    set_flat, set_off = _include_sets(include, set_bits)
     uses_sets = set_off[1:] > set_off[:-1]
 
     # Every request's excluded ids looked up (each list checked on its own, so an error names its request);
