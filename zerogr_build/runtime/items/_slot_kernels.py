@@ -19,7 +19,6 @@ from ._kill_kernels import first_at_least
 @njit(cache=True, nogil=True)
 def mask_slot_rows(
     tokens: np.ndarray,
-    offset: np.ndarray,
     start: np.ndarray,
     used: np.ndarray,
     request: np.ndarray,
@@ -31,10 +30,8 @@ def mask_slot_rows(
     """Empty (-1, in place) the used slots whose child row the request may not return.
 
     Args:
-        tokens: int32 [n], slot rows end to end: slot k of slot row i is tokens[offset[i] + k] and holds
-            child row start[i] + k for k < used[i] ([R, width] slot rows: offset[i] = i * width).
-        offset, start, used, request: int64 [n]: where the row's slots are, its first child, slots in use,
-            request of each slot row.
+        tokens: int32 [n, width], slot k of slot row i holds child row start[i] + k for k < used[i].
+        start, used, request: int64 [n]: first child, slots in use (<= width), request of each slot row.
         row_bits: [rows + pad] signed words (filter.include_slots' padded row words); empty: no include
             sets in this search.
         set_mask: [B] the same word type, each request's set word (unused when row_bits is empty).
@@ -44,24 +41,24 @@ def mask_slot_rows(
     row) is a kill: the kills of slot row i are the queries in [key, key + used) with key = request *
     stride + start, one binary search per row (a slot row of another request never falls in that range).
     """
-    rows = start.shape[0]
+    rows = tokens.shape[0]
     with_sets = row_bits.shape[0] > 0
     num_kills = kill_query.shape[0]
     for i in range(rows):
         count = used[i]
         if count <= 0:
             continue
-        first, at = start[i], offset[i]
+        first = start[i]
         if with_sets:
             word = set_mask[request[i]]
             for k in range(count):
                 if (row_bits[first + k] & word) == 0:
-                    tokens[at + k] = -1
+                    tokens[i, k] = -1
         if num_kills:
             key = request[i] * stride + first
             j = first_at_least(kill_query, key)
             while j < num_kills and kill_query[j] < key + count:
-                tokens[at + kill_query[j] - key] = -1
+                tokens[i, kill_query[j] - key] = -1
                 j += 1
 
 

@@ -129,8 +129,19 @@ def _cpu_kernel_applies(constraints: RequestConstraints, tokens: torch.Tensor, s
 def _mask_slots_cpu(constraints: RequestConstraints, table: Any, tokens: torch.Tensor, start: torch.Tensor,
                     used: torch.Tensor, request: torch.Tensor) -> None:  # fmt: skip
     """mask_slots on the CPU in one serial numba pass, in place (see _slot_kernels.mask_slot_rows)."""
-    offset = torch.arange(tokens.shape[0], dtype=torch.int64) * tokens.shape[1]
-    _mask_runs_cpu(constraints, table, tokens.view(-1), offset, start, used, request)
+    from ._slot_kernels import mask_slot_rows
+
+    step = table.step + 1
+    kills = constraints.kills[step - 1]
+    if constraints.set_mask is None and kills is None:
+        return
+    if constraints.set_mask is not None:
+        bits, words = constraints.resident.row_bits[step - 1].numpy(), constraints.set_mask.numpy()
+    else:
+        bits = words = _NO_WORDS
+    query = _NO_KILLS if kills is None else kills.slot_query.numpy()
+    mask_slot_rows(tokens.numpy(), start.numpy(), used.numpy(), request.numpy(), bits, words, query,
+                   table.nnz + 1)  # fmt: skip
 
 
 def select_filter(constraints: RequestConstraints | None, table: Any,
@@ -156,23 +167,6 @@ def select_filter(constraints: RequestConstraints | None, table: Any,
     if kills is not None:
         limits.update(kills=kills.slot_query, kill_stride=table.nnz + 1)
     return limits
-
-
-def _mask_runs_cpu(constraints: RequestConstraints, table: Any, tokens: torch.Tensor, offset: torch.Tensor,
-                   start: torch.Tensor, used: torch.Tensor, request: torch.Tensor) -> None:  # fmt: skip
-    from ._slot_kernels import mask_slot_rows
-
-    step = table.step + 1
-    kills = constraints.kills[step - 1]
-    if constraints.set_mask is None and kills is None:
-        return
-    if constraints.set_mask is not None:
-        bits, words = constraints.resident.row_bits[step - 1].numpy(), constraints.set_mask.numpy()
-    else:
-        bits = words = _NO_WORDS
-    query = _NO_KILLS if kills is None else kills.slot_query.numpy()
-    mask_slot_rows(tokens.numpy(), offset.numpy(), start.numpy(), used.numpy(), request.numpy(), bits, words,
-                   query, table.nnz + 1)  # fmt: skip
 
 
 _NO_WORDS = np.zeros(0, dtype=np.int64)
@@ -379,7 +373,7 @@ __all__ = [
     "dense_next",
     "include_ok",
     "mask_children",
-    "select_filter",
     "mask_slots",
+    "select_filter",
     "slot_source",
 ]
