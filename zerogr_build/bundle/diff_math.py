@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
+from .key_words import child_key, copy_key, kernel_keys, key_rows
+
 # ----------------------------------------------------------------------------------------- per version
 
 
@@ -159,14 +161,11 @@ class KeyLayout:
 
 @nb.njit(cache=True, nogil=True)
 def _expand_step(starts, tokens, row_lo, pos_lo, pos_hi, prev, radix, word, out):
-    words = out.shape[1]
     row = row_lo
     for pos in range(pos_lo, pos_hi):
         while starts[row + 1] <= pos:
             row += 1
-        for w in range(words):
-            out[pos - pos_lo, w] = prev[row - row_lo, w]
-        out[pos - pos_lo, word] = prev[row - row_lo, word] * radix + np.uint64(tokens[pos])
+        child_key(out, pos - pos_lo, prev, row - row_lo, radix, word, tokens[pos])
 
 
 def leaf_keys(
@@ -188,28 +187,26 @@ def leaf_keys(
         row_lo = rank_right(starts[t], pos_lo) - 1
         row_hi = rank_right(starts[t], pos_hi - 1)
         spans[t - 1] = (row_lo, row_hi)
-    keys = np.zeros((1, layout.words), dtype=np.uint64)  # step 0's one row: the empty prefix
+    keys = kernel_keys(np.zeros((1, layout.words), dtype=np.uint64))  # step 0's one row: the empty prefix
     row_lo = 0
     for t in range(steps):
         pos_lo, pos_hi = spans[t]
-        out = np.empty((pos_hi - pos_lo, layout.words), dtype=np.uint64)
+        out = kernel_keys(np.empty((pos_hi - pos_lo, layout.words), dtype=np.uint64))
         _expand_step(
             np.asarray(starts[t]), np.asarray(tokens[t]), row_lo, pos_lo, pos_hi, keys,
             np.uint64(layout.radices[t]), layout.word_of_step[t], out,
         )  # fmt: skip
         keys, row_lo = out, pos_lo
-    return keys
+    return key_rows(keys, layout.words)
 
 
 @nb.njit(cache=True, nogil=True)
 def _spread(offsets, leaf_lo, keys, first, out):
-    words = out.shape[1]
     leaf = leaf_lo
     for i in range(out.shape[0]):
         while offsets[leaf + 1] <= first + i:
             leaf += 1
-        for w in range(words):
-            out[i, w] = keys[leaf - leaf_lo, w]
+        copy_key(out, i, keys, leaf - leaf_lo)
 
 
 def rank_right(sorted_values: np.ndarray, value: int) -> int:
@@ -247,5 +244,5 @@ def item_keys(
     if offsets is None:
         return keys
     out = np.empty((stop - first, layout.words), dtype=np.uint64)
-    _spread(np.asarray(offsets), lo, keys, first, out)
+    _spread(np.asarray(offsets), lo, kernel_keys(keys), first, kernel_keys(out))
     return out

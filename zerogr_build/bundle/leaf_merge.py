@@ -24,23 +24,15 @@ import numba as nb
 import numpy as np
 
 from .id_match import SLOT_PAIRS_LIMIT, same_bytes
+from .key_words import compare_keys, kernel_keys
 
 _NO_BYTES = (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.uint8))
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _compare(a_keys, i, b_keys, j):
-    # -1, 0 or 1: the packed SID a_keys[i] against b_keys[j], word by word (lexicographic SID order).
-    for w in range(a_keys.shape[1]):
-        if a_keys[i, w] != b_keys[j, w]:
-            return -1 if a_keys[i, w] < b_keys[j, w] else 1
-    return 0
 
 
 @nb.njit(cache=True, nogil=True)
 def _in_order(keys):
     for i in range(1, keys.shape[0]):  # noqa: SIM110 - numba compiles loops, not generator expressions
-        if _compare(keys, i - 1, keys, i) > 0:
+        if compare_keys(keys, i - 1, keys, i) > 0:
             return False
     return True
 
@@ -51,7 +43,7 @@ def _at_most(keys, bound_keys, bound):
     lo, hi = 0, keys.shape[0]
     while lo < hi:
         mid = (lo + hi) // 2
-        if _compare(keys, mid, bound_keys, bound) <= 0:
+        if compare_keys(keys, mid, bound_keys, bound) <= 0:
             lo = mid + 1
         else:
             hi = mid
@@ -120,7 +112,7 @@ def _merge(
     na, nb_ = a_keys.shape[0], b_keys.shape[0]
     a_stop, b_stop = na, nb_
     if not (a_final and b_final):
-        if not a_final and (b_final or _compare(a_keys, na - 1, b_keys, nb_ - 1) <= 0):
+        if not a_final and (b_final or compare_keys(a_keys, na - 1, b_keys, nb_ - 1) <= 0):
             a_stop, b_stop = na, _at_most(b_keys, a_keys, na - 1)
         else:
             a_stop, b_stop = _at_most(a_keys, b_keys, nb_ - 1), nb_
@@ -129,16 +121,16 @@ def _merge(
     same = 0
     i = j = 0
     while i < a_stop and j < b_stop:
-        c = _compare(a_keys, i, b_keys, j)
+        c = compare_keys(a_keys, i, b_keys, j)
         if c < 0:
             i += 1
         elif c > 0:
             j += 1
         else:
             i_end, j_end = i + 1, j + 1
-            while i_end < a_stop and _compare(a_keys, i_end, a_keys, i) == 0:
+            while i_end < a_stop and compare_keys(a_keys, i_end, a_keys, i) == 0:
                 i_end += 1
-            while j_end < b_stop and _compare(b_keys, j_end, b_keys, j) == 0:
+            while j_end < b_stop and compare_keys(b_keys, j_end, b_keys, j) == 0:
                 j_end += 1
             if i_end - i == 1 and j_end - j == 1:  # one item under this SID on each side (the usual case)
                 if _same_id(a_hashes, a_off, a_data, i, b_hashes, b_off, b_data, j, byte_ids):
@@ -208,8 +200,8 @@ def merge_leaves(
         raise ValueError(f"keys of {a_keys.shape[1]} and {b_keys.shape[1]} words")
     if (not a_final and a_keys.shape[0] == 0) or (not b_final and b_keys.shape[0] == 0):
         raise ValueError("a side that is not final holds no items")
-    a_keys = np.ascontiguousarray(a_keys, dtype=np.uint64)
-    b_keys = np.ascontiguousarray(b_keys, dtype=np.uint64)
+    a_keys = kernel_keys(np.ascontiguousarray(a_keys, dtype=np.uint64))
+    b_keys = kernel_keys(np.ascontiguousarray(b_keys, dtype=np.uint64))
     if not (_in_order(a_keys) and _in_order(b_keys)):
         raise ValueError("items not in leaf order (SIDs not ascending)")
     a_off, a_data = a_bytes if a_bytes is not None else _NO_BYTES
