@@ -4,6 +4,7 @@ witness.py): accepted exactly when its (SID, item) pairs are the catalog's, what
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pyarrow as pa
@@ -88,13 +89,21 @@ SETTINGS = settings(
 
 
 @SETTINGS
-@given(data=catalogs(), pick=st.randoms(use_true_random=False))
-def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory, data, pick):
+@given(
+    data=catalogs(),
+    pick=st.randoms(use_true_random=False),
+    batch=st.integers(1, 8),
+    workers=st.integers(1, 3),
+)
+def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory, data, pick, batch, workers):
     sids, item_ids, sizes = data
+    # batches of a few items, checked on up to three threads at once: leaves and the catalog-order test
+    # cross batch edges
+    check_order = functools.partial(witness_order, batch_rows=batch, workers=workers)
     spill = pick.random() < 0.5
     bundle, witness, built = _version(tmp_path_factory.mktemp("w"), sids, item_ids, sizes, spill)
     index, items_path = bundle.index, _items_path(bundle)
-    assert witness_order(index, items_path, witness) is True and _same_as_catalog(bundle, sids, item_ids)
+    assert check_order(index, items_path, witness) is True and _same_as_catalog(bundle, sids, item_ids)
     assert check_against_witness(bundle, witness) == check_against_catalog(bundle, witness.as_catalog())
     n = len(sids)
 
@@ -102,10 +111,10 @@ def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory,
     order = witness.item_order.copy()
     a, b = pick.sample(range(n), 2)
     order[a] = order[b]
-    assert witness_order(index, items_path, dataclasses.replace(witness, item_order=order)) is None
+    assert check_order(index, items_path, dataclasses.replace(witness, item_order=order)) is None
     order = witness.item_order.copy()
     order[a] = n  # out of range
-    assert witness_order(index, items_path, dataclasses.replace(witness, item_order=order)) is None
+    assert check_order(index, items_path, dataclasses.replace(witness, item_order=order)) is None
     # ... and verify, falling back to the full comparison, still accepts the right version.
     assert check_against_witness(bundle, dataclasses.replace(witness, item_order=order))["matched"]
 
@@ -114,7 +123,7 @@ def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory,
     row, step = pick.randrange(n), pick.randrange(len(sizes))
     changed[row, step] = (changed[row, step] + 1) % sizes[step]
     other = dataclasses.replace(witness, **_witness_sids(changed, sizes))
-    assert witness_order(index, items_path, other) is None
+    assert check_order(index, items_path, other) is None
     assert not _same_as_catalog(bundle, changed, item_ids)
     with pytest.raises(BundleError):
         check_against_witness(bundle, other)
@@ -124,13 +133,13 @@ def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory,
     movable = [k for k in range(1, len(offsets) - 1) if offsets[k] - offsets[k - 1] > 1]
     if movable:
         offsets[pick.choice(movable)] -= 1
-        assert witness_order(dataclasses.replace(index, leaf_offsets=offsets), items_path, witness) is None
+        assert check_order(dataclasses.replace(index, leaf_offsets=offsets), items_path, witness) is None
 
     # A version whose items.parquet holds a wrong id, then one with two items of different leaves swapped.
     wrong = item_ids.to_pylist()
     wrong[pick.randrange(n)] = 10**9 if isinstance(wrong[0], int) else "not-in-the-catalog"
     written = _published(tmp_path_factory, built, pa.array(wrong, type=item_ids.type))
-    assert witness_order(index, _items_path(written), witness) is None
+    assert check_order(index, _items_path(written), witness) is None
     leaf_of = np.repeat(np.arange(index.num_leaves), np.diff(index.leaf_offsets))
     pairs = [(x, y) for x in range(n) for y in range(x + 1, n) if leaf_of[x] != leaf_of[y]]
     if pairs:
@@ -138,7 +147,7 @@ def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory,
         swapped = witness.item_order.copy()
         swapped[[x, y]] = swapped[[y, x]]
         written = _published(tmp_path_factory, dataclasses.replace(built, item_order=swapped), item_ids)
-        assert witness_order(index, _items_path(written), witness) is None
+        assert check_order(index, _items_path(written), witness) is None
         assert not _same_as_catalog(written, sids, item_ids)
         with pytest.raises(BundleError, match="holds item") as raised:
             check_against_witness(written, witness)
@@ -153,7 +162,7 @@ def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory,
         swapped[[x, y]] = swapped[[y, x]]
         written = _published(tmp_path_factory, dataclasses.replace(built, item_order=swapped), item_ids)
         moved = dataclasses.replace(witness, item_order=swapped)
-        assert witness_order(index, _items_path(written), moved) is False
+        assert check_order(index, _items_path(written), moved) is False
         report = check_against_witness(written, moved)
         assert report == check_against_catalog(written, witness.as_catalog())
         assert not report["item_order_matches"]
@@ -164,7 +173,7 @@ def test_the_real_build_passes_and_every_corruption_is_refused(tmp_path_factory,
         written = _published(tmp_path_factory, dataclasses.replace(built, item_order=twice), item_ids)
         assert not _same_as_catalog(written, sids, item_ids)
         assert (
-            witness_order(index, _items_path(written), dataclasses.replace(witness, item_order=twice)) is None
+            check_order(index, _items_path(written), dataclasses.replace(witness, item_order=twice)) is None
         )
         with pytest.raises(BundleError):
             check_against_witness(written, dataclasses.replace(witness, item_order=twice))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,10 @@ from .witness_math import (
 
 #: Item ids checked per batch (and leaf SIDs rebuilt per batch): a few MB of temporaries.
 BATCH_ROWS = 1 << 20
+
+#: Threads checking batches at once: the check is scattered reads of the catalog's keys and ids by the
+#: witness's rows, so it scales with cores (its kernels release the GIL).
+CHECK_WORKERS = min(len(os.sched_getaffinity(0)), 8)
 
 
 @dataclass(eq=False)
@@ -155,10 +161,14 @@ def witness_report(bundle: Any, witness: BuildWitness) -> dict | None:
     return {"rows": n, "distinct_sids": index.num_leaves, "matched": True, "item_order_matches": in_order}
 
 
-def witness_order(index: Any, items_path: Path, witness: BuildWitness) -> bool | None:
+def witness_order(
+    index: Any, items_path: Path, witness: BuildWitness, *, batch_rows: int = BATCH_ROWS,
+    workers: int = CHECK_WORKERS,
+) -> bool | None:  # fmt: skip
     """None unless every position of the version passes witness_math.check_keys (check_tokens) and its
-    item is the catalog id of the witness's row there (items.parquet read in batches); else whether every
-    leaf holds its items in catalog order."""
+    item is the catalog id of the witness's row there; else whether every leaf holds its items in
+    catalog order. items.parquet is read in batches of `batch_rows`, checked on `workers` threads at
+    once (at most workers + 1 batches held)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -166,58 +176,90 @@ def witness_order(index: Any, items_path: Path, witness: BuildWitness) -> bool |
     order = np.asarray(witness.item_order)
     if order.shape != (n,):
         return None
-    csr = steps_as_csr(index.steps)
-    offsets = np.asarray(index.leaf_offsets)
-    sizes, bits = witness.codebook_sizes, key_bits(witness.codebook_sizes)
-    keys, packed, sids = witness.keys, witness.packed, witness.sids
-    empty_words = np.zeros(0, np.uint64)
-    if packed is not None:
-        first, words, shifts = packed.first, packed.words, packed.shifts.astype(np.uint64)
-        sids = np.zeros((0, len(sizes)), np.int64)
-    else:
-        first, words, shifts = np.zeros(0, np.uint16), empty_words, np.zeros(len(sizes), np.uint64)
-    masks = np.array([(1 << b) - 1 for b in bits], dtype=np.uint64)
-    seen = np.zeros(n, dtype=np.uint8)
-    state = np.array([-1, -1, 0], dtype=np.int64)
-    item_ids = witness.item_ids
-    ids = _integer_ids(item_ids)  # compared in check_keys; otherwise by Arrow, batch by batch
+    check = _BatchCheck(index, witness, order)
+    backwards = False
     try:
         parquet = pq.ParquetFile(str(items_path), memory_map=True)
-        if parquet.metadata.num_rows != n or parquet.schema_arrow.field(ITEM_COLUMN).type != item_ids.type:
+        if parquet.metadata.num_rows != n or parquet.schema_arrow.field(ITEM_COLUMN).type != check.id_type:
             return None
-        lo = 0
-        for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=[ITEM_COLUMN]):
-            hi = lo + batch.num_rows
-            if hi > n:
-                return None
-            at = offsets.dtype.type
-            first_leaf = int(np.searchsorted(offsets, at(lo), side="right")) - 1
-            end_leaf = int(np.searchsorted(offsets, at(hi - 1), side="right"))
-            got = batch.column(0)
-            if got.null_count:
-                return None
-            fused = keys is not None and ids.shape[0] > 0
-            if keys is not None:
-                leaf_key = leaf_keys(csr, bits, first_leaf, end_leaf)
-                got_ids = got.to_numpy() if fused else ids
-                bad = check_keys(
-                    order, lo, hi, offsets, first_leaf, leaf_key, keys, seen, state, ids, got_ids
-                )
-            else:
-                tokens = leaf_tokens(csr, first_leaf, end_leaf)
-                bad = check_tokens(
-                    order, lo, hi, offsets, first_leaf, tokens, first, words, shifts, masks, sids, seen, state
-                )
-            if bad >= 0:
-                return None
-            if not fused and not pa.chunked_array([got]).equals(_take(item_ids, order[lo:hi])):
-                return None
-            lo = hi
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zerogr-witness") as pool:
+            running: deque = deque()
+            lo = 0
+            for batch in parquet.iter_batches(batch_size=batch_rows, columns=[ITEM_COLUMN]):
+                hi, got = lo + batch.num_rows, batch.column(0)
+                if hi > n or got.null_count:
+                    return None
+                running.append(pool.submit(check, lo, hi, got))
+                lo = hi
+                while len(running) > workers:
+                    if (outcome := running.popleft().result()) is None:
+                        return None
+                    backwards |= outcome
+            for future in running:
+                if (outcome := future.result()) is None:
+                    return None
+                backwards |= outcome
     except (OSError, KeyError, pa.ArrowException):
         return None
-    if lo != n or not seen.all():  # n positions naming every row, each once: a permutation
+    if lo != n or not check.seen.all():  # n positions naming every row, each once: a permutation
         return None
-    return not state[2]
+    return not backwards
+
+
+class _BatchCheck:
+    """witness_order's check of positions lo..hi-1 against `got` (the version's item ids there), safe to
+    run on several batches at once: each batch has its own catalog-order state, started from the position
+    before it, and `seen` only ever has bytes set to 1."""
+
+    def __init__(self, index: Any, witness: BuildWitness, order: np.ndarray) -> None:
+        sizes = witness.codebook_sizes
+        self.order, self.csr = order, steps_as_csr(index.steps)
+        self.offsets = np.asarray(index.leaf_offsets)
+        self.bits = key_bits(sizes)
+        self.keys, self.sids = witness.keys, witness.sids
+        if witness.packed is not None:
+            packed = witness.packed
+            self.first, self.words, self.shifts = packed.first, packed.words, packed.shifts.astype(np.uint64)
+            self.sids = np.zeros((0, len(sizes)), np.int64)
+        else:
+            self.first, self.words = np.zeros(0, np.uint16), np.zeros(0, np.uint64)
+            self.shifts = np.zeros(len(sizes), np.uint64)
+        self.masks = np.array([(1 << b) - 1 for b in self.bits], dtype=np.uint64)
+        self.seen = np.zeros(witness.num_items, dtype=np.uint8)
+        self.item_ids = witness.item_ids
+        self.id_type = witness.item_ids.type
+        self.ids = _integer_ids(self.item_ids)  # compared in check_keys; otherwise by Arrow
+        self.fused = self.keys is not None and self.ids.shape[0] > 0
+
+    def __call__(self, lo: int, hi: int, got: Any) -> bool | None:
+        """None where a position fails; else whether a leaf's rows went backwards in lo-1..hi-1."""
+        import pyarrow as pa
+
+        offsets, order = self.offsets, self.order
+        at = offsets.dtype.type
+        first_leaf = int(np.searchsorted(offsets, at(lo), side="right")) - 1
+        end_leaf = int(np.searchsorted(offsets, at(hi - 1), side="right"))
+        state = np.array([-1, -1, 0], dtype=np.int64)
+        if lo > 0:
+            state[0] = int(np.searchsorted(offsets, at(lo - 1), side="right")) - 1
+            state[1] = order[lo - 1]
+        if self.keys is not None:
+            leaf_key = leaf_keys(self.csr, self.bits, first_leaf, end_leaf)
+            got_ids = got.to_numpy() if self.fused else self.ids
+            bad = check_keys(
+                order, lo, hi, offsets, first_leaf, leaf_key, self.keys, self.seen, state, self.ids, got_ids
+            )
+        else:
+            tokens = leaf_tokens(self.csr, first_leaf, end_leaf)
+            bad = check_tokens(
+                order, lo, hi, offsets, first_leaf, tokens, self.first, self.words, self.shifts,
+                self.masks, self.sids, self.seen, state,
+            )  # fmt: skip
+        if bad >= 0:
+            return None
+        if not self.fused and not pa.chunked_array([got]).equals(_take(self.item_ids, order[lo:hi])):
+            return None
+        return bool(state[2])
 
 
 def _integer_ids(item_ids: Any) -> np.ndarray:
