@@ -10,7 +10,14 @@ import sys
 import textwrap
 
 from zerogr_build.base.device import device_info
-from zerogr_build.base.device_probe import DeviceInfoProbe, accepted_answer, expected_torch_file
+from zerogr_build.base.device_probe import (
+    DeviceInfoProbe,
+    accepted_answer,
+    complete_record,
+    expected_torch_file,
+    probe_key,
+)
+from zerogr_build.bundle import device_memo
 
 from .cli_runs import REPO, TUNE_ARGS, run_rebuild
 from .test_tune_rebuild import catalog  # noqa: F401 - the fixture
@@ -128,28 +135,109 @@ def test_only_a_complete_record_naming_this_torch_is_accepted():
     assert accepted_answer(answer(info), None, "cpu") is None  # no torch here: nothing to compare with
 
 
-def test_a_rebuild_that_reuses_its_plan_never_imports_torch(catalog, tmp_path):  # noqa: F811
-    out = tmp_path / "bundles"
-    common = ("--out", out, "--codebook-sizes", "16,16,16", "--device", "cpu", "--tune-args", TUNE_ARGS)
-    first = run_rebuild(catalog, *common, cwd=tmp_path)
-    assert first.returncode == 0, first.stderr
-    marker = tmp_path / "modules.json"
+def _rebuild_in_fresh_python(catalog_path, common, marker, patch: str = "") -> dict:
+    """`zerogr rebuild --force` in a new interpreter (after `patch`): its exit code and whether it imported
+    torch."""
     code = f"""
         import json, sys
+        {patch}
         from zerogr_build.cli import main
         try:
-            main(["rebuild", {str(catalog)!r}, "--force", *{[str(a) for a in common]!r}])
+            main(["rebuild", {str(catalog_path)!r}, "--force", *{[str(a) for a in common]!r}])
         except SystemExit as exc:
             code = exc.code
         else:
             code = 0
         open({str(marker)!r}, "w").write(json.dumps({{"code": code, "torch": "torch" in sys.modules}}))
         """
-    second = fresh_python(code)
-    assert second.returncode == 0, second.stderr
-    assert json.loads(marker.read_text()) == {"code": 0, "torch": False}, second.stderr
+    run = fresh_python(code)
+    assert run.returncode == 0, run.stderr
+    return json.loads(marker.read_text())
+
+
+def test_a_rebuild_that_reuses_its_plan_never_imports_torch(catalog, tmp_path):  # noqa: F811
+    out = tmp_path / "bundles"
+    common = ("--out", out, "--codebook-sizes", "16,16,16", "--device", "cpu", "--tune-args", TUNE_ARGS)
+    first = run_rebuild(catalog, *common, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert not device_memo.memo_path(out).exists()  # measured in this process: no probe ran
+    marker = tmp_path / "modules.json"
+    assert _rebuild_in_fresh_python(catalog, common, marker) == {"code": 0, "torch": False}
     plans = list((out / "v000002" / "plans").glob("*.json"))
     assert len(plans) == 1
     plan = json.loads(plans[0].read_text())
     assert plan["reused_from"]["bundle_version"] == 1
     assert plan["device"] == cpu_info()
+
+    # The child's answer is remembered in OUT; the next run names the device from it, starting no child
+    # (one that would fail makes the run compute the identity itself, importing torch).
+    memo = json.loads(device_memo.memo_path(out).read_text())
+    assert [e["info"] for e in memo["entries"]] == [cpu_info()]
+    no_child = "from zerogr_build.base import device_probe; device_probe._CHILD = 'import sys; sys.exit(3)'"
+    assert _rebuild_in_fresh_python(catalog, common, marker, no_child) == {"code": 0, "torch": False}
+    assert json.loads(next((out / "v000003" / "plans").glob("*.json")).read_text())["device"] == cpu_info()
+
+    # A damaged memo is the same as none: the run probes again (here: its failing child, then torch
+    # here) and rewrites it.
+    device_memo.memo_path(out).write_text('{"format": 1, "entries": [{"key": 3}]')
+    assert _rebuild_in_fresh_python(catalog, common, marker, no_child) == {"code": 0, "torch": True}
+    assert _rebuild_in_fresh_python(catalog, common, marker) == {"code": 0, "torch": False}
+    assert [e["info"] for e in json.loads(device_memo.memo_path(out).read_text())["entries"]] == [cpu_info()]
+
+
+def test_a_known_complete_record_starts_no_child_and_an_incomplete_one_is_ignored():
+    probed = fresh_python(
+        f"""
+        import json, sys
+        from zerogr_build.base.device_probe import DeviceInfoProbe
+        known = {cpu_info()!r}
+        probe = DeviceInfoProbe("cpu", known)
+        assert probe._proc is None and probe.info() == known and probe.probed is None
+        partial = {{k: v for k, v in known.items() if k != "threads"}}
+        probe = DeviceInfoProbe("cpu", partial)
+        assert probe._proc is not None, "an incomplete record was trusted"
+        assert probe.info() == known and probe.probed == known and "torch" not in sys.modules
+        """
+    )
+    assert probed.returncode == 0, probed.stderr
+
+
+def test_the_probe_key_changes_with_what_the_cpu_identity_depends_on():
+    code = "from zerogr_build.base.device_probe import probe_key; print(probe_key('cpu'))"
+    base = fresh_python(code)
+    again = fresh_python(code)
+    threads = fresh_python(code, OMP_NUM_THREADS="1")
+    pinned = fresh_python(f"import os; os.sched_setaffinity(0, {{min(os.sched_getaffinity(0))}}); {code}")
+    keys = [run.stdout.strip() for run in (base, again, threads, pinned)]
+    assert all(len(k) == 64 for k in keys), [run.stderr for run in (base, again, threads, pinned)]
+    assert keys[0] == keys[1]
+    assert keys[2] != keys[0]
+    assert keys[3] != keys[0] or len(os.sched_getaffinity(0)) == 1
+    assert probe_key("cuda:0") is None
+    import torch  # noqa: F401 - with torch imported here, device_info is cheap: no key
+
+    assert probe_key("cpu") is None
+
+
+def test_the_memo_keeps_the_newest_entries_and_ignores_what_is_not_a_record(tmp_path):
+    info = cpu_info()
+    for k in range(device_memo.MAX_ENTRIES + 2):
+        device_memo.remember(tmp_path, f"key{k}", {**info, "threads": k + 1})
+    entries = json.loads(device_memo.memo_path(tmp_path).read_text())["entries"]
+    assert [e["key"] for e in entries] == [f"key{k}" for k in range(device_memo.MAX_ENTRIES + 1, 1, -1)]
+    assert device_memo.remembered(tmp_path, "key3", "cpu") == {**info, "threads": 4}
+    assert device_memo.remembered(tmp_path, "key0", "cpu") is None  # dropped: the oldest
+    device_memo.remember(tmp_path, "bad", {**info, "threads": [1]})
+    assert device_memo.remembered(tmp_path, "bad", "cpu") is None
+    assert not complete_record({**info, "threads": [1]}, "cpu")
+    assert device_memo.remembered(tmp_path, "key3", "cuda:0") is None  # not that device's record
+    path = device_memo.memo_path(tmp_path)
+    path.unlink()
+    os.mkfifo(path)  # a FIFO is never read (the read would hang) nor replaced
+    assert device_memo.remembered(tmp_path, "key3", "cpu") is None
+    try:
+        device_memo.remember(tmp_path, "key3", info)
+    except OSError as exc:
+        assert "not a regular file" in str(exc)
+    else:
+        raise AssertionError("a FIFO was replaced")

@@ -90,7 +90,7 @@ def device_info(device: str) -> dict:
         )
     elif dev.type == "cpu":
         info.update(
-            name=_cpu_name(),
+            name=cpu_name(),
             compute_capability=None,
             arch=platform.machine(),
             driver=None,
@@ -153,7 +153,8 @@ def _driver_version() -> str | None:
         return None
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -163,4 +164,6 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-__all__ = ["check_device", "cuda_index", "device_for", "device_info", "device_key", "parse_device"]
+__all__ = [
+    "check_device", "cpu_name", "cuda_index", "device_for", "device_info", "device_key", "parse_device",
+]  # fmt: skip

@@ -182,18 +182,24 @@ def _new_version(
 ) -> None:
     """Build, verify, guard, tune, gate and promote a new version; remove it unless it was promoted (or
     kept for inspection)."""
-    from ..base.device_probe import DeviceInfoProbe
+    from ..base.device_probe import DeviceInfoProbe, probe_key
+    from ..bundle import device_memo
     from ..bundle.witness import KeepWitness
 
     kept = KeepWitness(spill_dir=out)  # the catalog as the build read it, for verify (bundle/witness.py)
     if not _build(request, out, result, stage, progress, log, kept):
         return
-    # A plan that may be reused needs only the device's identity: a child process names it while verify
-    # and the guards run, so tune does not import torch here.
+    # A plan that may be reused needs only the device's identity: the one an earlier run's probe read
+    # under the same probe_key (bundle/device_memo.py), else a child process names it while verify and the
+    # guards run, so tune does not import torch here.
     may_reuse = previous is not None and not request.retune
+    key = probe_key(request.tune_device) if may_reuse else None
+    known = device_memo.remembered(out, key, request.tune_device) if key is not None else None
     try:
-        with DeviceInfoProbe(request.tune_device) if may_reuse else contextlib.nullcontext() as probe:
+        with DeviceInfoProbe(request.tune_device, known) if may_reuse else contextlib.nullcontext() as probe:
             _after_build(request, result, stage, previous, progress, log, kept, probe)
+        if key is not None and probe is not None and probe.probed is not None:
+            _remember_device(out, key, probe.probed, log)
     except Exception as exc:  # a bug past every stage's own handling: remove the unpromoted version, re-raise
         result.fail(EXIT_CRASH, "crash", failure_message(exc))
         remove_unpromoted(result, log)
@@ -203,6 +209,15 @@ def _new_version(
         remove_unpromoted(result, log)
         raise
     remove_unpromoted(result, log)
+
+
+def _remember_device(out: Path, key: str, info: dict, log: Log) -> None:
+    from ..bundle import device_memo
+
+    try:
+        device_memo.remember(out, key, info)
+    except OSError as exc:  # the next run probes again; this one is done
+        log(f"could not remember the tune device in {device_memo.memo_path(out)}: {exc}")
 
 
 def _unchanged(
