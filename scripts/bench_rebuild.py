@@ -9,18 +9,17 @@ the numba cache is warm):
 
 1. `zerogr rebuild A --out OUT`: from scratch (no LATEST: build, verify, tune measured, verify, promote);
 2. `zerogr rebuild B --out OUT`: after the churn (build, verify, the guards against A's version, tune
-   reusing A's plan, verify, promote); its device probe's answer is remembered in OUT;
-3. `zerogr rebuild A --out OUT`: the churn back ("again"), as every later run of a cron job goes: the tune
-   device's identity comes from OUT's memo, no probe process;
-4. `zerogr build B --out OTHER`: the plain build of the churned catalog, for reference.
+   reusing A's plan, verify, promote), as every later run of a cron job goes: the tune device's identity
+   comes from what run 1 remembered in OUT (no probe process);
+3. `zerogr build B --out OTHER`: the plain build of the same catalog, for reference.
 
 For each: wall time, and per stage of the rebuild (the rebuild's own stage timer: setup, inputs, build,
 verify, guards, tune, promote) its seconds, peak RSS and peak anonymous RSS (RssAnon: what the kernel
 cannot reclaim; the rest is page cache of memory-mapped files) of the run and its child processes (the
 device probe of plan reuse: their proportional share), sampled from /proc every 20 ms by this process.
 `run/build` is the whole run's wall time over its build stage; the summary line also gives it over the
-plain build's wall time. The targets: after the churn at 20M, run/build <= 2.5 (both churn runs); at
-100M, guards (the comparison) <= build and the run's anonymous peak <= its build stage's.
+plain build's wall time. The targets: after the churn at 20M, run/build <= 2.5; at 100M, guards (the
+comparison) <= build and the run's anonymous peak <= its build stage's.
 
     python scripts/bench_rebuild.py --workdir DIR                 # 20M and 100M (about 10 GB of disk)
     python scripts/bench_rebuild.py --items 1000000 --repeats 2   # a quick run, twice
@@ -165,7 +164,7 @@ def _rebuild(catalog: Path, out: Path, spans: Path, tune_args: str) -> tuple[Sam
 @dataclass
 class Row:
     items: int
-    run: str  # "scratch", "churn", "again" or "build"
+    run: str  # "scratch", "churn" or "build"
     wall: float
     peak: int
     anon: int
@@ -193,7 +192,7 @@ def bench(items: int, workdir: Path, tune_args: str) -> list[Row]:
         shutil.rmtree(path, ignore_errors=True)
     spans = workdir / "spans.json"
     rows = []
-    for name, catalog in (("scratch", a), ("churn", b), ("again", a)):
+    for name, catalog in (("scratch", a), ("churn", b)):
         run, stage_spans = _rebuild(catalog, out, spans, tune_args)
         rows.append(_row(items, name, run, stage_spans))
     sizes = ",".join(map(str, SIZES))
@@ -208,8 +207,6 @@ def bench(items: int, workdir: Path, tune_args: str) -> list[Row]:
 
 
 STAGES = ("setup", "inputs", "build", "verify", "guards", "tune", "promote")
-#: The runs after a churn: the first one (B after A) and the one back (A after B).
-CHURN_RUNS = ("churn", "again")
 
 
 def _gb(n: int) -> str:
@@ -238,17 +235,16 @@ def print_table(rows: list[Row]) -> None:
             f"{_gb(r.anon):>9}  " + ", ".join(parts)
         )
     for i, r in enumerate(rows):
-        if r.run not in CHURN_RUNS:
+        if r.run != "churn":
             continue
         plain = next((p for p in rows[i:] if p.run == "build" and p.items == r.items), None)
-        plain = plain if r.run == "churn" else None  # the plain build is of the churned catalog
         build_s, build_anon = r.stages["build"][0], r.stages["build"][2]
         guards_s = r.stages.get("guards", (0.0, 0, 0))[0]
         ratio = r.wall / build_s
         inner = sum(s for s, _, _ in r.stages.values()) / build_s
         verdict = "met" if ratio <= TARGET_CHURN_RATIO else "NOT met"
         print(
-            f"{r.items:,} {r.run}: run/build {ratio:.2f} (target <= {TARGET_CHURN_RATIO}: {verdict}; "
+            f"{r.items:,} churn: run/build {ratio:.2f} (target <= {TARGET_CHURN_RATIO}: {verdict}; "
             f"stages/build {inner:.2f}"
             + (f"; over the plain build {r.wall / plain.wall:.2f}" if plain else "")
             + "); guards "

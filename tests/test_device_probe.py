@@ -158,31 +158,31 @@ def _rebuild_in_fresh_python(catalog_path, common, marker, patch: str = "") -> d
 def test_a_rebuild_that_reuses_its_plan_never_imports_torch(catalog, tmp_path):  # noqa: F811
     out = tmp_path / "bundles"
     common = ("--out", out, "--codebook-sizes", "16,16,16", "--device", "cpu", "--tune-args", TUNE_ARGS)
+    marker = tmp_path / "modules.json"
+    memo = device_memo.memo_path(out)
+    # A child that would fail makes the run compute the identity itself, importing torch.
+    no_child = "from zerogr_build.base import device_probe; device_probe._CHILD = 'import sys; sys.exit(3)'"
+
     first = run_rebuild(catalog, *common, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
-    assert not device_memo.memo_path(out).exists()  # measured in this process: no probe ran
-    marker = tmp_path / "modules.json"
-    assert _rebuild_in_fresh_python(catalog, common, marker) == {"code": 0, "torch": False}
+    # The first run measured: it remembers the identity its tune recorded (torch first imported there).
+    assert [e["info"] for e in json.loads(memo.read_text())["entries"]] == [cpu_info()]
+    assert _rebuild_in_fresh_python(catalog, common, marker, no_child) == {"code": 0, "torch": False}
     plans = list((out / "v000002" / "plans").glob("*.json"))
     assert len(plans) == 1
     plan = json.loads(plans[0].read_text())
     assert plan["reused_from"]["bundle_version"] == 1
     assert plan["device"] == cpu_info()
 
-    # The child's answer is remembered in OUT; the next run names the device from it, starting no child
-    # (one that would fail makes the run compute the identity itself, importing torch).
-    memo = json.loads(device_memo.memo_path(out).read_text())
-    assert [e["info"] for e in memo["entries"]] == [cpu_info()]
-    no_child = "from zerogr_build.base import device_probe; device_probe._CHILD = 'import sys; sys.exit(3)'"
-    assert _rebuild_in_fresh_python(catalog, common, marker, no_child) == {"code": 0, "torch": False}
-    assert json.loads(next((out / "v000003" / "plans").glob("*.json")).read_text())["device"] == cpu_info()
-
-    # A damaged memo is the same as none: the run probes again (here: its failing child, then torch
-    # here) and rewrites it.
-    device_memo.memo_path(out).write_text('{"format": 1, "entries": [{"key": 3}]')
-    assert _rebuild_in_fresh_python(catalog, common, marker, no_child) == {"code": 0, "torch": True}
+    # Without the memo a child names the device, and its answer is remembered.
+    memo.unlink()
     assert _rebuild_in_fresh_python(catalog, common, marker) == {"code": 0, "torch": False}
-    assert [e["info"] for e in json.loads(device_memo.memo_path(out).read_text())["entries"]] == [cpu_info()]
+    assert json.loads(next((out / "v000003" / "plans").glob("*.json")).read_text())["device"] == cpu_info()
+    assert [e["info"] for e in json.loads(memo.read_text())["entries"]] == [cpu_info()]
+
+    # A damaged memo is the same as none: the run probes again (here its failing child, then torch here).
+    memo.write_text('{"format": 1, "entries": [{"key": 3}]')
+    assert _rebuild_in_fresh_python(catalog, common, marker, no_child) == {"code": 0, "torch": True}
 
 
 def test_a_known_complete_record_starts_no_child_and_an_incomplete_one_is_ignored():

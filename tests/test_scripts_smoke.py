@@ -42,7 +42,7 @@ SMOKE: dict[str, tuple[Smoke, ...] | str] = {
     "bench_diff.py": (Smoke(("--items", "3000", "--workdir", "work"), "diff/build anon"),),
     "bench_rebuild.py": (
         Smoke(("--items", "3000", "--workdir", "work", "--skip-warmup", "--tune-args",
-               "--batch-sizes 2 --beam-width 4 --warmup 0 --iters 1 --hidden-dim 8"), "again: run/build"),
+               "--batch-sizes 2 --beam-width 4 --warmup 0 --iters 1 --hidden-dim 8"), "churn: run/build"),
     ),
     "bench_constraints.py": (
         Smoke(("--items", "3000", "--sizes", "64,64,64", "--dim", "16", "--batch", "2", "--beam", "4",

@@ -192,14 +192,17 @@ def _new_version(
     # A plan that may be reused needs only the device's identity: the one an earlier run's probe read
     # under the same probe_key (bundle/device_memo.py), else a child process names it while verify and the
     # guards run, so tune does not import torch here.
+    # A run that measures remembers the identity its tune recorded: torch was first imported there, as in
+    # the child, so the next run needs no probe either.
     may_reuse = previous is not None and not request.retune
-    key = probe_key(request.tune_device) if may_reuse else None
-    known = device_memo.remembered(out, key, request.tune_device) if key is not None else None
+    key = probe_key(request.tune_device)  # None once torch is imported (a quality gate imports it early)
+    known = device_memo.remembered(out, key, request.tune_device) if key and may_reuse else None
     try:
         with DeviceInfoProbe(request.tune_device, known) if may_reuse else contextlib.nullcontext() as probe:
             _after_build(request, result, stage, previous, progress, log, kept, probe)
-        if key is not None and probe is not None and probe.probed is not None:
-            _remember_device(out, key, probe.probed, log)
+        learned = probe.probed if probe is not None else _measured_device(result, request.tune_device)
+        if key is not None and learned is not None:
+            _remember_device(out, key, learned, log)
     except Exception as exc:  # a bug past every stage's own handling: remove the unpromoted version, re-raise
         result.fail(EXIT_CRASH, "crash", failure_message(exc))
         remove_unpromoted(result, log)
@@ -209,6 +212,25 @@ def _new_version(
         remove_unpromoted(result, log)
         raise
     remove_unpromoted(result, log)
+
+
+def _measured_device(result: RebuildResult, device: str) -> dict | None:
+    """The device record of the one plan this run's tune measured (not reused) in its promoted version,
+    when it is a complete record of `device`; else None."""
+    from ..base.device_probe import complete_record
+    from ..runtime.plan import load_plan
+
+    if not result.promoted or result.version_dir is None:
+        return None
+    records = []
+    for path in sorted((result.version_dir / "plans").glob("*.json")):
+        try:
+            data = load_plan(path).data
+        except Exception:  # noqa: BLE001 - a plan that does not load names no identity to remember
+            continue
+        if data.get("reused_from") is None and complete_record(data.get("device"), device):
+            records.append(dict(data["device"]))
+    return records[0] if len(records) == 1 else None
 
 
 def _remember_device(out: Path, key: str, info: dict, log: Log) -> None:
