@@ -102,13 +102,18 @@ def run_sampled(command: list[str], env: dict[str, str] | None = None) -> Sample
 
 def tree_memory(pid: int) -> tuple[int, int]:
     """(RSS, anonymous RSS) in bytes of process `pid` (VmRSS, RssAnon) plus every process under it (a
-    rebuild's helper processes count: their Pss and Pss_Anon, so pages shared with the parent, as a child
-    has between fork and exec, are not counted twice), from /proc; (0, 0) once it is gone."""
+    rebuild's helper processes count: their Pss and Pss_Anon, so pages shared with the parent are not
+    counted twice), from /proc; (0, 0) once it is gone. A child whose command line is still its parent's
+    has not exec'd yet (fork or vfork before `nvcc --version`, say): its pages are its parent's, and it
+    is skipped."""
     rss = anon = 0
-    pending = [(pid, "status", ("VmRSS:", "RssAnon:"))]
+    pending = [(pid, "status", ("VmRSS:", "RssAnon:"), None)]
     while pending:
-        p, name, fields = pending.pop()
+        p, name, fields, parent_cmdline = pending.pop()
         try:
+            cmdline = _cmdline(p)
+            if parent_cmdline is not None and cmdline == parent_cmdline:
+                continue
             with open(f"/proc/{p}/{name}") as status:
                 for line in status:
                     if line.startswith(fields[0]):
@@ -117,10 +122,15 @@ def tree_memory(pid: int) -> tuple[int, int]:
                         anon += int(line.split()[1]) * 1024
             with open(f"/proc/{p}/task/{p}/children") as children:
                 shares = ("Pss:", "Pss_Anon:")
-                pending.extend((int(c), "smaps_rollup", shares) for c in children.read().split())
+                pending.extend((int(c), "smaps_rollup", shares, cmdline) for c in children.read().split())
         except (OSError, ValueError):
             continue
     return rss, anon
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
 
 
 def write_catalogs(items: int, workdir: Path) -> tuple[Path, Path]:

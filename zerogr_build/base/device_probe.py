@@ -16,7 +16,7 @@ device_info here, which then raises what it raises.
 
 A CPU's identity is a function of what `probe_key` digests (torch's and cupy's files, the CPUs this
 process may use, the thread settings of the environment), all read without importing torch. A caller that
-remembers an earlier answer under that key (rebuild/device_memo.py) passes it as `known`, and no child
+remembers an earlier answer under that key (bundle/device_memo.py) passes it as `known`, and no child
 starts:
 
     probe = DeviceInfoProbe("cpu", known=remembered_info)   # a complete record for this probe_key

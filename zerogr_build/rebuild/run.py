@@ -189,11 +189,10 @@ def _new_version(
     kept = KeepWitness(spill_dir=out)  # the catalog as the build read it, for verify (bundle/witness.py)
     if not _build(request, out, result, stage, progress, log, kept):
         return
-    # A plan that may be reused needs only the device's identity: the one an earlier run's probe read
-    # under the same probe_key (bundle/device_memo.py), else a child process names it while verify and the
-    # guards run, so tune does not import torch here.
-    # A run that measures remembers the identity its tune recorded: torch was first imported there, as in
-    # the child, so the next run needs no probe either.
+    # A plan that may be reused needs only the device's identity: the one remembered under the same
+    # probe_key (bundle/device_memo.py), else a child process names it while verify and the guards run, so
+    # tune does not import torch here. What the child answered, or what a measuring tune recorded (torch
+    # first imported there, as in the child), is remembered for the next run.
     may_reuse = previous is not None and not request.retune
     key = probe_key(request.tune_device)  # None once torch is imported (a quality gate imports it early)
     known = device_memo.remembered(out, key, request.tune_device) if key and may_reuse else None
