@@ -76,21 +76,12 @@ def remember(out: str | os.PathLike, key: str, info: Mapping[str, Any]) -> None:
     """File `info` under `key` in OUT's memo (newest first, MAX_ENTRIES kept), atomically, holding OUT's
     lock. The caller holds OUT's run lock. OSError when it cannot be written (anything but a regular file
     at the path is never replaced)."""
-    from .files import atomic_replace_bytes
-    from .lock import out_lock
+    from .lock import replace_out_file
 
-    path = memo_path(out)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    if mode is not None and not stat.S_ISREG(mode):
-        raise OSError(f"{path}: not a regular file; left as it is")
     entries = [{"key": key, "info": dict(info)}]
     entries += [e for e in _entries(out) if e["key"] != key][: MAX_ENTRIES - 1]
     text = json.dumps({"format": MEMO_FORMAT, "entries": entries}, sort_keys=True) + "\n"
-    with out_lock(Path(out)):
-        atomic_replace_bytes(path, text.encode("utf-8"))
+    replace_out_file(Path(out), memo_path(out), text.encode("utf-8"))
 
 
 __all__ = ["MAX_ENTRIES", "MEMO_NAME", "memo_path", "remember", "remembered"]

@@ -66,6 +66,22 @@ def out_lock(out_dir: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the flock
 
 
+def replace_out_file(out_dir: Path, path: Path, data: bytes) -> None:
+    """Replace the regular file `path` in OUT (or create it) with `data`, atomically, holding OUT's lock
+    (whose holders sweep stray temp files). OSError when it cannot be written; anything but a regular file
+    at `path` (a symlink, a directory, a FIFO) is never replaced."""
+    from .files import atomic_replace_bytes
+
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise OSError(f"{path}: not a regular file; left as it is")
+    with out_lock(out_dir):
+        atomic_replace_bytes(path, data)
+
+
 # A holder record is one short JSON line; anything longer is not ours (and is not read).
 RUN_RECORD_LIMIT = 4096
 

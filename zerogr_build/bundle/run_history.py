@@ -88,20 +88,11 @@ def write_runs(out: str | os.PathLike, runs: Iterable[Mapping[str, Any]]) -> Non
     """Replace OUT's history with `runs` (the newest MAX_RUNS), atomically, holding OUT's lock (whose
     holders sweep stray temp files). OSError when it cannot be written (anything but a regular file at the
     path is never replaced)."""
-    from .files import atomic_replace_bytes
-    from .lock import out_lock
+    from .lock import replace_out_file
 
-    path = history_path(out)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    if mode is not None and not stat.S_ISREG(mode):
-        raise OSError(f"{path}: not a regular file; left as it is")
     lines = [json.dumps(dict(run), sort_keys=True, default=str) for run in runs]
     text = "".join(f"{line}\n" for line in lines[-MAX_RUNS:])
-    with out_lock(Path(out)):
-        atomic_replace_bytes(path, text.encode("utf-8"))
+    replace_out_file(Path(out), history_path(out), text.encode("utf-8"))
 
 
 def record_start(out: str | os.PathLike, run: Mapping[str, Any]) -> list[str]:
