@@ -54,7 +54,7 @@ from .outcome import (
 from .preflight import DiskFull, check_push_target, disk_full_message, is_disk_full, make_room
 from .push import never_pushed, push_stage, renew_stage
 from .request import RebuildRequest, check_request, previous_version
-from .tune_stage import tune_stage
+from .tune_stage import tune_device_probe, tune_stage
 
 if TYPE_CHECKING:
     from ..base.device_probe import DeviceInfoProbe
@@ -182,26 +182,14 @@ def _new_version(
 ) -> None:
     """Build, verify, guard, tune, gate and promote a new version; remove it unless it was promoted (or
     kept for inspection)."""
-    from ..base.device_probe import DeviceInfoProbe, probe_key
-    from ..bundle import device_memo
     from ..bundle.witness import KeepWitness
 
     kept = KeepWitness(spill_dir=out)  # the catalog as the build read it, for verify (bundle/witness.py)
     if not _build(request, out, result, stage, progress, log, kept):
         return
-    # A plan that may be reused needs only the device's identity: the one remembered under the same
-    # probe_key (bundle/device_memo.py), else a child process names it while verify and the guards run, so
-    # tune does not import torch here. What the child answered, or what a measuring tune recorded (torch
-    # first imported there, as in the child), is remembered for the next run.
-    may_reuse = previous is not None and not request.retune
-    key = probe_key(request.tune_device)  # None once torch is imported (a quality gate imports it early)
-    known = device_memo.remembered(out, key, request.tune_device) if key and may_reuse else None
     try:
-        with DeviceInfoProbe(request.tune_device, known) if may_reuse else contextlib.nullcontext() as probe:
+        with tune_device_probe(request, out, previous, result, log) as probe:
             _after_build(request, result, stage, previous, progress, log, kept, probe)
-        learned = probe.probed if probe is not None else _measured_device(result, request.tune_device)
-        if key is not None and learned is not None:
-            _remember_device(out, key, learned, log)
     except Exception as exc:  # a bug past every stage's own handling: remove the unpromoted version, re-raise
         result.fail(EXIT_CRASH, "crash", failure_message(exc))
         remove_unpromoted(result, log)
@@ -211,34 +199,6 @@ def _new_version(
         remove_unpromoted(result, log)
         raise
     remove_unpromoted(result, log)
-
-
-def _measured_device(result: RebuildResult, device: str) -> dict | None:
-    """The device record of the one plan this run's tune measured (not reused) in its promoted version,
-    when it is a complete record of `device`; else None."""
-    from ..base.device_probe import complete_record
-    from ..runtime.plan import load_plan
-
-    if not result.promoted or result.version_dir is None:
-        return None
-    records = []
-    for path in sorted((result.version_dir / "plans").glob("*.json")):
-        try:
-            data = load_plan(path).data
-        except Exception:  # noqa: BLE001 - a plan that does not load names no identity to remember
-            continue
-        if data.get("reused_from") is None and complete_record(data.get("device"), device):
-            records.append(dict(data["device"]))
-    return records[0] if len(records) == 1 else None
-
-
-def _remember_device(out: Path, key: str, info: dict, log: Log) -> None:
-    from ..bundle import device_memo
-
-    try:
-        device_memo.remember(out, key, info)
-    except OSError as exc:  # the next run probes again; this one is done
-        log(f"could not remember the tune device in {device_memo.memo_path(out)}: {exc}")
 
 
 def _unchanged(
