@@ -180,7 +180,10 @@ def witness_order(
     backwards = False
     try:
         parquet = pq.ParquetFile(str(items_path), memory_map=True)
-        if parquet.metadata.num_rows != n or parquet.schema_arrow.field(ITEM_COLUMN).type != check.id_type:
+        if (
+            parquet.metadata.num_rows != n
+            or parquet.schema_arrow.field(ITEM_COLUMN).type != check.item_ids.type
+        ):
             return None
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zerogr-witness") as pool:
             running: deque = deque()
@@ -227,7 +230,6 @@ class _BatchCheck:
         self.masks = np.array([(1 << b) - 1 for b in self.bits], dtype=np.uint64)
         self.seen = np.zeros(witness.num_items, dtype=np.uint8)
         self.item_ids = witness.item_ids
-        self.id_type = witness.item_ids.type
         self.ids = _integer_ids(self.item_ids)  # compared in check_keys; otherwise by Arrow
         self.fused = self.keys is not None and self.ids.shape[0] > 0
 
