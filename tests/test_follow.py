@@ -71,6 +71,25 @@ def wait_for(condition, what: str) -> None:
         time.sleep(0.01)
 
 
+def polling_thread_waits_long(monkeypatch) -> threading.Event:
+    """Make the follower wait for a load in one long slice (it does not see a stop() mid-wait); the Event
+    returned is set once the polling thread is about to enter that wait, past its last look at stop()."""
+    import concurrent.futures
+    import types
+
+    entering = threading.Event()
+
+    def wait(futures, timeout=None):
+        entering.set()
+        return concurrent.futures.wait(futures, timeout=timeout)
+
+    monkeypatch.setattr(follow_module, "WAIT_SLICE_SECONDS", WAIT_S)
+    monkeypatch.setattr(
+        follow_module, "concurrent", types.SimpleNamespace(futures=types.SimpleNamespace(wait=wait))
+    )
+    return entering
+
+
 def test_searches_from_4_threads_through_3_good_swaps_and_1_bad_version(tmp_path, caplog):
     """Every search succeeds and equals the reference search of exactly one complete version - the one it
     read - while the follower swaps v1 -> v2, refuses v3 (a flipped byte), then swaps v4 and v5."""
@@ -244,7 +263,7 @@ def test_follow_waits_for_a_first_version_and_times_out_saying_why(tmp_path):
 def test_stop_joins_while_a_load_is_running(tmp_path, monkeypatch):
     """stop() during a load waits for it and drops it: no swap, even when the follower's wait on the load
     returns only because the load finished (one long wait slice, so it never sees the stop mid-wait)."""
-    monkeypatch.setattr(follow_module, "WAIT_SLICE_SECONDS", WAIT_S)
+    in_wait = polling_thread_waits_long(monkeypatch)
     out = tmp_path / "bundles"
     publish_version(out, 1)
     entered, release = threading.Event(), threading.Event()
@@ -255,7 +274,7 @@ def test_stop_joins_while_a_load_is_running(tmp_path, monkeypatch):
         return path.name
 
     follower = Follower(out, hotswap=HotSwap(slow_loader), poll_seconds=0.01).start()
-    assert entered.wait(WAIT_S) and follower.loading
+    assert entered.wait(WAIT_S) and in_wait.wait(WAIT_S) and follower.loading
     stopper = threading.Thread(target=follower.stop)
     stopper.start()
     assert follower._stop.wait(WAIT_S)  # stop() has been asked before the load finishes
@@ -630,15 +649,17 @@ def test_stop_with_a_timeout_releases_the_versions_even_before_the_polling_threa
     """A polling thread that does not see the stop in time (one long wait slice) does not hold stop(timeout)
     up or keep the live version: stop() returns, drops both versions, and the load that finishes later is
     never swapped in by the thread that outlived the stop."""
-    monkeypatch.setattr(follow_module, "WAIT_SLICE_SECONDS", WAIT_S)
+    in_wait = polling_thread_waits_long(monkeypatch)
     out = tmp_path / "bundles"
     publish_version(out, 1)
     loader = HangingLoader({"v000002"})
     follower = Follower(out, hotswap=HotSwap(loader), poll_seconds=0.01, load_timeout=None).start()
     try:
         follower.wait_ready(WAIT_S)
+        in_wait.clear()  # set by the wait for v1's load, if it had to wait
         publish_version(out, 2)
         wait_for(lambda: loader.attempts("v000002") == 1, "the v2 load to start")
+        assert in_wait.wait(WAIT_S)  # past its last look at stop(): the thread outlives the stop below
         t0 = time.monotonic()
         follower.stop(timeout=0.5)
         assert time.monotonic() - t0 < 3.0
