@@ -241,3 +241,16 @@ def test_the_memo_keeps_the_newest_entries_and_ignores_what_is_not_a_record(tmp_
         assert "not a regular file" in str(exc)
     else:
         raise AssertionError("a FIFO was replaced")
+
+
+def test_the_memo_is_never_read_through_a_symlink_or_past_its_size_limit(tmp_path):
+    info = cpu_info()
+    elsewhere, out = tmp_path / "elsewhere", tmp_path / "out"
+    elsewhere.mkdir(), out.mkdir()
+    device_memo.remember(elsewhere, "key", info)
+    assert device_memo.remembered(elsewhere, "key", "cpu") == info
+    device_memo.memo_path(out).symlink_to(device_memo.memo_path(elsewhere))
+    assert device_memo.remembered(out, "key", "cpu") is None  # a symlink in OUT is not OUT's memo
+    path = device_memo.memo_path(elsewhere)
+    path.write_text(path.read_text().rstrip() + " " * device_memo.MAX_BYTES)  # still JSON, but too large
+    assert device_memo.remembered(elsewhere, "key", "cpu") is None

@@ -17,13 +17,22 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 
-def read_small_bytes(path: str | Path, limit: int, what: str, error: type[Exception] = InputError) -> bytes:
+def read_small_bytes(
+    path: str | Path,
+    limit: int,
+    what: str,
+    error: type[Exception] = InputError,
+    *,
+    follow_symlinks: bool = True,
+) -> bytes:
     """The bytes of the regular file `path`, at most `limit` of them. Opened non-blocking, so a FIFO cannot
-    hang the read. Raises FileNotFoundError when it is missing, else `error` naming the file and `what` it
-    should be for a special file, an unreadable one or one over `limit` bytes."""
+    hang the read; with follow_symlinks=False a symlink at `path` is refused too. Raises FileNotFoundError
+    when it is missing, else `error` naming the file and `what` it should be for a special file, an
+    unreadable one or one over `limit` bytes."""
     path = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -56,11 +65,18 @@ def parse_small_json(
         raise error(f"{where}: {what} is not valid JSON ({type(exc).__name__}: {exc})") from None
 
 
-def read_small_json(path: str | Path, limit: int, what: str, error: type[Exception] = InputError) -> Any:
+def read_small_json(
+    path: str | Path,
+    limit: int,
+    what: str,
+    error: type[Exception] = InputError,
+    *,
+    follow_symlinks: bool = True,
+) -> Any:
     """The JSON document in the regular file `path` of at most `limit` bytes (read_small_bytes, then
     parse_small_json); a missing file raises `error` too."""
     try:
-        raw = read_small_bytes(path, limit, what, error)
+        raw = read_small_bytes(path, limit, what, error, follow_symlinks=follow_symlinks)
     except FileNotFoundError:
         raise error(f"{path}: cannot read {what} (file not found)") from None
     return parse_small_json(raw, str(path), what, limit, error)

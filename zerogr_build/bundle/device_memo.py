@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..base.device_probe import complete_record
+from ..base.errors import InputError
+from ..base.small_files import read_small_json
 
 MEMO_NAME = ".device-info.json"
 MEMO_FORMAT = 1
@@ -41,17 +42,8 @@ def _entries(out: str | os.PathLike) -> list[dict[str, Any]]:
     """The memo's well-formed entries ({"key": str, "info": dict}), newest first; [] when there is no
     memo or it cannot be read (a directory, a FIFO, a symlink, no permission, too large, not JSON)."""
     try:
-        fd = os.open(memo_path(out), os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW)
-    except OSError:
-        return []
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:
-            return []
-        data = f.read(MAX_BYTES + 1)
-    try:
-        memo = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        memo = read_small_json(memo_path(out), MAX_BYTES, "tune device memo", follow_symlinks=False)
+    except InputError:
         return []
     if (
         not isinstance(memo, dict)
